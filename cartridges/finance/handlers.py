@@ -1,0 +1,36 @@
+"""Finance handlers: debt snapshots, scheduled dues and their payments."""
+from keel import Registry
+
+registry = Registry()
+
+
+@registry.on("debt.snapshot")
+def debt_snapshot(event, store):
+    p = event.payload
+    store.upsert_entity(event.tenant, "debt", event.subject_id,
+                        ref=f"{event.source}#{event.subject_id}", creditor=p["creditor"], product=p["product"])
+    if not store.relations(event.tenant, event.subject, rel="owed_by", at=event.occurred_at):
+        store.link(event.tenant, event.subject, "owed_by", f"household:{event.tenant}", event.occurred_at)
+    for predicate in ("balance_cop", "rate_ea_pct", "installment_cop"):
+        store.open_fact(event.tenant, event.subject, predicate, p[predicate], valid_from=event.occurred_at)
+
+
+@registry.on("due.scheduled")
+def due_scheduled(event, store):
+    p = event.payload
+    store.upsert_entity(event.tenant, "due", event.subject_id, ref=f"{event.source}#{event.subject_id}",
+                        debt=p["debt_id"], due_on=p["due_on"])
+    store.link(event.tenant, event.subject, "for_debt", f"debt:{p['debt_id']}", event.occurred_at)
+    store.open_fact(event.tenant, event.subject, "status", "pending", valid_from=event.occurred_at)
+    store.open_fact(event.tenant, event.subject, "due_on", p["due_on"], valid_from=event.occurred_at)
+    store.open_fact(event.tenant, event.subject, "amount_cop", p["amount_cop"], valid_from=event.occurred_at)
+
+
+@registry.on("due.paid")
+def due_paid(event, store):
+    p = event.payload
+    store.upsert_entity(event.tenant, "account", p["account_id"], ref=f"accounts#{p['account_id']}")
+    store.link(event.tenant, event.subject, "paid_from", f"account:{p['account_id']}", p["paid_on"])
+    store.open_fact(event.tenant, event.subject, "status", "paid", valid_from=p["paid_on"])
+    store.open_fact(event.tenant, event.subject, "paid_on", p["paid_on"], valid_from=p["paid_on"])
+    store.open_fact(event.tenant, event.subject, "amount_paid_cop", p["amount_cop"], valid_from=p["paid_on"])

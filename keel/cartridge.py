@@ -1,0 +1,204 @@
+"""Cartridges: a domain's catalog (cartridge.yaml) plus its handlers (handlers.py), loaded and checked."""
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import CartridgeInvalid
+from .registry import Registry
+from .times import parse_duration
+
+PAYLOAD_TYPES = ("string", "number", "integer", "boolean", "date", "datetime", "object", "array")
+SCOPES = ("global", "tenant", "task", "agent")
+NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+EVENT_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EntitySpec(_Strict):
+    description: str = ""
+    ref: str | None = None
+
+
+class RelationSpec(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    from_: str = Field(alias="from")
+    to: str
+    description: str = ""
+
+
+class FieldSpec(_Strict):
+    """One payload field: its type and whether it may be absent."""
+    type: str
+    optional: bool = False
+
+
+class EventSpec(_Strict):
+    subject: str
+    owner: str
+    description: str = ""
+    payload: dict[str, str] = Field(default_factory=dict)
+
+    def fields(self) -> dict[str, FieldSpec]:
+        out = {}
+        for name, text in self.payload.items():
+            words = str(text).split()
+            optional = len(words) == 2 and words[0] == "optional"
+            out[name] = FieldSpec(type=words[-1] if words else "", optional=optional)
+        return out
+
+
+class RuleSpec(BaseModel):
+    """A named business definition; keys besides applies_to/definition are parameters."""
+    model_config = ConfigDict(extra="allow", frozen=True)
+    applies_to: str
+    definition: str
+
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class MemorySpec(_Strict):
+    ttl: dict[str, str] = Field(default_factory=lambda: {"tenant": "never", "task": "30d", "agent": "1d"})
+    requires_evidence: list[str] = Field(default_factory=lambda: ["global", "tenant"])
+
+    def ttl_micros(self, scope: str) -> int | None:
+        return parse_duration(self.ttl.get(scope, "never"))
+
+
+class CartridgeSpec(_Strict):
+    name: str
+    description: str = ""
+    entities: dict[str, EntitySpec] = Field(default_factory=dict)
+    relations: dict[str, RelationSpec] = Field(default_factory=dict)
+    events: dict[str, EventSpec] = Field(default_factory=dict)
+    rules: dict[str, RuleSpec] = Field(default_factory=dict)
+    memory: MemorySpec = Field(default_factory=MemorySpec)
+
+
+class Cartridge:
+    """A loaded, validated cartridge: its spec, its handler registry and its folder."""
+
+    def __init__(self, spec: CartridgeSpec, registry: Registry, path: Path) -> None:
+        self.spec = spec
+        self.registry = registry
+        self.path = path
+        self.name = spec.name
+        self.topic = f"keel.{spec.name}.events"
+        self.dlq_topic = f"keel.{spec.name}.dlq"
+
+    def rules_for(self, entity_type: str) -> dict[str, dict[str, Any]]:
+        """`{rule: {definition, params…}}` for the rules that apply to an entity type, by name."""
+        return {name: {"definition": r.definition, **r.params()}
+                for name, r in sorted(self.spec.rules.items()) if r.applies_to == entity_type}
+
+
+def load_cartridge(path: str | Path) -> Cartridge:
+    """Load and validate `<path>/cartridge.yaml` and `<path>/handlers.py`. Raises CartridgeInvalid."""
+    folder = Path(path)
+    spec, problems = _load_spec(folder)
+    registry = None
+    if spec is not None:
+        registry, handler_problems = _load_handlers(folder, spec.name)
+        problems += handler_problems
+        if registry is not None:
+            problems += check_spec(spec, registry)
+    if problems:
+        raise CartridgeInvalid(str(folder), problems)
+    assert spec is not None and registry is not None
+    return Cartridge(spec, registry, folder)
+
+
+def _load_spec(folder: Path) -> tuple[CartridgeSpec | None, list[str]]:
+    file = folder / "cartridge.yaml"
+    if not file.is_file():
+        return None, [f"{file}: missing (a cartridge folder needs cartridge.yaml and handlers.py)"]
+    try:
+        doc = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as e:
+        return None, [f"{file}: not valid YAML: {e}"]
+    if not isinstance(doc, dict):
+        return None, [f"{file}: must be a mapping with name, entities, relations, events, rules, memory"]
+    try:
+        return CartridgeSpec.model_validate(doc), []
+    except ValidationError as e:
+        return None, [f"{file}: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
+
+
+def _load_handlers(folder: Path, name: str) -> tuple[Registry | None, list[str]]:
+    file = folder / "handlers.py"
+    if not file.is_file():
+        return None, [f"{file}: missing"]
+    module_name = f"keel_cartridge_{re.sub(r'[^A-Za-z0-9_]', '_', name)}_{abs(hash(str(file.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - any import failure is a validation problem to report
+        sys.modules.pop(module_name, None)
+        return None, [f"{file}: cannot import: {type(e).__name__}: {e}"]
+    registry = getattr(module, "registry", None)
+    if not isinstance(registry, Registry):
+        return None, [f"{file}: must define `registry = Registry()` (from keel import Registry)"]
+    return registry, []
+
+
+def check_spec(spec: CartridgeSpec, registry: Registry) -> list[str]:
+    """Cross-checks of DESIGN §3; one line per problem."""
+    problems: list[str] = []
+    if not NAME.match(spec.name):
+        problems.append(f"name {spec.name!r}: use lowercase letters, digits and _")
+    entity_types = set(spec.entities)
+    for ent in entity_types:
+        if not NAME.match(ent):
+            problems.append(f"entities.{ent}: use lowercase letters, digits and _")
+    for rel, r in spec.relations.items():
+        for end, t in (("from", r.from_), ("to", r.to)):
+            if t not in entity_types:
+                problems.append(f"relations.{rel}.{end}: {t!r} is not a declared entity type")
+    for ev, e in spec.events.items():
+        if ev == "keel.annotated" or ev.startswith("keel."):
+            problems.append(f"events.{ev}: the keel. prefix is reserved")
+        elif not EVENT_NAME.match(ev):
+            problems.append(f"events.{ev}: event types look like noun.verb (lowercase, dotted)")
+        if e.subject not in entity_types:
+            problems.append(f"events.{ev}.subject: {e.subject!r} is not a declared entity type")
+        for field, text in e.payload.items():
+            words = str(text).split()
+            ok = (len(words) == 1 and words[0] in PAYLOAD_TYPES) or (
+                len(words) == 2 and words[0] == "optional" and words[1] in PAYLOAD_TYPES)
+            if not ok:
+                problems.append(f"events.{ev}.payload.{field}: bad type {text!r}; use one of "
+                                f"{' '.join(PAYLOAD_TYPES)}, or 'optional <type>'")
+    for rule, r in spec.rules.items():
+        if r.applies_to not in entity_types:
+            problems.append(f"rules.{rule}.applies_to: {r.applies_to!r} is not a declared entity type")
+    for scope, ttl in spec.memory.ttl.items():
+        if scope not in SCOPES:
+            problems.append(f"memory.ttl.{scope}: unknown scope; scopes are {', '.join(SCOPES)}")
+        try:
+            parse_duration(ttl)
+        except ValueError as e:
+            problems.append(f"memory.ttl.{scope}: {e}")
+    for scope in spec.memory.requires_evidence:
+        if scope not in SCOPES:
+            problems.append(f"memory.requires_evidence: unknown scope {scope!r}")
+    handled = set(registry.event_types())
+    for ev in sorted(set(spec.events) - handled):
+        problems.append(f"events.{ev}: no handler (add @registry.on({ev!r}) in handlers.py)")
+    for ev in sorted(handled - set(spec.events)):
+        problems.append(f"handlers.py: handler for {ev!r}, which is not an event type of the catalog")
+    for ev, count in registry.duplicates().items():
+        problems.append(f"handlers.py: {count} handlers for {ev!r}; exactly one is allowed")
+    return problems

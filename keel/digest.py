@@ -1,0 +1,36 @@
+"""`keel digest`: a hash of one tenant's graph over a canonical serialization, equal across stores."""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Iterator
+
+from .store.base import Store
+from .times import format_time
+
+
+def canonical_lines(store: Store, tenant: str) -> Iterator[str]:
+    """One canonical JSON line per applied event id, then per timeline (key + every assertion)."""
+    yield _dump({"tenant": tenant})
+    for event_id in store.event_ids(tenant):
+        yield _dump({"event": event_id})
+    for key, assertions in store.dump(tenant):
+        yield _dump({"key": list(key), "assertions": [_assertion(a) for a in assertions]})
+
+
+def _assertion(a: Any) -> list[Any]:
+    return [format_time(a.point), a.value, a.closed, a.source, a.evidence, format_time(a.recorded_at), a.by,
+            format_time(a.expires_at)]
+
+
+def _dump(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def digest(store: Store, tenant: str) -> str:
+    """`sha256:<hex>` of the canonical serialization of a tenant's graph."""
+    h = hashlib.sha256()
+    for line in canonical_lines(store, tenant):
+        h.update(line.encode())
+        h.update(b"\n")
+    return "sha256:" + h.hexdigest()

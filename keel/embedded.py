@@ -1,0 +1,71 @@
+"""Embedded mode: replay a JSONL events file into an in-memory store, reporting bad lines."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, TextIO
+
+from .cartridge import Cartridge
+from .errors import EnvelopeRejected, HandlerFailed
+from .projector import Projector
+from .store.base import Store
+from .store.memory import MemoryStore
+
+
+@dataclass
+class Rejected:
+    line: int
+    event_id: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: event {self.event_id or '?'}: {self.reason}"
+
+
+@dataclass
+class ReplayReport:
+    applied: int = 0
+    duplicates: int = 0
+    rejected: list[Rejected] = field(default_factory=list)
+    tenants: set[str] = field(default_factory=set)
+
+
+def replay_file(projector: Projector, path: str | Path, *,
+                on_reject: Callable[[Rejected], None] | None = None) -> ReplayReport:
+    """Apply every line of a JSONL file in order; bad lines are reported and skipped, never fatal."""
+    report = ReplayReport()
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                event, outcome = projector.apply_raw(raw)
+            except (EnvelopeRejected, HandlerFailed) as e:
+                reason = e.reason if isinstance(e, EnvelopeRejected) else str(e)
+                rejected = Rejected(number, e.event_id, reason)
+                report.rejected.append(rejected)
+                if on_reject is not None:
+                    on_reject(rejected)
+                continue
+            report.tenants.add(event.tenant)
+            if outcome == "applied":
+                report.applied += 1
+            else:
+                report.duplicates += 1
+    return report
+
+
+def print_reject(path: str | Path, stream: TextIO = sys.stderr) -> Callable[[Rejected], None]:
+    def report(r: Rejected) -> None:
+        print(f"{path}:{r}", file=stream)
+    return report
+
+
+def build_embedded(cartridge: Cartridge, path: str | Path, *, store: Store | None = None,
+                   allow_global_notes: bool = False, stream: TextIO = sys.stderr) -> tuple[Projector, ReplayReport]:
+    """A memory store built from an events file; rejects go to `stream` with their line numbers."""
+    projector = Projector(cartridge, store if store is not None else MemoryStore(),
+                          allow_global_notes=allow_global_notes)
+    report = replay_file(projector, path, on_reject=print_reject(path, stream))
+    return projector, report

@@ -1,0 +1,228 @@
+"""The event envelope (DESIGN §2): structural model, catalog checks, and the Event handlers receive."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
+
+from .cartridge import Cartridge, FieldSpec
+from .errors import BadTime, EnvelopeRejected
+from .times import Micros, format_time, parse_time
+
+ANNOTATED = "keel.annotated"
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+ENTITY_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}"
+ENTITY_PATTERN = rf"^[a-z][a-z0-9_]*:{ENTITY_ID_PATTERN}$"
+ENTITY = re.compile(ENTITY_PATTERN)
+TENANT = re.compile(TENANT_PATTERN)
+
+Tenant = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
+EntityRef = Annotated[str, StringConstraints(pattern=ENTITY_PATTERN)]
+
+
+class Envelope(BaseModel):
+    """One event as products publish it: a Kafka record value or a JSONL line."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    tenant: Tenant
+    type: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    subject: EntityRef
+    occurred_at: str
+    recorded_at: str | None = None
+    source: str | None = None
+    by: str | None = None
+    payload: dict[str, Any]
+
+
+class Instant(int):
+    """A time as integer microseconds since the epoch (UTC) that prints as RFC 3339."""
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return format_time(self) or ""
+
+    __repr__ = __str__
+
+
+class Event:
+    """What a handler receives: a checked envelope with times parsed and defaults filled."""
+    __slots__ = ("id", "tenant", "type", "subject", "subject_type", "subject_id", "occurred_at",
+                 "recorded_at", "source", "by", "payload")
+
+    def __init__(self, *, id: str, tenant: str, type: str, subject: str, occurred_at: Micros,
+                 recorded_at: Micros, source: str | None, by: str | None, payload: dict[str, Any]) -> None:
+        self.id = id
+        self.tenant = tenant
+        self.type = type
+        self.subject = subject
+        self.subject_type, _, self.subject_id = subject.partition(":")
+        self.occurred_at = Instant(occurred_at)
+        self.recorded_at = Instant(recorded_at)
+        self.source = source
+        self.by = by
+        self.payload = payload
+
+    def to_envelope(self) -> dict[str, Any]:
+        """The canonical envelope: what `keel publish` sends, so file and topic build equal graphs."""
+        out: dict[str, Any] = {"id": self.id, "tenant": self.tenant, "type": self.type,
+                               "subject": self.subject, "occurred_at": format_time(self.occurred_at),
+                               "recorded_at": format_time(self.recorded_at)}
+        if self.source is not None:
+            out["source"] = self.source
+        if self.by is not None:
+            out["by"] = self.by
+        out["payload"] = self.payload
+        return out
+
+    def __repr__(self) -> str:
+        return f"Event({self.id!r}, {self.tenant!r}, {self.type!r}, {self.subject!r})"
+
+
+class Catalog:
+    """A cartridge's event catalog compiled for fast envelope checks."""
+
+    def __init__(self, cartridge: Cartridge) -> None:
+        self.cartridge = cartridge
+        self._fields = {ev: spec.fields() for ev, spec in cartridge.spec.events.items()}
+        self._subjects = {ev: spec.subject for ev, spec in cartridge.spec.events.items()}
+        self._owners = {ev: spec.owner for ev, spec in cartridge.spec.events.items()}
+
+    def parse(self, raw: bytes | str | dict[str, Any], *, default_recorded_at: Micros | None = None) -> Event:
+        """Raw envelope → Event. `default_recorded_at` applies when the envelope has none (Kafka record
+        time); otherwise recorded_at defaults to occurred_at (file mode). Raises EnvelopeRejected."""
+        env = _structure(raw)
+        occurred = _time(env.occurred_at, "occurred_at", env)
+        if env.recorded_at is not None:
+            recorded = _time(env.recorded_at, "recorded_at", env)
+        else:
+            recorded = default_recorded_at if default_recorded_at is not None else occurred
+        if env.type == ANNOTATED:
+            source = env.source
+            check_annotation_payload(env)
+        else:
+            fields = self._fields.get(env.type)
+            if fields is None:
+                raise EnvelopeRejected(f"unknown event type {env.type!r} for cartridge "
+                                       f"{self.cartridge.name!r}", event_id=env.id, tenant=env.tenant)
+            subject_type = env.subject.partition(":")[0]
+            if subject_type != self._subjects[env.type]:
+                raise EnvelopeRejected(f"subject {env.subject!r}: {env.type} takes a "
+                                       f"{self._subjects[env.type]!r} subject", event_id=env.id, tenant=env.tenant)
+            _check_payload(env, fields)
+            source = env.source if env.source is not None else self._owners[env.type]
+        return Event(id=env.id, tenant=env.tenant, type=env.type, subject=env.subject, occurred_at=occurred,
+                     recorded_at=recorded, source=source, by=env.by, payload=env.payload)
+
+
+def _structure(raw: bytes | str | dict[str, Any]) -> Envelope:
+    try:
+        if isinstance(raw, dict):
+            return Envelope.model_validate(raw)
+        return Envelope.model_validate_json(raw)
+    except ValidationError as e:
+        event_id, tenant = _peek_ids(raw)
+        raise EnvelopeRejected(_reasons(e), event_id=event_id, tenant=tenant) from None
+
+
+def _reasons(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        kind = err["type"]
+        if kind == "json_invalid":
+            parts.append(f"not valid JSON ({err['msg'].removeprefix('Invalid JSON: ')})")
+        elif kind == "missing":
+            parts.append(f"{loc}: required field missing")
+        elif kind == "extra_forbidden":
+            parts.append(f"{loc}: unknown envelope field")
+        elif kind == "string_pattern_mismatch":
+            hint = ("'<entity type>:<id>'" if loc == "subject" else "[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+            parts.append(f"{loc}: {err.get('input')!r} does not match {hint}")
+        elif kind == "model_type":
+            parts.append("an envelope must be a JSON object")
+        else:
+            parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+    return "; ".join(parts)
+
+
+def _peek_ids(raw: bytes | str | dict[str, Any]) -> tuple[str | None, str | None]:
+    doc: Any = raw
+    if not isinstance(raw, dict):
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return None, None
+    if not isinstance(doc, dict):
+        return None, None
+    ident, tenant = doc.get("id"), doc.get("tenant")
+    return (ident if isinstance(ident, str) else None, tenant if isinstance(tenant, str) else None)
+
+
+def _time(text: str, field: str, env: Envelope) -> Micros:
+    try:
+        return parse_time(text)
+    except BadTime:
+        raise EnvelopeRejected(f"{field}: {text!r} is neither RFC 3339 (2026-10-01T00:00:00Z) nor a date "
+                               f"(2026-10-01)", event_id=env.id, tenant=env.tenant) from None
+
+
+_CHECKS = {
+    "string": lambda v: isinstance(v, str),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "date": lambda v: isinstance(v, str) and _is_time(v, date_only=True),
+    "datetime": lambda v: isinstance(v, str) and _is_time(v, date_only=False),
+}
+
+
+def _is_time(text: str, *, date_only: bool) -> bool:
+    if date_only and len(text) != 10:
+        return False
+    try:
+        parse_time(text)
+    except BadTime:
+        return False
+    return True
+
+
+def _check_payload(env: Envelope, fields: dict[str, FieldSpec]) -> None:
+    payload = env.payload
+    problems = []
+    for name, spec in fields.items():
+        if name not in payload or payload[name] is None:
+            if not spec.optional:
+                problems.append(f"payload.{name}: required {spec.type} missing")
+            continue
+        if not _CHECKS[spec.type](payload[name]):
+            problems.append(f"payload.{name}: expected {spec.type}, got {payload[name]!r}")
+    for name in payload:
+        if name not in fields:
+            problems.append(f"payload.{name}: unknown field for {env.type}")
+    if problems:
+        raise EnvelopeRejected("; ".join(problems), event_id=env.id, tenant=env.tenant)
+
+
+ANNOTATION_FIELDS = {"predicate", "value", "scope", "evidence", "task", "agent"}
+
+
+def check_annotation_payload(env: Envelope) -> None:
+    """Structural checks of a keel.annotated payload; the memory policy runs when it is applied."""
+    p = env.payload
+    problems = [f"payload.{k}: unknown field for {ANNOTATED}" for k in p if k not in ANNOTATION_FIELDS]
+    if not isinstance(p.get("predicate"), str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$",
+                                                               p.get("predicate") or ""):
+        problems.append("payload.predicate: required, a name like next_step or note")
+    if "value" not in p:
+        problems.append("payload.value: required")
+    if p.get("scope") not in ("global", "tenant", "task", "agent"):
+        problems.append("payload.scope: one of global, tenant, task, agent")
+    for k in ("evidence", "task", "agent"):
+        if p.get(k) is not None and not isinstance(p[k], str):
+            problems.append(f"payload.{k}: expected string")
+    if problems:
+        raise EnvelopeRejected("; ".join(problems), event_id=env.id, tenant=env.tenant)

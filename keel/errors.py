@@ -1,0 +1,90 @@
+"""Keel's exceptions: one root, precise subclasses carrying the identifiers involved."""
+from __future__ import annotations
+
+
+class KeelError(Exception):
+    """Root of every error Keel raises on purpose."""
+
+
+class UsageError(KeelError):
+    """Bad arguments from a caller (CLI exit 2, MCP tool error)."""
+
+
+class BadTime(UsageError):
+    """A time that is neither RFC 3339 nor a date."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__(f"bad time {value!r}: use RFC 3339 (2026-10-01T00:00:00Z) or a date (2026-10-01)")
+        self.value = value
+
+
+class CartridgeInvalid(KeelError):
+    """A cartridge folder failed validation; `problems` holds one line per problem."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        super().__init__(f"cartridge {path} is invalid:\n" + "\n".join(f"  {p}" for p in problems))
+        self.path = path
+        self.problems = problems
+
+
+class EnvelopeRejected(KeelError):
+    """An event envelope failed a check; it is kept (dead letter or stderr line), never applied."""
+
+    def __init__(self, reason: str, *, event_id: str | None = None, tenant: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.event_id = event_id
+        self.tenant = tenant
+
+
+class HandlerFailed(KeelError):
+    """A cartridge handler raised while applying an event; nothing of that event was written."""
+
+    def __init__(self, event_id: str, tenant: str, event_type: str, cause: BaseException) -> None:
+        super().__init__(f"handler for {event_type} failed on event {event_id} of tenant {tenant}: "
+                         f"{type(cause).__name__}: {cause}")
+        self.event_id = event_id
+        self.tenant = tenant
+        self.event_type = event_type
+
+
+class DomainError(KeelError):
+    """An answerable question with a negative answer (CLI exit 1)."""
+
+
+class UnknownEntity(DomainError, LookupError):
+    """The entity does not exist in the tenant's graph (at the asked knowledge time)."""
+
+    def __init__(self, tenant: str, entity: str) -> None:
+        super().__init__(f"unknown entity {entity!r} in tenant {tenant!r}; "
+                         f"try `search` to find the right id")
+        self.tenant = tenant
+        self.entity = entity
+
+
+class NoteRefused(DomainError, PermissionError):
+    """annotate refused by the memory policy; nothing was written."""
+
+    def __init__(self, reason: str, *, tenant: str, entity: str, scope: str) -> None:
+        super().__init__(f"note on {entity!r} (scope {scope}, tenant {tenant!r}) refused: {reason}")
+        self.tenant = tenant
+        self.entity = entity
+        self.scope = scope
+
+
+class StoreUnavailable(KeelError):
+    """The backing store could not be reached or answered with an error."""
+
+    def __init__(self, what: str, *, tenant: str | None = None) -> None:
+        super().__init__(what)
+        self.tenant = tenant
+
+
+class WriteTimeout(KeelError):
+    """A write was sent to the log but the projection did not show it in time."""
+
+    def __init__(self, event_id: str, tenant: str, seconds: float) -> None:
+        super().__init__(f"event {event_id} of tenant {tenant!r} was written to the log but not applied "
+                         f"within {seconds:g}s; is a worker running? (`keel status`)")
+        self.event_id = event_id
+        self.tenant = tenant

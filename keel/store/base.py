@@ -1,0 +1,300 @@
+"""The store contract: the write primitives handlers call and the reads tools make, once for all backends.
+
+A backend implements a handful of primitives over *timelines* (see keel.timeline): apply a list of
+writes atomically, list an entity's timeline keys, and answer as-of / all-versions questions for keys.
+Everything DESIGN §3–§4 promises (provenance, corrections, both time axes, result shapes) is built
+here on top of those primitives, so every backend behaves the same and one contract suite
+(tests/store_contract.py) checks them all.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, NamedTuple
+
+from ..errors import UsageError
+from ..envelope import ENTITY
+from ..timeline import Assertion, Version
+from ..times import Micros, format_time, now_micros, parse_time
+
+GLOBAL_TENANT = "_global"   # where cross-tenant (global) notes live; not a valid tenant name
+REF_LABEL = "ref"           # the entity's pointer is kept as a label timeline under this name
+
+# Timeline keys (tuples of strings):
+#   ("e", entity)                        existence marker of an upsert without labels
+#   ("l", entity, label)                 entity label (and REF_LABEL)
+#   ("f", entity, predicate, scope_key)  fact; scope_key "" for domain facts, else tenant | task:<id> | agent:<id> | global
+#   ("r", subject, relation, object)     relation triple
+Key = tuple[str, ...]
+
+
+class Write(NamedTuple):
+    key: Key
+    assertion: Assertion
+
+
+class EntityInfo(NamedTuple):
+    entity: str
+    type: str
+    ref: str | None
+    labels: dict[str, Any]
+
+
+def entities_of(key: Key) -> tuple[str, ...]:
+    """The entities a timeline key involves (both ends for a relation)."""
+    return (key[1], key[3]) if key[0] == "r" else (key[1],)
+
+
+def scope_key(scope: str | None, owner: str | None = None) -> str:
+    """Timeline scope key of a fact: "" for domain facts, `task:<id>` / `agent:<id>` for private notes."""
+    if scope is None:
+        return ""
+    if scope in ("task", "agent"):
+        if not owner:
+            raise UsageError(f"a {scope}-scope fact needs its {scope} id")
+        return f"{scope}:{owner}"
+    return scope
+
+
+def scope_of(key_scope: str) -> str | None:
+    return key_scope.partition(":")[0] or None
+
+
+def _entity(entity: str) -> str:
+    if not isinstance(entity, str) or not ENTITY.match(entity):
+        raise UsageError(f"bad entity {entity!r}: use '<entity type>:<id>' with id matching "
+                         f"[A-Za-z0-9][A-Za-z0-9._@-]{{0,127}}")
+    return entity
+
+
+def _when(t: object | None, default: Micros | None) -> Micros | None:
+    return default if t is None else parse_time(t)
+
+
+def fact_result(key: Key, v: Version) -> dict[str, Any]:
+    """The public fact/version object of DESIGN §5."""
+    a = v.assertion
+    return {"predicate": key[2], "value": a.value, "valid_from": format_time(a.point),
+            "valid_to": format_time(v.valid_to), "recorded_at": format_time(a.recorded_at),
+            "source": a.source, "evidence": a.evidence, "scope": scope_of(key[3]), "by": a.by,
+            "expires_at": format_time(a.expires_at), "corrected_by": v.corrected_by}
+
+
+def relation_result(key: Key, v: Version) -> dict[str, Any]:
+    return {"subject": key[1], "relation": key[2], "object": key[3],
+            "valid_from": format_time(v.assertion.point), "valid_to": format_time(v.valid_to)}
+
+
+def _fact_order(key: Key) -> tuple[str, int, str]:
+    return (key[2], _SCOPE_RANK.get(scope_of(key[3]), 9), key[3])
+
+
+_SCOPE_RANK = {None: 0, "global": 1, "tenant": 2, "task": 3, "agent": 4}
+
+
+class Store(ABC):
+    """A per-tenant bitemporal graph. Subclasses implement the primitives marked abstract."""
+
+    # ---- primitives ------------------------------------------------------------------------
+
+    @abstractmethod
+    def apply_writes(self, tenant: str, writes: list[Write], event_id: str | None = None) -> None:
+        """Apply writes in order, atomically, and (when given) mark event_id applied in the same step."""
+
+    @abstractmethod
+    def has_event(self, tenant: str, event_id: str) -> bool:
+        """Whether an event id was applied for this tenant (the idempotency and evidence check)."""
+
+    @abstractmethod
+    def entity_recorded_at(self, tenant: str, entity: str) -> Micros | None:
+        """When the entity was first written (min recorded_at of its writes), None if unknown."""
+
+    @abstractmethod
+    def keys(self, tenant: str, entity: str) -> list[Key]:
+        """Every timeline key involving the entity, in a stable order."""
+
+    @abstractmethod
+    def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
+                   known_at: Micros | None) -> list[Version | None]:
+        """The version of each key valid at `at`, believed at `known_at`."""
+
+    @abstractmethod
+    def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
+        """Every version of each key believed at `known_at`, by valid_from."""
+
+    @abstractmethod
+    def tenants(self) -> list[str]:
+        """Tenants with at least one applied event, sorted."""
+
+    @abstractmethod
+    def dump(self, tenant: str) -> Iterator[tuple[Key, list[Assertion]]]:
+        """Every timeline of a tenant with all its assertions (by point, then log order), keys sorted."""
+
+    @abstractmethod
+    def event_ids(self, tenant: str) -> list[str]:
+        """Applied event ids of a tenant, sorted."""
+
+    def search_documents(self, tenant: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """(entity, type, latest labels) for every entity of a tenant; backends may index this."""
+        by_entity: dict[str, dict[str, Any]] = {}
+        for key, assertions in self.dump(tenant):
+            if key[0] != "l" or key[2] == REF_LABEL:
+                for e in entities_of(key):
+                    by_entity.setdefault(e, {})
+                continue
+            labels = by_entity.setdefault(key[1], {})
+            last_point = assertions[-1].point
+            winner = [a for a in assertions if a.point == last_point][-1]
+            if not winner.closed:
+                labels[key[2]] = winner.value
+        for entity in sorted(by_entity):
+            yield entity, entity.partition(":")[0], by_entity[entity]
+
+    def search_version(self, tenant: str) -> object:
+        """A token that changes whenever the tenant's searchable content may have changed."""
+        return None
+
+    def close(self) -> None:
+        """Release connections."""
+
+    @contextmanager
+    def batch(self, tenant: str) -> Iterator[None]:
+        """Group writes; backends with a network round trip may buffer them."""
+        yield
+
+    # ---- the write primitives of DESIGN §3 ----------------------------------------------------
+
+    def upsert_entity(self, tenant: str, type: str, id: str, *, ref: str | None = None,
+                      valid_from: object, source: str | None = None, evidence: str | None = None,
+                      recorded_at: object | None = None, by: str | None = None, **labels: Any) -> None:
+        self.apply_writes(tenant, label_writes(f"{type}:{id}", ref, labels, valid_from=valid_from,
+                                               source=source, evidence=evidence, recorded_at=recorded_at, by=by))
+
+    def link(self, tenant: str, subject: str, relation: str, object: str, valid_from: object, *,
+             source: str | None = None, evidence: str | None = None, recorded_at: object | None = None,
+             by: str | None = None) -> None:
+        self.apply_writes(tenant, [relation_write(subject, relation, object, valid_from, False, source=source,
+                                                  evidence=evidence, recorded_at=recorded_at, by=by)])
+
+    def unlink(self, tenant: str, subject: str, relation: str, object: str, valid_to: object, *,
+               source: str | None = None, evidence: str | None = None, recorded_at: object | None = None,
+               by: str | None = None) -> None:
+        self.apply_writes(tenant, [relation_write(subject, relation, object, valid_to, True, source=source,
+                                                  evidence=evidence, recorded_at=recorded_at, by=by)])
+
+    def open_fact(self, tenant: str, subject: str, predicate: str, value: Any, *, valid_from: object,
+                  source: str | None = None, evidence: str | None = None, recorded_at: object | None = None,
+                  by: str | None = None, scope: str | None = None, owner: str | None = None,
+                  expires_at: object | None = None) -> None:
+        self.apply_writes(tenant, [fact_write(subject, predicate, value, valid_from, False, source=source,
+                                              evidence=evidence, recorded_at=recorded_at, by=by, scope=scope,
+                                              owner=owner, expires_at=expires_at)])
+
+    def close_fact(self, tenant: str, subject: str, predicate: str, *, valid_to: object,
+                   source: str | None = None, evidence: str | None = None, recorded_at: object | None = None,
+                   by: str | None = None, scope: str | None = None, owner: str | None = None) -> None:
+        self.apply_writes(tenant, [fact_write(subject, predicate, None, valid_to, True, source=source,
+                                              evidence=evidence, recorded_at=recorded_at, by=by, scope=scope,
+                                              owner=owner)])
+
+    # ---- reads ------------------------------------------------------------------------------
+
+    def exists(self, tenant: str, entity: str, *, known_at: object | None = None) -> bool:
+        first = self.entity_recorded_at(tenant, entity)
+        if first is None:
+            return False
+        k = _when(known_at, None)
+        return k is None or first <= k
+
+    def entity(self, tenant: str, entity: str, *, at: object | None = None,
+               known_at: object | None = None) -> EntityInfo | None:
+        """Type, ref and labels valid at `at` (None if the entity is unknown at `known_at`)."""
+        _entity(entity)
+        if not self.exists(tenant, entity, known_at=known_at):
+            return None
+        t, k = _when(at, now_micros()), _when(known_at, None)
+        keys = [key for key in self.keys(tenant, entity) if key[0] == "l"]
+        labels: dict[str, Any] = {}
+        ref = None
+        for key, v in zip(keys, self.as_of_many(tenant, keys, t, k)):
+            if v is None:
+                continue
+            if key[2] == REF_LABEL:
+                ref = v.assertion.value
+            else:
+                labels[key[2]] = v.assertion.value
+        return EntityInfo(entity, entity.partition(":")[0], ref, dict(sorted(labels.items())))
+
+    def facts(self, tenant: str, entity: str, *, at: object | None = None, known_at: object | None = None,
+              scopes: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Fact versions valid at `at`; `scopes` limits notes to those scope keys ("" = domain facts)."""
+        _entity(entity)
+        allowed = None if scopes is None else set(scopes)
+        keys = sorted((key for key in self.keys(tenant, entity)
+                       if key[0] == "f" and (allowed is None or key[3] in allowed)), key=_fact_order)
+        t, k = _when(at, now_micros()), _when(known_at, None)
+        return [fact_result(key, v) for key, v in zip(keys, self.as_of_many(tenant, keys, t, k)) if v]
+
+    def relations(self, tenant: str, entity: str, *, rel: str | None = None, at: object | None = None,
+                  known_at: object | None = None) -> list[dict[str, Any]]:
+        """Relation versions valid at `at` with the entity at either end, by (relation, subject, object)."""
+        _entity(entity)
+        keys = sorted((key for key in self.keys(tenant, entity)
+                       if key[0] == "r" and (rel is None or key[2] == rel)), key=lambda k: (k[2], k[1], k[3]))
+        t, k = _when(at, now_micros()), _when(known_at, None)
+        return [relation_result(key, v) for key, v in zip(keys, self.as_of_many(tenant, keys, t, k)) if v]
+
+    def history(self, tenant: str, entity: str, *, predicate: str | None = None,
+                known_at: object | None = None, scopes: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Every fact version (closed ones included) by predicate, then valid_from."""
+        _entity(entity)
+        allowed = None if scopes is None else set(scopes)
+        keys = sorted((key for key in self.keys(tenant, entity)
+                       if key[0] == "f" and (predicate is None or key[2] == predicate)
+                       and (allowed is None or key[3] in allowed)), key=_fact_order)
+        out = []
+        for key, versions in zip(keys, self.versions_many(tenant, keys, _when(known_at, None))):
+            out.extend(fact_result(key, v) for v in versions)
+        return out
+
+
+def _recorded(recorded_at: object | None, point: Micros) -> Micros:
+    return point if recorded_at is None else parse_time(recorded_at)
+
+
+def label_writes(entity: str, ref: str | None, labels: dict[str, Any], *, valid_from: object,
+                 source: str | None, evidence: str | None, recorded_at: object | None,
+                 by: str | None) -> list[Write]:
+    """Writes of upsert_entity: one label timeline per label (and the ref)."""
+    _entity(entity)
+    point = parse_time(valid_from)
+    rec = _recorded(recorded_at, point)
+    items = sorted(labels.items())
+    if ref is not None:
+        items.insert(0, (REF_LABEL, ref))
+    if not items:   # an upsert without labels still makes the entity exist
+        return [Write(("e", entity), Assertion(point, True, False, source, evidence, rec, by))]
+    return [Write(("l", entity, name), Assertion(point, value, False, source, evidence, rec, by))
+            for name, value in items]
+
+
+def relation_write(subject: str, relation: str, object: str, when: object, closed: bool, *,
+                   source: str | None, evidence: str | None, recorded_at: object | None,
+                   by: str | None) -> Write:
+    _entity(subject)
+    _entity(object)
+    point = parse_time(when)
+    return Write(("r", subject, relation, object),
+                 Assertion(point, None if closed else True, closed, source, evidence,
+                           _recorded(recorded_at, point), by))
+
+
+def fact_write(subject: str, predicate: str, value: Any, when: object, closed: bool, *,
+               source: str | None, evidence: str | None, recorded_at: object | None, by: str | None,
+               scope: str | None = None, owner: str | None = None, expires_at: object | None = None) -> Write:
+    _entity(subject)
+    point = parse_time(when)
+    return Write(("f", subject, predicate, scope_key(scope, owner)),
+                 Assertion(point, None if closed else value, closed, source, evidence,
+                           _recorded(recorded_at, point), by,
+                           None if expires_at is None else parse_time(expires_at)))

@@ -1,0 +1,104 @@
+"""The embedded store: the whole graph in process memory (demo, CLI, cartridge development, tests)."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..timeline import Assertion, Timeline, Version
+from ..times import Micros
+from .base import Key, Store, Write, entities_of
+
+
+class _TenantGraph:
+    __slots__ = ("timelines", "by_entity", "first_recorded", "events", "generation")
+
+    def __init__(self) -> None:
+        self.timelines: dict[Key, Timeline] = {}
+        self.by_entity: dict[str, dict[Key, None]] = {}     # entity -> its keys, insertion ordered
+        self.first_recorded: dict[str, Micros] = {}
+        self.events: set[str] = set()
+        self.generation = 0
+
+
+class MemoryStore(Store):
+    """All tenants in dicts; as-of lookups bisect a timeline's sorted points."""
+
+    def __init__(self) -> None:
+        self._tenants: dict[str, _TenantGraph] = {}
+
+    def _graph(self, tenant: str) -> _TenantGraph:
+        g = self._tenants.get(tenant)
+        if g is None:
+            g = self._tenants[tenant] = _TenantGraph()
+        return g
+
+    def apply_writes(self, tenant: str, writes: list[Write], event_id: str | None = None) -> None:
+        g = self._graph(tenant)
+        timelines, by_entity, first = g.timelines, g.by_entity, g.first_recorded
+        for key, a in writes:
+            tl = timelines.get(key)
+            if tl is None:
+                tl = timelines[key] = Timeline()
+                for e in entities_of(key):
+                    keys = by_entity.get(e)
+                    if keys is None:
+                        keys = by_entity[e] = {}
+                    keys[key] = None
+            tl.add(a)
+            for e in entities_of(key):
+                seen = first.get(e)
+                if seen is None or a.recorded_at < seen:
+                    first[e] = a.recorded_at
+        if event_id is not None:
+            g.events.add(event_id)
+        g.generation += 1
+
+    def has_event(self, tenant: str, event_id: str) -> bool:
+        g = self._tenants.get(tenant)
+        return g is not None and event_id in g.events
+
+    def entity_recorded_at(self, tenant: str, entity: str) -> Micros | None:
+        g = self._tenants.get(tenant)
+        return None if g is None else g.first_recorded.get(entity)
+
+    def keys(self, tenant: str, entity: str) -> list[Key]:
+        g = self._tenants.get(tenant)
+        if g is None:
+            return []
+        return list(g.by_entity.get(entity, ()))
+
+    def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
+                   known_at: Micros | None) -> list[Version | None]:
+        timelines = self._graph(tenant).timelines
+        return [timelines[k].as_of(at, known_at) if k in timelines else None for k in keys]
+
+    def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
+        timelines = self._graph(tenant).timelines
+        return [timelines[k].versions(known_at) if k in timelines else [] for k in keys]
+
+    def tenants(self) -> list[str]:
+        return sorted(t for t, g in self._tenants.items() if g.events or g.timelines)
+
+    def dump(self, tenant: str) -> Iterator[tuple[Key, list[Assertion]]]:
+        g = self._tenants.get(tenant)
+        if g is None:
+            return
+        for key in sorted(g.timelines):
+            yield key, list(g.timelines[key].assertions())
+
+    def event_ids(self, tenant: str) -> list[str]:
+        g = self._tenants.get(tenant)
+        return sorted(g.events) if g else []
+
+    def search_version(self, tenant: str) -> object:
+        g = self._tenants.get(tenant)
+        return None if g is None else g.generation
+
+    def load(self, tenant: str, timelines: Iterator[tuple[Key, list[Assertion]]], event_ids: list[str]) -> None:
+        """Fill a tenant from a dump of another store (a worker's in-process mirror of Redis)."""
+        self._tenants.pop(tenant, None)
+        for key, assertions in timelines:
+            self.apply_writes(tenant, [Write(key, a) for a in assertions])
+        self._graph(tenant).events.update(event_ids)
+
+    def drop(self, tenant: str) -> None:
+        self._tenants.pop(tenant, None)

@@ -1,0 +1,163 @@
+"""The five tools (DESIGN §5): context, history, search, annotate, related. The read path is
+tool → store; annotate goes tool → policy → log → projector → store, and returns what the store shows."""
+from __future__ import annotations
+
+import secrets
+from typing import Any, Callable
+
+from .cartridge import Cartridge
+from .envelope import ANNOTATED, ENTITY, TENANT
+from .errors import UnknownEntity, UsageError
+from .eventlog import EventLog
+from .notes import NotePolicy
+from .search import BM25Index
+from .store.base import GLOBAL_TENANT, Store, scope_key
+from .times import Micros, format_time, now_micros, parse_time
+
+MAX_LIMIT = 100
+MAX_TEXT = 4096
+
+
+class Tools:
+    """The five tools bound to one tenant and one caller identity (agent, task)."""
+
+    def __init__(self, cartridge: Cartridge, store: Store, tenant: str, agent: str | None = None,
+                 task: str | None = None, *, log: EventLog | None = None, allow_global_notes: bool = False,
+                 clock: Callable[[], Micros] = now_micros) -> None:
+        if not isinstance(tenant, str) or not TENANT.match(tenant):
+            raise UsageError(f"bad tenant {tenant!r}")
+        self.cartridge = cartridge
+        self.store = store
+        self.tenant = tenant
+        self.agent = agent
+        self.task = task
+        self.log = log
+        self.clock = clock
+        self.policy = NotePolicy(cartridge, store, allow_global=allow_global_notes)
+        self._index: tuple[object, BM25Index] | None = None
+
+    # ---- readers ----------------------------------------------------------------------------
+
+    def context(self, entity: str, at: str | None = None, known_at: str | None = None) -> dict[str, Any]:
+        """An entity as of `at` (world time) and `known_at` (Keel's knowledge): labels, facts, relations, rules."""
+        entity = _entity_arg(entity)
+        t, k = _time_arg(at, "at"), _time_arg(known_at, "known_at")
+        info = self.store.entity(self.tenant, entity, at=t if t is not None else self.clock(), known_at=k)
+        if info is None:
+            raise UnknownEntity(self.tenant, entity)
+        at_now = t if t is not None else self.clock()
+        facts = self.store.facts(self.tenant, entity, at=at_now, known_at=k,
+                                 scopes=self.policy.visible_scopes(task=self.task, agent=self.agent))
+        rules = self.cartridge.rules_for(info.type)
+        facts += self.policy.global_notes(info.type, list(rules), at=at_now, known_at=k)
+        return {"entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels,
+                "at": format_time(t), "known_at": format_time(k), "facts": facts,
+                "relations": self.store.relations(self.tenant, entity, at=at_now, known_at=k),
+                "rules": rules}
+
+    def history(self, entity: str, predicate: str | None = None, known_at: str | None = None) -> dict[str, Any]:
+        """Every version of an entity's facts, closed and corrected ones included, by predicate then valid_from."""
+        entity = _entity_arg(entity)
+        k = _time_arg(known_at, "known_at")
+        self._require(entity, k)
+        versions = self.store.history(self.tenant, entity, predicate=_opt_text(predicate, "predicate"), known_at=k,
+                                      scopes=self.policy.visible_scopes(task=self.task, agent=self.agent))
+        return {"entity": entity, "versions": versions}
+
+    def search(self, query: str, type: str | None = None, limit: int = 10) -> dict[str, Any]:
+        """BM25 over the tenant's entity ids, types and labels."""
+        if not isinstance(query, str) or not query.strip():
+            raise UsageError("query: give one or more words, e.g. a name, a product or an entity type")
+        if len(query) > MAX_TEXT:
+            raise UsageError(f"query: at most {MAX_TEXT} characters")
+        if type is not None and type not in self.cartridge.spec.entities:
+            raise UsageError(f"type: {type!r} is not an entity type; use one of "
+                             f"{', '.join(sorted(self.cartridge.spec.entities))}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+            raise UsageError(f"limit: an integer from 1 to {MAX_LIMIT}")
+        results = self._search_index().search(query, type=type, limit=limit)
+        if results:
+            message = f"{len(results)} result{'s' if len(results) != 1 else ''}"
+        else:
+            where = f"{type} entities" if type else "entities"
+            message = (f"no {where} match {query!r}; try broader or fewer words (a name, a product, a label) "
+                       f"or an entity type such as {', '.join(sorted(self.cartridge.spec.entities))}")
+        return {"query": query, "results": results, "message": message}
+
+    def related(self, entity: str, relation: str | None = None, at: str | None = None) -> list[dict[str, Any]]:
+        """Relations valid at `at` with the entity at either end."""
+        entity = _entity_arg(entity)
+        t = _time_arg(at, "at")
+        self._require(entity, None)
+        return self.store.relations(self.tenant, entity, rel=_opt_text(relation, "relation"),
+                                    at=t if t is not None else self.clock())
+
+    # ---- the writer -------------------------------------------------------------------------
+
+    def annotate(self, entity: str, predicate: str, value: Any, scope: str, evidence: str | None = None,
+                 task: str | None = None) -> dict[str, Any]:
+        """Write a note (agent memory) as a keel.annotated event; returns the fact as the graph shows it."""
+        entity = _entity_arg(entity)
+        predicate = _opt_text(predicate, "predicate") or ""
+        evidence = _opt_text(evidence, "evidence")
+        task = _opt_text(task, "task") or self.task
+        if self.log is None:
+            raise UsageError("this Tools instance has no event log to write notes to")
+        self.policy.check(self.tenant, entity, scope, evidence, task=task, agent=self.agent)
+        now = self.clock()
+        payload: dict[str, Any] = {"predicate": predicate, "value": value, "scope": scope}
+        if evidence:
+            payload["evidence"] = evidence
+        if scope == "task":
+            payload["task"] = task
+        if self.agent:
+            payload["agent"] = self.agent
+        stamp = format_time(now)
+        envelope = {"id": f"note-{now}-{secrets.token_hex(4)}", "tenant": self.tenant, "type": ANNOTATED,
+                    "subject": entity, "occurred_at": stamp, "recorded_at": stamp, "source": "keel.annotate",
+                    "payload": payload}
+        if self.agent:
+            envelope["by"] = self.agent if ":" in self.agent else f"agent:{self.agent}"
+        self.log.append(envelope)
+        owner = task if scope == "task" else self.agent if scope == "agent" else None
+        where = GLOBAL_TENANT if scope == "global" else self.tenant
+        for fact in self.store.history(where, entity, predicate=predicate, scopes=[scope_key(scope, owner)]):
+            if fact["valid_from"] == stamp and fact["recorded_at"] == stamp:
+                return {"fact": fact}
+        raise UsageError(f"note {envelope['id']} was logged but is not in the graph")
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _require(self, entity: str, known_at: Micros | None) -> None:
+        if not self.store.exists(self.tenant, entity, known_at=known_at):
+            raise UnknownEntity(self.tenant, entity)
+
+    def _search_index(self) -> BM25Index:
+        version = self.store.search_version(self.tenant)
+        if self._index is None or version is None or self._index[0] != version:
+            self._index = (version, BM25Index(self.store.search_documents(self.tenant)))
+        return self._index[1]
+
+
+def _entity_arg(entity: object) -> str:
+    if not isinstance(entity, str) or len(entity) > 300 or not ENTITY.match(entity):
+        shown = entity[:60] + "…" if isinstance(entity, str) and len(entity) > 60 else entity
+        raise UsageError(f"entity {shown!r}: use '<entity type>:<id>', e.g. from search results")
+    return entity
+
+
+def _time_arg(value: object, name: str) -> Micros | None:
+    if value is None or value == "":
+        return None
+    try:
+        return parse_time(value if isinstance(value, str) else str(value))
+    except UsageError:
+        raise UsageError(f"{name}: {value!r} is neither RFC 3339 (2026-09-15T00:00:00Z) nor a date (2026-09-15)") from None
+
+
+def _opt_text(value: object, name: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > 256:
+        raise UsageError(f"{name}: expected a short string")
+    return value
