@@ -1,0 +1,301 @@
+"""`keel` command line (DESIGN §5–§6). Exit codes: 0 ok, 1 domain error, 2 usage or validation error."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from . import render
+from .cartridge import Cartridge, load_cartridge
+from .config import Settings, resolve
+from .digest import digest
+from .embedded import build_embedded, print_reject, replay_file
+from .errors import CartridgeInvalid, DomainError, KeelError, UsageError
+from .eventlog import FileLog
+from .projector import Projector
+from .store.base import Store
+from .store.memory import MemoryStore
+from .tools import Tools
+
+# Subsystems that add their own subcommands: each module has `register(subparsers)`.
+EXTENSION_MODULES: tuple[str, ...] = ("workers.cli", "tools_server.cli")
+
+QUERY_HELP = {
+    "context": "an entity as of a world time and a knowledge time: labels, facts, relations, rules",
+    "history": "every version of an entity's facts, closed and corrected ones included",
+    "search": "find entities by words in their ids, types and labels (BM25)",
+    "related": "relations of an entity, either direction",
+    "annotate": "write a note (agent memory) on an entity; appended to the events file",
+}
+
+
+class KeelArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"keel: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = KeelArgumentParser(prog="keel", description=(
+        "Keel projects domain events into one bitemporal graph per tenant and answers five tools "
+        "(context, history, search, annotate, related). Start with `keel demo`."))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=KeelArgumentParser)
+
+    p = sub.add_parser("validate", help="check a cartridge (and optionally an events file)",
+                       description="Check cartridge.yaml and handlers.py; exit 0 when valid, 2 otherwise "
+                                   "(one line per problem).")
+    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("--events", metavar="FILE", help="also check every line of this events file")
+    p.set_defaults(run=cmd_validate)
+
+    common = KeelArgumentParser(add_help=False)
+    common.add_argument("--tenant", help="tenant to query (default: the only tenant in the file)")
+    common.add_argument("--agent", help="the caller's agent id (who annotates, whose notes are visible)")
+    common.add_argument("--task", help="the caller's task id (task notes are visible within the task)")
+    common.add_argument("--json", action="store_true", help="print the tool's result object as JSON")
+    common.add_argument("--redis", metavar="URL", help="query the Redis graph instead of an events file "
+                        "(then omit the events file)")
+    common.add_argument("--allow-global-notes", action="store_true", default=None,
+                        help="operator switch: allow notes in global scope (env KEEL_ALLOW_GLOBAL_NOTES)")
+
+    def query(name: str, run: Callable[..., int], usage_tail: str) -> argparse.ArgumentParser:
+        q = sub.add_parser(name, parents=[common], help=QUERY_HELP[name], description=QUERY_HELP[name],
+                           usage=f"keel {name} CARTRIDGE (EVENTS.jsonl | --redis URL) {usage_tail} [options]")
+        q.add_argument("cartridge", help="cartridge folder")
+        q.add_argument("args", nargs="+", metavar="ARG", help="the events file (unless --redis), then "
+                       + usage_tail)
+        q.set_defaults(run=run)
+        return q
+
+    q = query("context", cmd_context, "ENTITY")
+    q.add_argument("--at", help="world time (RFC 3339 or YYYY-MM-DD; default now)")
+    q.add_argument("--known-at", help="knowledge time: what Keel believed then (default now)")
+    q = query("history", cmd_history, "ENTITY")
+    q.add_argument("--predicate", help="only this predicate")
+    q.add_argument("--known-at", help="knowledge time (default now)")
+    q = query("search", cmd_search, "QUERY")
+    q.add_argument("--type", help="only entities of this type")
+    q.add_argument("--limit", type=int, default=10, help="at most N results (default 10)")
+    q = query("related", cmd_related, "ENTITY [RELATION]")
+    q.add_argument("--at", help="world time (default now)")
+    q = query("annotate", cmd_annotate, "ENTITY PREDICATE VALUE")
+    q.add_argument("--scope", required=True, choices=("global", "tenant", "task", "agent"),
+                   help="who sees the note: tenant (everyone), task, agent (only you), global (operator-enabled)")
+    q.add_argument("--evidence", metavar="EVENT_ID", help="id of the event that supports the note")
+
+    p = sub.add_parser("digest", help="hash of one tenant's graph (equal graphs, equal digests)",
+                       description="Print sha256:<hex> over a canonical serialization of a tenant's graph.")
+    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("--tenant", help="tenant (default: the only tenant in the file)")
+    p.add_argument("--events", metavar="FILE", help="build from this events file")
+    p.add_argument("--redis", metavar="URL", help="read the Redis graph")
+    p.set_defaults(run=cmd_digest)
+
+    p = sub.add_parser("demo", help="the finance story end to end, embedded (no servers)",
+                       description="Build the graph of a cartridge's sample stream in memory and run its "
+                                   "demo.py story. Default: the finance cartridge.")
+    p.add_argument("cartridge", nargs="?", help="cartridge folder with a demo.py (default: cartridges/finance)")
+    p.set_defaults(run=cmd_demo)
+
+    for module in EXTENSION_MODULES:
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except CartridgeInvalid as e:
+        for problem in e.problems:
+            print(f"{e.path}: {problem}" if not problem.startswith(e.path) else problem, file=sys.stderr)
+        return 2
+    except UsageError as e:
+        print(f"keel: {e}", file=sys.stderr)
+        return 2
+    except (DomainError, KeelError) as e:
+        print(f"keel: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("keel: interrupted", file=sys.stderr)
+        return 130
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    return resolve(vars(args))
+
+
+def open_redis(cartridge: Cartridge, url: str) -> Store:
+    from .store.redis import RedisStore
+    return RedisStore.from_url(url, namespace=cartridge.name)
+
+
+class Session:
+    """A cartridge, a store and the tenant a query command works on."""
+
+    def __init__(self, args: argparse.Namespace, positional_after_events: int) -> None:
+        self.cartridge = load_cartridge(args.cartridge)
+        settings = settings_of(args)
+        rest = list(args.args)
+        self.events_path: Path | None = None
+        if args.redis:
+            self.store = open_redis(self.cartridge, args.redis)
+            self.log = None
+            tenants = None
+        else:
+            if not rest:
+                raise UsageError("give the events file (or --redis URL)")
+            self.events_path = Path(rest.pop(0))
+            if not self.events_path.is_file():
+                raise UsageError(f"events file {self.events_path} not found")
+            projector, report = build_embedded(self.cartridge, self.events_path,
+                                               allow_global_notes=settings.allow_global_notes)
+            self.store = projector.store
+            self.log = FileLog(projector, self.events_path)
+            tenants = sorted(report.tenants)
+        self.rest = rest
+        self.tenant = pick_tenant(args.tenant, tenants)
+        if args.redis:
+            self.log = redis_mode_log(self.cartridge, self.store, settings)
+        self.tools = Tools(self.cartridge, self.store, self.tenant, agent=args.agent, task=args.task, log=self.log,
+                           allow_global_notes=settings.allow_global_notes)
+
+
+def redis_mode_log(cartridge: Cartridge, store: Store, settings: Settings) -> Any:
+    """In Redis mode annotate produces to the cartridge's topic and waits for a worker to apply it."""
+    try:
+        from workers.log import KafkaLog
+    except ImportError:
+        return None
+    return KafkaLog(cartridge, store, settings)
+
+
+def pick_tenant(given: str | None, tenants: list[str] | None) -> str:
+    if given:
+        return given
+    if tenants is None:
+        raise UsageError("--tenant is required with --redis")
+    if len(tenants) == 1:
+        return tenants[0]
+    if not tenants:
+        raise UsageError("the events file holds no valid event, so there is no tenant to query")
+    raise UsageError(f"the events file holds several tenants ({', '.join(tenants)}); pass --tenant")
+
+
+def emit(args: argparse.Namespace, result: Any, human: Callable[[Any], str]) -> int:
+    if args.json:
+        print(json.dumps(result, ensure_ascii=False, indent=2))
+    else:
+        print(human(result))
+    return 0
+
+
+def take(rest: list[str], names: str, optional: int = 0) -> list[str | None]:
+    wanted = names.split()
+    if not len(wanted) - optional <= len(rest) <= len(wanted):
+        raise UsageError(f"expected {' '.join(wanted)} after the events file, got {' '.join(rest) or 'nothing'}")
+    return [*rest, *([None] * (len(wanted) - len(rest)))]
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    cartridge = load_cartridge(args.cartridge)
+    spec = cartridge.spec
+    if args.events:
+        projector = Projector(cartridge, MemoryStore(), allow_global_notes=True)
+        report = replay_file(projector, args.events, on_reject=print_reject(args.events))
+        if report.rejected:
+            print(f"{args.events}: {len(report.rejected)} bad line(s) of {report.applied + len(report.rejected)}",
+                  file=sys.stderr)
+            return 2
+        print(f"{args.events}: {report.applied} events ok ({report.duplicates} duplicates ignored)")
+    print(f"{args.cartridge}: ok ({len(spec.entities)} entity types, {len(spec.relations)} relations, "
+          f"{len(spec.events)} event types, {len(spec.rules)} rules)")
+    return 0
+
+
+def cmd_context(args: argparse.Namespace) -> int:
+    s = Session(args, 1)
+    (entity,) = take(s.rest, "ENTITY")
+    return emit(args, s.tools.context(entity, at=args.at, known_at=args.known_at), render.context)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    s = Session(args, 1)
+    (entity,) = take(s.rest, "ENTITY")
+    return emit(args, s.tools.history(entity, predicate=args.predicate, known_at=args.known_at), render.history)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    s = Session(args, 1)
+    query = " ".join(s.rest)
+    return emit(args, s.tools.search(query, type=args.type, limit=args.limit), render.search)
+
+
+def cmd_related(args: argparse.Namespace) -> int:
+    s = Session(args, 1)
+    entity, relation = take(s.rest, "ENTITY RELATION", optional=1)
+    relations = s.tools.related(entity, relation=relation, at=args.at)
+    return emit(args, {"entity": entity, "relations": relations}, render.related)
+
+
+def cmd_annotate(args: argparse.Namespace) -> int:
+    s = Session(args, 3)
+    entity, predicate, value = take(s.rest, "ENTITY PREDICATE VALUE")
+    result = s.tools.annotate(entity, predicate, parse_value(value), args.scope, evidence=args.evidence)
+    return emit(args, result, render.note)
+
+
+def parse_value(text: str | None) -> Any:
+    """A note value: JSON when it parses as JSON (numbers, true, objects), else the text itself."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def cmd_digest(args: argparse.Namespace) -> int:
+    cartridge = load_cartridge(args.cartridge)
+    if bool(args.events) == bool(args.redis):
+        raise UsageError("give exactly one of --events FILE or --redis URL")
+    if args.redis:
+        if not args.tenant:
+            raise UsageError("--tenant is required with --redis")
+        store = open_redis(cartridge, args.redis)
+        tenant = args.tenant
+    else:
+        projector, report = build_embedded(cartridge, args.events)
+        store, tenant = projector.store, pick_tenant(args.tenant, sorted(report.tenants))
+    print(digest(store, tenant))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    folder = Path(args.cartridge) if args.cartridge else default_demo_cartridge()
+    return run_demo(folder, sys.stdout)
+
+
+def default_demo_cartridge() -> Path:
+    for base in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        candidate = base / "cartridges" / "finance"
+        if (candidate / "demo.py").is_file():
+            return candidate
+    raise UsageError("cartridges/finance not found; run from the Keel checkout or pass a cartridge folder")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

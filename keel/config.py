@@ -1,0 +1,33 @@
+"""Configuration: flags first, then KEEL_* environment variables, then defaults; resolved once at the
+entry point and passed down (no module-level settings)."""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    redis_url: str | None = None
+    allow_global_notes: bool = False
+    apply_timeout_s: float = 10.0
+
+
+def resolve(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from parsed flags (None = not given) and the environment."""
+    env = os.environ if env is None else env
+
+    def pick(flag: str, var: str, default: object) -> object:
+        value = flags.get(flag)
+        if value is not None:
+            return value
+        return env.get(var, default)
+
+    allow = pick("allow_global_notes", "KEEL_ALLOW_GLOBAL_NOTES", False)
+    return Settings(kafka_bootstrap=str(pick("kafka", "KEEL_KAFKA_BOOTSTRAP", "127.0.0.1:9092")),
+                    redis_url=pick("redis", "KEEL_REDIS_URL", None),  # type: ignore[arg-type]
+                    allow_global_notes=allow if isinstance(allow, bool) else str(allow).lower() in ("1", "true", "yes"),
+                    apply_timeout_s=float(pick("apply_timeout", "KEEL_APPLY_TIMEOUT", 10.0)))  # type: ignore[arg-type]

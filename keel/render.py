@@ -1,0 +1,80 @@
+"""Human-readable renderings of tool results for the CLI (the --json form is the result itself)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .times import format_day, parse_time
+
+
+def day(text: str | None) -> str:
+    return format_day(None if text is None else parse_time(text))
+
+
+def value(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+
+
+def fact_line(f: dict[str, Any]) -> str:
+    line = f"{f['predicate']}={value(f['value'])} valid {day(f['valid_from'])} -> {day(f['valid_to'])}"
+    extras = [f"recorded {day(f['recorded_at'])}", f"evidence {f['evidence']}"]
+    if f["source"]:
+        extras.append(f"source {f['source']}")
+    if f["scope"]:
+        extras.append(f"scope {f['scope']}")
+    if f["by"]:
+        extras.append(f"by {f['by']}")
+    if f["expires_at"]:
+        extras.append(f"expires {day(f['expires_at'])}")
+    if f["corrected_by"]:
+        extras.append(f"corrected by {f['corrected_by']}")
+    return f"{line}  ({', '.join(extras)})"
+
+
+def relation_line(r: dict[str, Any]) -> str:
+    return f"{r['subject']} -{r['relation']}-> {r['object']}  valid {day(r['valid_from'])} -> {day(r['valid_to'])}"
+
+
+def context(c: dict[str, Any]) -> str:
+    when = []
+    if c["at"]:
+        when.append(f"at {day(c['at'])}")
+    if c["known_at"]:
+        when.append(f"as known at {day(c['known_at'])}")
+    lines = [f"{c['entity']} ({c['type']})" + (f"  ref {c['ref']}" if c["ref"] else "")
+             + (f"  [{', '.join(when)}]" if when else "")]
+    if c["labels"]:
+        lines.append("  " + " · ".join(f"{k}: {value(v)}" for k, v in c["labels"].items()))
+    lines.append("facts:" if c["facts"] else "facts: none")
+    lines += [f"  {fact_line(f)}" for f in c["facts"]]
+    lines.append("relations:" if c["relations"] else "relations: none")
+    lines += [f"  {relation_line(r)}" for r in c["relations"]]
+    if c["rules"]:
+        lines.append("rules:")
+        for name, rule in c["rules"].items():
+            params = ", ".join(f"{k}={value(v)}" for k, v in rule.items() if k != "definition")
+            lines.append(f"  {name}: {rule['definition']}" + (f" ({params})" if params else ""))
+    return "\n".join(lines)
+
+
+def history(h: dict[str, Any]) -> str:
+    if not h["versions"]:
+        return f"{h['entity']}: no fact versions"
+    return "\n".join([f"{h['entity']}:"] + [f"  {fact_line(f)}" for f in h["versions"]])
+
+
+def search(s: dict[str, Any]) -> str:
+    lines = [f"{i}. {r['entity']} ({r['type']}) score {r['score']:.3f}  "
+             + " ".join(f"{k}={value(v)}" for k, v in r["labels"].items())
+             for i, r in enumerate(s["results"], 1)]
+    return "\n".join(lines + [s["message"]]) if lines else s["message"]
+
+
+def related(r: dict[str, Any]) -> str:
+    if not r["relations"]:
+        return f"{r['entity']}: no relations"
+    return "\n".join(relation_line(x) for x in r["relations"])
+
+
+def note(n: dict[str, Any]) -> str:
+    return f"noted {fact_line(n['fact'])}"

@@ -1,0 +1,1 @@
+"""Stream workers: Kafka topics → cartridge handlers → Redis (the only package that imports faust)."""
