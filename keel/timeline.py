@@ -118,6 +118,28 @@ class Timeline:
         return min(a.recorded_at for a in self.assertions())
 
 
+def coalesce(versions: list[Version]) -> list[Version]:
+    """Merge adjacent versions (one ends where the next begins) into one: a relation linked again while
+    it holds stays one version, valid from its first link. Depends only on the visible assertions,
+    so it keeps the known_at definition."""
+    out: list[Version] = []
+    for v in versions:
+        if out and out[-1].valid_to == v.assertion.point:
+            prev = out[-1]
+            out[-1] = Version(prev.assertion, v.valid_to, prev.corrected_by)
+        else:
+            out.append(v)
+    return out
+
+
+def covering(versions: list[Version], t: Micros) -> Version | None:
+    """The version whose [valid_from, valid_to) contains t."""
+    for v in versions:
+        if v.assertion.point <= t and (v.valid_to is None or t < v.valid_to):
+            return v
+    return None
+
+
 def _version(winner: Assertion, seen: int, next_point: Micros | None) -> Version:
     valid_to = next_point
     if winner.expires_at is not None and (valid_to is None or winner.expires_at < valid_to):

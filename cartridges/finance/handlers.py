@@ -9,8 +9,9 @@ def debt_snapshot(event, store):
     p = event.payload
     store.upsert_entity(event.tenant, "debt", event.subject_id,
                         ref=f"{event.source}#{event.subject_id}", creditor=p["creditor"], product=p["product"])
-    if not store.relations(event.tenant, event.subject, rel="owed_by", at=event.occurred_at):
-        store.link(event.tenant, event.subject, "owed_by", f"household:{event.tenant}", event.occurred_at)
+    # Linking again while linked changes nothing visible (relation versions coalesce), so no read is needed;
+    # handlers that branch on reads can answer known_at differently from a rebuild of the earlier log.
+    store.link(event.tenant, event.subject, "owed_by", f"household:{event.tenant}", event.occurred_at)
     for predicate in ("balance_cop", "rate_ea_pct", "installment_cop"):
         store.open_fact(event.tenant, event.subject, predicate, p[predicate], valid_from=event.occurred_at)
 

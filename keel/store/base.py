@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, NamedTuple
 
 from ..errors import UsageError
 from ..envelope import ENTITY
-from ..timeline import Assertion, Version
+from ..timeline import Assertion, Version, coalesce, covering
 from ..times import Micros, format_time, now_micros, parse_time
 
 GLOBAL_TENANT = "_global"   # where cross-tenant (global) notes live; not a valid tenant name
@@ -237,12 +237,18 @@ class Store(ABC):
 
     def relations(self, tenant: str, entity: str, *, rel: str | None = None, at: object | None = None,
                   known_at: object | None = None) -> list[dict[str, Any]]:
-        """Relation versions valid at `at` with the entity at either end, by (relation, subject, object)."""
+        """Relation versions valid at `at` with the entity at either end, by (relation, subject, object).
+        Adjacent versions of one triple are coalesced: linking again while linked changes nothing visible."""
         _entity(entity)
         keys = sorted((key for key in self.keys(tenant, entity)
                        if key[0] == "r" and (rel is None or key[2] == rel)), key=lambda k: (k[2], k[1], k[3]))
         t, k = _when(at, now_micros()), _when(known_at, None)
-        return [relation_result(key, v) for key, v in zip(keys, self.as_of_many(tenant, keys, t, k)) if v]
+        out = []
+        for key, versions in zip(keys, self.versions_many(tenant, keys, k)):
+            v = covering(coalesce(versions), t) if versions else None
+            if v is not None:
+                out.append(relation_result(key, v))
+        return out
 
     def history(self, tenant: str, entity: str, *, predicate: str | None = None,
                 known_at: object | None = None, scopes: Iterable[str] | None = None) -> list[dict[str, Any]]:

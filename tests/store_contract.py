@@ -1,0 +1,304 @@
+"""The bitemporal store contract (DESIGN §3–§4), written once; every backend subclasses StoreContract.
+
+    class TestMyStore(StoreContract):
+        def make_store(self) -> Store: ...   # a fresh, empty store
+
+Includes hypothesis properties: the timeline rules against a brute-force model of the definition, and
+the known_at definition (answer at K == answer of a store built from only the writes recorded by K).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from keel.digest import digest
+from keel.store.base import Store
+from keel.store.memory import MemoryStore
+from keel.times import format_time, parse_time
+
+T = "acme"
+E = "thing:one"
+
+
+def day(n: int) -> str:
+    """Day n of September 2026 onwards as a date string (n may exceed 30)."""
+    return format_time(parse_time("2026-09-01") + (n - 1) * 86_400_000_000)
+
+
+def values(facts: list[dict[str, Any]], predicate: str = "p") -> list[Any]:
+    return [f["value"] for f in facts if f["predicate"] == predicate]
+
+
+class StoreContract:
+    """Subclasses provide make_store(); every test starts from an empty store."""
+
+    def make_store(self) -> Store:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    # ---- timelines -------------------------------------------------------------------------
+
+    def test_open_fact_is_valid_from_its_start(self) -> None:
+        s = self.make_store()
+        s.open_fact(T, E, "p", 10, valid_from=day(5), source="src", evidence="e1")
+        assert values(s.facts(T, E, at=day(4))) == []
+        assert values(s.facts(T, E, at=day(5))) == [10]
+        [f] = s.facts(T, E, at=day(40))
+        assert f == {"predicate": "p", "value": 10, "valid_from": day(5), "valid_to": None,
+                     "recorded_at": day(5), "source": "src", "evidence": "e1", "scope": None, "by": None,
+                     "expires_at": None, "corrected_by": None}
+
+    def test_a_new_version_closes_the_old_one_without_rewriting_it(self) -> None:
+        s = self.make_store()
+        s.open_fact(T, E, "p", 1, valid_from=day(1), evidence="e1")
+        s.open_fact(T, E, "p", 2, valid_from=day(10), evidence="e2")
+        assert values(s.facts(T, E, at=day(9))) == [1]
+        assert values(s.facts(T, E, at=day(10))) == [2]
+        h = s.history(T, E)
+        assert [(v["value"], v["valid_from"], v["valid_to"], v["evidence"]) for v in h] == [
+            (1, day(1), day(10), "e1"), (2, day(10), None, "e2")]
+
+    def test_late_event_lands_in_its_place(self) -> None:
+        s = self.make_store()
+        s.open_fact(T, E, "p", 3, valid_from=day(20), recorded_at=day(20))
+        s.open_fact(T, E, "p", 1, valid_from=day(1), recorded_at=day(21))
+        s.open_fact(T, E, "p", 2, valid_from=day(10), recorded_at=day(22))
+        h = s.history(T, E)
+        assert [(v["value"], v["valid_from"], v["valid_to"]) for v in h] == [
+            (1, day(1), day(10)), (2, day(10), day(20)), (3, day(20), None)]
+        assert values(s.facts(T, E, at=day(15))) == [2]
+
+    def test_same_valid_from_is_a_correction(self) -> None:
+        s = self.make_store()
+        s.open_fact(T, E, "p", 100, valid_from=day(1), evidence="e1", recorded_at=day(1), source="sys")
+        s.open_fact(T, E, "p", 90, valid_from=day(1), evidence="e2", recorded_at=day(3), by="human:ana")
+        [v] = s.history(T, E)
+        assert (v["value"], v["evidence"], v["corrected_by"], v["by"]) == (90, "e2", "human:ana", "human:ana")
+        [old] = s.history(T, E, known_at=day(2))
+        assert (old["value"], old["evidence"], old["corrected_by"]) == (100, "e1", None)
+
+    def test_correction_without_by_names_the_source(self) -> None:
+        s = self.make_store()
+        s.open_fact(T, E, "p", 1, valid_from=day(1), source="a", evidence="e1")
+        s.open_fact(T, E, "p", 2, valid_from=day(1), source="b", evidence="e2")
+        assert s.history(T, E)[0]["corrected_by"] == "b"
+
+    def test_close_fact_ends_the_covering_version(self) -> None:
+        s = self.make_store()
+        s.open_fact(T, E, "p", 1, valid_from=day(1))
+        s.close_fact(T, E, "p", valid_to=day(5))
+        assert values(s.facts(T, E, at=day(4))) == [1]
+        assert values(s.facts(T, E, at=day(5))) == []
+        assert [(v["valid_from"], v["valid_to"]) for v in s.history(T, E)] == [(day(1), day(5))]
+        s.open_fact(T, E, "p", 2, valid_from=day(8))
+        assert values(s.facts(T, E, at=day(6))) == []
+        assert s.history(T, E)[-1]["valid_to"] is None
+
+    def test_late_version_inside_a_closed_one_keeps_the_close(self) -> None:
+        s = self.make_store()
+        s.open_fact(T, E, "p", 1, valid_from=day(1))
+        s.close_fact(T, E, "p", valid_to=day(10))
+        s.open_fact(T, E, "p", 2, valid_from=day(5))
+        assert [(v["value"], v["valid_from"], v["valid_to"]) for v in s.history(T, E)] == [
+            (1, day(1), day(5)), (2, day(5), day(10))]
+
+    def test_history_orders_by_predicate_then_valid_from(self) -> None:
+        s = self.make_store()
+        s.open_fact(T, E, "b", 1, valid_from=day(2))
+        s.open_fact(T, E, "a", 1, valid_from=day(3))
+        s.open_fact(T, E, "a", 0, valid_from=day(1))
+        assert [(v["predicate"], v["valid_from"]) for v in s.history(T, E)] == [
+            ("a", day(1)), ("a", day(3)), ("b", day(2))]
+        assert [v["predicate"] for v in s.history(T, E, predicate="b")] == ["b"]
+
+    def test_values_keep_their_json_types(self) -> None:
+        s = self.make_store()
+        for i, v in enumerate([29.22, 4200000, "text", True, None, {"k": [1, 2]}, [1, "x"]]):
+            s.open_fact(T, E, f"p{i}", v, valid_from=day(1))
+        got = {f["predicate"]: f["value"] for f in s.facts(T, E, at=day(2))}
+        assert got == {"p0": 29.22, "p1": 4200000, "p2": "text", "p3": True, "p4": None, "p5": {"k": [1, 2]},
+                       "p6": [1, "x"]}
+        assert isinstance(got["p1"], int) and isinstance(got["p0"], float)
+
+    # ---- entities and labels ---------------------------------------------------------------
+
+    def test_labels_are_kept_per_valid_time(self) -> None:
+        s = self.make_store()
+        s.upsert_entity(T, "thing", "one", ref="db#1", name="Old", valid_from=day(1))
+        s.upsert_entity(T, "thing", "one", ref="db#1", name="New", valid_from=day(10))
+        old = s.entity(T, E, at=day(5))
+        new = s.entity(T, E, at=day(11))
+        assert old is not None and new is not None
+        assert (old.type, old.ref, old.labels) == ("thing", "db#1", {"name": "Old"})
+        assert new.labels == {"name": "New"}
+
+    def test_an_entity_only_referenced_by_a_relation_exists(self) -> None:
+        s = self.make_store()
+        s.link(T, "thing:one", "part_of", "group:g", day(1))
+        assert s.exists(T, "group:g")
+        info = s.entity(T, "group:g", at=day(2))
+        assert info is not None and (info.type, info.ref, info.labels) == ("group", None, {})
+        assert s.entity(T, "group:zzz", at=day(2)) is None
+
+    def test_entity_is_unknown_before_it_was_recorded(self) -> None:
+        s = self.make_store()
+        s.upsert_entity(T, "thing", "one", valid_from=day(1), recorded_at=day(3))
+        assert s.exists(T, E) and s.exists(T, E, known_at=day(3))
+        assert not s.exists(T, E, known_at=day(2))
+        assert s.entity(T, E, at=day(5), known_at=day(2)) is None
+
+    # ---- relations -------------------------------------------------------------------------
+
+    def test_relations_either_direction_with_filter(self) -> None:
+        s = self.make_store()
+        s.link(T, "thing:a", "part_of", "group:g", day(1), source="x", evidence="e1")
+        s.link(T, "thing:b", "part_of", "group:g", day(2))
+        s.link(T, "group:g", "owned_by", "person:p", day(1))
+        rels = s.relations(T, "group:g", at=day(3))
+        assert [(r["subject"], r["relation"], r["object"]) for r in rels] == [
+            ("group:g", "owned_by", "person:p"), ("thing:a", "part_of", "group:g"), ("thing:b", "part_of", "group:g")]
+        assert [r["subject"] for r in s.relations(T, "group:g", rel="part_of", at=day(3))] == ["thing:a", "thing:b"]
+        assert rels[1] == {"subject": "thing:a", "relation": "part_of", "object": "group:g",
+                           "valid_from": day(1), "valid_to": None}
+
+    def test_unlink_ends_a_relation_and_relinking_while_linked_changes_nothing(self) -> None:
+        s = self.make_store()
+        s.link(T, "thing:a", "part_of", "group:g", day(1))
+        s.link(T, "thing:a", "part_of", "group:g", day(3))
+        [r] = s.relations(T, "thing:a", at=day(4))
+        assert (r["valid_from"], r["valid_to"]) == (day(1), None)
+        s.unlink(T, "thing:a", "part_of", "group:g", day(5))
+        assert s.relations(T, "thing:a", at=day(6)) == []
+        [r] = s.relations(T, "thing:a", at=day(4))
+        assert (r["valid_from"], r["valid_to"]) == (day(1), day(5))
+
+    # ---- knowledge time --------------------------------------------------------------------
+
+    def test_known_at_hides_what_was_recorded_later(self) -> None:
+        s = self.make_store()
+        s.open_fact(T, E, "p", 1, valid_from=day(1), recorded_at=day(1))
+        s.open_fact(T, E, "p", 2, valid_from=day(5), recorded_at=day(8))
+        assert values(s.facts(T, E, at=day(6), known_at=day(7))) == [1]
+        assert values(s.facts(T, E, at=day(6), known_at=day(8))) == [2]
+        [v] = s.history(T, E, known_at=day(7))
+        assert v["valid_to"] is None
+
+    def test_relations_respect_known_at(self) -> None:
+        s = self.make_store()
+        s.link(T, "thing:a", "part_of", "group:g", day(1), recorded_at=day(4))
+        assert s.relations(T, "thing:a", at=day(2), known_at=day(3)) == []
+        assert len(s.relations(T, "thing:a", at=day(2), known_at=day(4))) == 1
+
+    # ---- notes, scopes, expiry -------------------------------------------------------------
+
+    def test_scoped_notes_are_separate_timelines(self) -> None:
+        s = self.make_store()
+        s.open_fact(T, E, "p", "domain", valid_from=day(1))
+        s.open_fact(T, E, "p", "mine", valid_from=day(2), scope="agent", owner="a1")
+        s.open_fact(T, E, "p", "theirs", valid_from=day(2), scope="agent", owner="a2")
+        s.open_fact(T, E, "p", "team", valid_from=day(2), scope="task", owner="t1")
+        mine = s.facts(T, E, at=day(3), scopes=["", "agent:a1"])
+        assert [(f["value"], f["scope"]) for f in mine] == [("domain", None), ("mine", "agent")]
+        assert [f["value"] for f in s.facts(T, E, at=day(3), scopes=["", "task:t1"])] == ["domain", "team"]
+
+    def test_expiry_ends_a_note(self) -> None:
+        s = self.make_store()
+        s.open_fact(T, E, "n", "x", valid_from=day(1), scope="tenant", expires_at=day(3))
+        assert values(s.facts(T, E, at=day(2)), "n") == ["x"]
+        assert values(s.facts(T, E, at=day(3)), "n") == []
+        [v] = s.history(T, E)
+        assert (v["valid_to"], v["expires_at"], v["scope"]) == (day(3), day(3), "tenant")
+
+    # ---- events, tenants, digest -----------------------------------------------------------
+
+    def test_event_ids_are_recorded_with_the_writes(self) -> None:
+        s = self.make_store()
+        assert not s.has_event(T, "e1")
+        from keel.store.base import fact_write
+        s.apply_writes(T, [fact_write(E, "p", 1, day(1), False, source=None, evidence="e1", recorded_at=None,
+                                      by=None)], "e1")
+        s.apply_writes(T, [], "e0")
+        assert s.has_event(T, "e1") and s.event_ids(T) == ["e0", "e1"]
+        assert not s.has_event("other", "e1")
+
+    def test_tenants_are_isolated(self) -> None:
+        s = self.make_store()
+        s.open_fact("a", E, "p", 1, valid_from=day(1))
+        s.open_fact("b", E, "p", 2, valid_from=day(1))
+        assert values(s.facts("a", E, at=day(2))) == [1]
+        assert values(s.facts("b", E, at=day(2))) == [2]
+        assert not s.exists("c", E)
+        assert {"a", "b"} <= set(s.tenants())
+
+    def test_digest_equals_the_memory_store_for_the_same_writes(self) -> None:
+        s, m = self.make_store(), MemoryStore()
+        for st_ in (s, m):
+            st_.upsert_entity(T, "thing", "one", ref="r", name="N", valid_from=day(1), evidence="e1")
+            st_.open_fact(T, E, "p", 1.5, valid_from=day(3), evidence="e2", recorded_at=day(4))
+            st_.open_fact(T, E, "p", 2, valid_from=day(3), evidence="e3", by="human:x")
+            st_.open_fact(T, E, "p", 0, valid_from=day(1), evidence="e4")
+            st_.close_fact(T, E, "p", valid_to=day(9))
+            st_.link(T, E, "part_of", "group:g", day(2))
+            st_.apply_writes(T, [], "e1")
+        assert digest(s, T) == digest(m, T)
+        assert digest(s, "nobody") == digest(MemoryStore(), "nobody")
+
+    # ---- properties ------------------------------------------------------------------------
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(st.tuples(st.integers(1, 12), st.booleans(), st.integers(0, 3), st.integers(1, 12)),
+                    min_size=1, max_size=14))
+    def test_timeline_matches_the_definition(self, ops: list[tuple[int, bool, int, int]]) -> None:
+        """Value at t as known at K == the last-logged visible assertion at the greatest point <= t."""
+        s = self.make_store()
+        for i, (point, closed, value, rec) in enumerate(ops):
+            if closed:
+                s.close_fact(T, E, "p", valid_to=day(point), evidence=f"e{i}", recorded_at=day(rec))
+            else:
+                s.open_fact(T, E, "p", value, valid_from=day(point), evidence=f"e{i}", recorded_at=day(rec))
+        for k in (None, 3, 6, 12):
+            visible = [(i, o) for i, o in enumerate(ops) if k is None or o[3] <= k]
+            for t in range(0, 14):
+                at_or_before = [(o[0], i, o) for i, o in visible if o[0] <= t]
+                expected: list[Any] = []
+                if at_or_before:
+                    _, i, (_, closed, value, _) = max(at_or_before)
+                    expected = [] if closed else [(value, f"e{i}")]
+                got = s.facts(T, E, at=day(t), known_at=None if k is None else day(k))
+                assert [(f["value"], f["evidence"]) for f in got] == expected, (k, t)
+            history = s.history(T, E, known_at=None if k is None else day(k))
+            for a, b in zip(history, history[1:]):
+                assert a["valid_to"] is not None and a["valid_to"] <= b["valid_from"]
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(st.tuples(st.sampled_from(["open", "close", "link", "unlink", "label"]),
+                              st.integers(1, 10), st.integers(0, 2), st.integers(1, 10)), min_size=1, max_size=12),
+           st.integers(1, 10))
+    def test_known_at_equals_a_rebuild_from_what_was_recorded_by_then(self, ops: list[tuple[str, int, int, int]],
+                                                                      k: int) -> None:
+        full, partial = self.make_store(), self.make_store()
+        for i, op in enumerate(ops):
+            _write(full, i, op)
+            if op[3] <= k:
+                _write(partial, i, op)
+        for t in (1, 4, 7, 11):
+            assert full.facts(T, E, at=day(t), known_at=day(k)) == partial.facts(T, E, at=day(t))
+            assert full.relations(T, E, at=day(t), known_at=day(k)) == partial.relations(T, E, at=day(t))
+            assert full.entity(T, E, at=day(t), known_at=day(k)) == partial.entity(T, E, at=day(t))
+        assert full.history(T, E, known_at=day(k)) == partial.history(T, E)
+
+
+def _write(s: Store, i: int, op: tuple[str, int, int, int]) -> None:
+    kind, point, value, rec = op
+    prov = {"evidence": f"e{i}", "recorded_at": day(rec), "source": "gen"}
+    if kind == "open":
+        s.open_fact(T, E, "p", value, valid_from=day(point), **prov)
+    elif kind == "close":
+        s.close_fact(T, E, "p", valid_to=day(point), **prov)
+    elif kind == "link":
+        s.link(T, E, "rel", f"other:o{value}", day(point), **prov)
+    elif kind == "unlink":
+        s.unlink(T, E, "rel", f"other:o{value}", day(point), **prov)
+    else:
+        s.upsert_entity(T, "thing", "one", valid_from=day(point), name=f"n{value}", **prov)

@@ -1,0 +1,9 @@
+"""The store contract against the embedded MemoryStore."""
+from keel.store.base import Store
+from keel.store.memory import MemoryStore
+from store_contract import StoreContract
+
+
+class TestMemoryStore(StoreContract):
+    def make_store(self) -> Store:
+        return MemoryStore()
