@@ -9,23 +9,28 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from .cartridge import Cartridge
-from .envelope import ANNOTATED, Catalog, Event
+from .envelope import ANNOTATED, ENTITY, Catalog, Event, Instant
 from .errors import EnvelopeRejected, HandlerFailed, KeelError
 from .notes import NotePolicy
-from .store.base import Store, Write, fact_write, label_writes, relation_write
-from .times import Micros
+from .store.base import Store, Write, fact_write, label_writes
+from .timeline import Assertion
+from .times import Micros, parse_time
 
 Outcome = Literal["applied", "duplicate"]
 
 
 class EventStore:
-    """The `store` a handler receives: DESIGN §3 primitives bound to one event's tenant and provenance."""
-    __slots__ = ("_store", "_event", "_spec", "writes")
+    """The `store` a handler receives: DESIGN §3 primitives bound to one event's tenant and provenance.
 
-    def __init__(self, store: Store, event: Event, cartridge: Cartridge) -> None:
+    Writes are buffered in `writes` (applied by the projector with the event id, all or nothing); reads see
+    the graph as it was before this event. Entity and relation names are checked against the catalog.
+    """
+    __slots__ = ("_store", "_event", "_checks", "writes")
+
+    def __init__(self, store: Store, event: Event, checks: "CatalogChecks") -> None:
         self._store = store
         self._event = event
-        self._spec = cartridge.spec
+        self._checks = checks
         self.writes: list[Write] = []
 
     def _tenant(self, tenant: str) -> str:
@@ -34,54 +39,45 @@ class EventStore:
                             f"{self._event.tenant!r}")
         return tenant
 
-    def _prov(self, source: str | None, evidence: str | None) -> dict[str, Any]:
+    def _assertion(self, point: object, value: Any, closed: bool, source: str | None,
+                   evidence: str | None) -> Assertion:
         e = self._event
-        return {"source": e.source if source is None else source, "evidence": e.id if evidence is None else evidence,
-                "recorded_at": e.recorded_at, "by": e.by}
-
-    def _type(self, entity: str, expected: str | None = None) -> None:
-        kind = entity.partition(":")[0]
-        if kind not in self._spec.entities:
-            raise KeelError(f"{entity!r}: {kind!r} is not an entity type of the cartridge")
-        if expected is not None and kind != expected:
-            raise KeelError(f"{entity!r}: expected a {expected!r}")
-
-    def _relation(self, subject: str, relation: str, object: str) -> None:
-        spec = self._spec.relations.get(relation)
-        if spec is None:
-            raise KeelError(f"relation {relation!r} is not declared in the cartridge")
-        self._type(subject, spec.from_)
-        self._type(object, spec.to)
+        return Assertion(int(point) if type(point) is Instant else parse_time(point), value, closed,
+                         e.source if source is None else source, e.id if evidence is None else evidence,
+                         int(e.recorded_at), e.by)
 
     def upsert_entity(self, tenant: str, type: str, id: str, *, ref: str | None = None, **labels: Any) -> None:
         self._tenant(tenant)
-        self._type(f"{type}:{id}")
-        self.writes += label_writes(f"{type}:{id}", ref, labels, valid_from=self._event.occurred_at,
-                                    **self._prov(None, None))
+        entity = self._checks.entity(f"{type}:{id}")
+        e = self._event
+        self.writes += label_writes(entity, ref, labels, valid_from=int(e.occurred_at), source=e.source,
+                                    evidence=e.id, recorded_at=int(e.recorded_at), by=e.by)
 
     def link(self, tenant: str, subject: str, relation: str, object: str, valid_from: object, *,
              source: str | None = None, evidence: str | None = None) -> None:
         self._tenant(tenant)
-        self._relation(subject, relation, object)
-        self.writes.append(relation_write(subject, relation, object, valid_from, False, **self._prov(source, evidence)))
+        self._checks.relation(subject, relation, object)
+        self.writes.append(Write(("r", subject, relation, object),
+                                 self._assertion(valid_from, True, False, source, evidence)))
 
     def unlink(self, tenant: str, subject: str, relation: str, object: str, valid_to: object, *,
                source: str | None = None, evidence: str | None = None) -> None:
         self._tenant(tenant)
-        self._relation(subject, relation, object)
-        self.writes.append(relation_write(subject, relation, object, valid_to, True, **self._prov(source, evidence)))
+        self._checks.relation(subject, relation, object)
+        self.writes.append(Write(("r", subject, relation, object),
+                                 self._assertion(valid_to, None, True, source, evidence)))
 
     def open_fact(self, tenant: str, subject: str, predicate: str, value: Any, *, valid_from: object,
                   source: str | None = None, evidence: str | None = None) -> None:
         self._tenant(tenant)
-        self._type(subject)
-        self.writes.append(fact_write(subject, predicate, value, valid_from, False, **self._prov(source, evidence)))
+        self.writes.append(Write(("f", self._checks.entity(subject), predicate, ""),
+                                 self._assertion(valid_from, value, False, source, evidence)))
 
     def close_fact(self, tenant: str, subject: str, predicate: str, *, valid_to: object,
                    source: str | None = None, evidence: str | None = None) -> None:
         self._tenant(tenant)
-        self._type(subject)
-        self.writes.append(fact_write(subject, predicate, None, valid_to, True, **self._prov(source, evidence)))
+        self.writes.append(Write(("f", self._checks.entity(subject), predicate, ""),
+                                 self._assertion(valid_to, None, True, source, evidence)))
 
     def relations(self, tenant: str, entity: str, *, rel: str | None = None, at: object | None = None
                   ) -> list[dict[str, Any]]:
@@ -95,6 +91,40 @@ class EventStore:
                                  at=self._event.occurred_at if at is None else at)
 
 
+class CatalogChecks:
+    """Checks a handler's entity and relation names against the cartridge, remembering what passed."""
+
+    def __init__(self, cartridge: Cartridge) -> None:
+        self.spec = cartridge.spec
+        self._entities: set[str] = set()
+        self._relations: set[tuple[str, str, str]] = set()
+
+    def entity(self, entity: str) -> str:
+        if entity in self._entities:
+            return entity
+        if not isinstance(entity, str) or not ENTITY.match(entity):
+            raise KeelError(f"bad entity {entity!r}: use '<entity type>:<id>'")
+        kind = entity.partition(":")[0]
+        if kind not in self.spec.entities:
+            raise KeelError(f"{entity!r}: {kind!r} is not an entity type of the cartridge")
+        if len(self._entities) < 100_000:
+            self._entities.add(entity)
+        return entity
+
+    def relation(self, subject: str, relation: str, object: str) -> None:
+        kinds = (subject.partition(":")[0], relation, object.partition(":")[0])
+        if kinds in self._relations:
+            self.entity(subject), self.entity(object)
+            return
+        spec = self.spec.relations.get(relation)
+        if spec is None:
+            raise KeelError(f"relation {relation!r} is not declared in the cartridge")
+        for entity, expected in ((subject, spec.from_), (object, spec.to)):
+            if self.entity(entity).partition(":")[0] != expected:
+                raise KeelError(f"{relation}: {entity!r} is not a {expected!r}")
+        self._relations.add(kinds)
+
+
 class Projector:
     """Applies events of one cartridge to one store."""
 
@@ -102,6 +132,7 @@ class Projector:
         self.cartridge = cartridge
         self.store = store
         self.catalog = Catalog(cartridge)
+        self.checks = CatalogChecks(cartridge)
         self.notes = NotePolicy(cartridge, store, allow_global=allow_global_notes)
 
     def parse(self, raw: bytes | str | dict[str, Any], *, default_recorded_at: Micros | None = None) -> Event:
@@ -117,7 +148,7 @@ class Projector:
         handler = self.cartridge.registry.handler(event.type)
         if handler is None:
             raise EnvelopeRejected(f"no handler for {event.type!r}", event_id=event.id, tenant=event.tenant)
-        view = EventStore(self.store, event, self.cartridge)
+        view = EventStore(self.store, event, self.checks)
         try:
             handler(event, view)
         except Exception as e:  # noqa: BLE001 - a handler bug becomes a dead letter, never a crash

@@ -275,7 +275,7 @@ def label_writes(entity: str, ref: str | None, labels: dict[str, Any], *, valid_
     _entity(entity)
     point = parse_time(valid_from)
     rec = _recorded(recorded_at, point)
-    items = sorted(labels.items())
+    items = sorted(labels.items()) if len(labels) > 1 else list(labels.items())
     if ref is not None:
         items.insert(0, (REF_LABEL, ref))
     if not items:   # an upsert without labels still makes the entity exist

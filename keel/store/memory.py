@@ -8,6 +8,9 @@ from ..times import Micros
 from .base import Key, Store, Write, entities_of
 
 
+_NEVER = 1 << 62
+
+
 class _TenantGraph:
     __slots__ = ("timelines", "by_entity", "first_recorded", "events", "generation")
 
@@ -44,10 +47,12 @@ class MemoryStore(Store):
                         keys = by_entity[e] = {}
                     keys[key] = None
             tl.add(a)
-            for e in entities_of(key):
-                seen = first.get(e)
-                if seen is None or a.recorded_at < seen:
-                    first[e] = a.recorded_at
+            rec = a.recorded_at
+            e = key[1]
+            if first.get(e, _NEVER) > rec:
+                first[e] = rec
+            if key[0] == "r" and first.get(key[3], _NEVER) > rec:
+                first[key[3]] = rec
         if event_id is not None:
             g.events.add(event_id)
         g.generation += 1

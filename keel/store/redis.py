@@ -1,0 +1,759 @@
+"""The Redis store: the Store contract on a single redis-server or on Redis Cluster.
+
+Key layout. Every key of a tenant carries the hash tag `{<namespace>/<tenant>}`, so a tenant lives in
+one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
+
+    keel:{<ns>}:tenants                    set: tenants ever written in the namespace (a registry)
+    keel:{<ns>/<t>}:gen                    string: the current generation (absent = 1)
+    keel:{<ns>/<t>}:gseq                   string: the highest generation handed out
+    keel:{<ns>/<t>}:g<N>:ev                set: applied event ids
+    keel:{<ns>/<t>}:g<N>:m                 hash: `sv` (write counter, the search version), applied offsets
+    keel:{<ns>/<t>}:g<N>:ents              set: the generation's entities (its explicit index)
+    keel:{<ns>/<t>}:g<N>:pv                list: provenance entries `[source, evidence, recorded_at, by]`
+    keel:{<ns>/<t>}:g<N>:z:<entity>        sorted set: every assertion of the timelines the entity owns
+    keel:{<ns>/<t>}:g<N>:x:<entity>        list: [first recorded_at, one element per timeline involving it]
+
+A timeline is owned by the entity in its key's second place (the subject of a relation). All members
+of an entity's sorted set have score 0 and sort by bytes:
+
+    <P><point><#b><b><#w><w><#k><k><body>
+
+* P, the timeline prefix: the key's kind, then each key part after the owner, each followed by `|`
+  (`f|balance|` + scope + `|`, `l|ref|`, `r|owed_by|household:h1|`, `e|`); parts are escaped
+  (`%` → `%25`, `|` → `%7C`), so prefixes are prefix-free and `[P` .. `(P~` is exactly one timeline.
+* point: valid time in micros + 2**53, as 9 base-64 characters of an alphabet in ASCII order.
+* b: the provenance list length when the event was applied, w: the write's index in its batch; at one
+  point they order assertions by log order. k: the write's provenance entry is at index b + k.
+* body: `=<json value>`, `-` (an end), `!<json value>` (an end carrying a value), optionally preceded
+  by `~<expires_at - point>;`.
+`#x` is the length of x as one digit. Assertions are decoded with keel.timeline rules on the way out.
+
+An index list element is P for a timeline the entity owns, `>` + owner + `|` + P for a relation
+naming it as object. Namespace and tenant match the tenant pattern (no braces), so the hash tag is
+always ours; entity names are escaped like key parts, so no user string can forge a key.
+
+Reads go through the current generation: each script or MULTI block re-reads `gen` and the client
+retries when a switch happened since it computed its key names. `for_generation` gives a view pinned
+to one generation of one tenant (to rebuild it while the current one keeps serving).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from ..envelope import TENANT
+from ..errors import StoreUnavailable, UsageError
+from ..timeline import Assertion, Timeline, Version
+from ..times import Micros
+from . import redis_scripts
+from .base import GLOBAL_TENANT, REF_LABEL, Key, Store, Write
+
+Client = redis.Redis | RedisCluster
+Event = tuple[list[Write], str | None]
+
+_OFFSET = 2 ** 53                 # points are kept as point + 2**53 in 54 bits (exact as doubles too)
+_ALPHABET = "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"   # ASCII order
+_DIGIT = {c: i for i, c in enumerate(_ALPHABET)}
+_CHUNK = 500                      # timelines or entities per round trip when walking a whole tenant
+_RETRIES = 8                      # generation switches tolerated during one call
+_ESCAPED = re.compile(r"%(25|7C)")
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_STR = json.encoder.encode_basestring     # JSON string literal, non-ASCII kept (like ensure_ascii=False)
+_ARITY = {"e": 0, "l": 1, "f": 2, "r": 2}
+
+
+# ---- encodings -------------------------------------------------------------------------------
+
+def _escape(part: str) -> str:
+    return part.replace("%", "%25").replace("|", "%7C") if ("%" in part or "|" in part) else part
+
+
+def _unescape(part: str) -> str:
+    return _ESCAPED.sub(lambda m: "%" if m.group(1) == "25" else "|", part) if "%" in part else part
+
+
+def prefix_of(key: Key) -> str:
+    """The timeline prefix P of a key inside its owner's sorted set."""
+    if key[0] not in _ARITY or len(key) != _ARITY[key[0]] + 2:
+        raise UsageError(f"bad timeline key {key!r}")
+    return key[0] + "|" + "".join(_escape(p) + "|" for p in key[2:])
+
+
+def key_of(owner: str, text: str) -> tuple[Key, int]:
+    """(key, length of P) from an owner and a string starting with P."""
+    kind = text[0]
+    parts: list[str] = [kind, owner]
+    i = 2
+    for _ in range(_ARITY[kind]):
+        j = text.index("|", i)
+        parts.append(_unescape(text[i:j]))
+        i = j + 1
+    return tuple(parts), i
+
+
+def encode_point(point: int) -> str:
+    v = int(point) + _OFFSET
+    if not 0 < v < 2 * _OFFSET:
+        raise UsageError(f"time {point} (micros) is outside the range the Redis store keeps (±2**53)")
+    out = []
+    for _ in range(9):
+        v, r = divmod(v, 64)
+        out.append(_ALPHABET[r])
+    return "".join(reversed(out))
+
+
+def decode_point(text: str) -> Micros:
+    v = 0
+    for c in text:
+        v = v * 64 + _DIGIT[c]
+    return v - _OFFSET
+
+
+def _clamped_point(t: int) -> str:
+    return encode_point(min(max(int(t), 1 - _OFFSET), _OFFSET - 1))
+
+
+def _json(value: Any) -> str:
+    """Compact JSON of a value, with fast paths for the scalars most writes carry."""
+    t = type(value)
+    if t is str:
+        return _STR(value)
+    if t is int:
+        return int.__repr__(value)
+    if value is None:
+        return "null"
+    if t is bool:
+        return "true" if value else "false"
+    if t is float and math.isfinite(value):
+        return float.__repr__(value)
+    return _JSON.encode(value)
+
+
+def encode_body(a: Assertion) -> str:
+    if not a.closed:
+        body = "=" + _json(a.value)
+    elif a.value is None:
+        body = "-"
+    else:
+        body = "!" + _json(a.value)
+    if a.expires_at is not None:
+        body = f"~{int(a.expires_at) - int(a.point)};{body}"
+    return body
+
+
+def encode_provenance(source: Any, evidence: Any, recorded_at: int, by: Any) -> str:
+    """`[source, evidence, recorded_at]` or `[source, evidence, recorded_at, by]`."""
+    if by is None:
+        return f"[{_json(source)},{_json(evidence)},{recorded_at}]"
+    return f"[{_json(source)},{_json(evidence)},{recorded_at},{_json(by)}]"
+
+
+def decode_member(rest: str, point: Micros | None = None) -> tuple[Micros, int, Any, bool, Micros | None]:
+    """(point, provenance index, value, closed, expires_at) from a member with P removed."""
+    if point is None:
+        point = decode_point(rest[:9])
+    i = 9
+    lb = ord(rest[i]) - 48
+    b = int(rest[i + 1:i + 1 + lb])
+    i += 1 + lb
+    i += 1 + ord(rest[i]) - 48
+    lk = ord(rest[i]) - 48
+    k = int(rest[i + 1:i + 1 + lk])
+    i += 1 + lk
+    expires = None
+    if rest[i] == "~":
+        j = rest.index(";", i)
+        expires = point + int(rest[i + 1:j])
+        i = j + 1
+    head = rest[i]
+    if head == "=":
+        return point, b + k, json.loads(rest[i + 1:]), False, expires
+    if head == "-":
+        return point, b + k, None, True, expires
+    return point, b + k, json.loads(rest[i + 1:]), True, expires
+
+
+class _Provenance:
+    """Decoded provenance entries, by index."""
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[Any, Any, Micros, Any]] = {}
+
+    def add(self, index: int, text: str | None) -> None:
+        if text is None:
+            raise StoreUnavailable(f"provenance entry {index} is missing (a generation dropped while read?)")
+        p = json.loads(text)
+        self.entries[int(index)] = (p[0], p[1], int(p[2]), p[3] if len(p) > 3 else None)
+
+    def assertion(self, rest: str) -> Assertion:
+        point, n, value, closed, expires = decode_member(rest)
+        source, evidence, recorded_at, by = self.entries[n]
+        return Assertion(point, value, closed, source, evidence, recorded_at, by, expires)
+
+
+def _check_name(what: str, name: str, allow_global: bool = False) -> str:
+    if not isinstance(name, str) or not (TENANT.match(name) or (allow_global and name == GLOBAL_TENANT)):
+        raise UsageError(f"bad {what} {name!r}: use [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
+    return name
+
+
+class _Names:
+    """Key names of one tenant."""
+    __slots__ = ("base", "gen", "gseq")
+
+    def __init__(self, namespace: str, tenant: str) -> None:
+        self.base = f"keel:{{{namespace}/{tenant}}}:"
+        self.gen = self.base + "gen"
+        self.gseq = self.base + "gseq"
+
+    def data(self, gen: int) -> str:
+        return f"{self.base}g{gen}:"
+
+
+def _offset_field(topic: str, partition: int) -> str:
+    return "o" + _JSON.encode([topic, int(partition)])
+
+
+def _chunks(items: list[Any], size: int = _CHUNK) -> Iterator[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+class _Batch:
+    """The writes of one apply step, encoded once; `args(base)` adds the provenance base the server checks."""
+    __slots__ = ("events", "entities", "min_recorded", "timelines", "n_timelines", "groups", "prov_counts",
+                 "provs", "ids")
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+        ents: dict[str, int] = {}
+        min_recorded: list[int] = []
+        tls: dict[Key, tuple[int, str, tuple[int, ...]]] = {}
+        timelines: list[Any] = []
+        groups: dict[int, list[tuple[int, str, str]]] = {}
+        points: dict[int, str] = {}
+        self.prov_counts: list[int] = []
+        self.provs: list[str] = []
+        self.ids = [event_id for _, event_id in events if event_id]
+        w = 0
+
+        def entity(name: str, rec: int) -> int:
+            i = ents.get(name)
+            if i is None:
+                i = ents[name] = len(ents) + 1
+                min_recorded.append(rec)
+            return i
+
+        for ev, (writes, _) in enumerate(events):
+            provs: dict[tuple[Any, ...], int] = {}
+            for key, a in writes:
+                rec = int(a.recorded_at)
+                t = tls.get(key)
+                if t is None:
+                    p = prefix_of(key)
+                    o = entity(key[1], rec)
+                    ends: list[Any] = [o, p]
+                    involved = (o,)
+                    if key[0] == "r" and key[3] != key[1]:
+                        other = entity(key[3], rec)
+                        ends += (other, ">" + _escape(key[1]) + "|" + p)
+                        involved = (o, other)
+                    t = tls[key] = (o, p, involved)
+                    timelines += (o, p, len(involved), *ends)
+                o, p, involved = t
+                for i in involved:
+                    if rec < min_recorded[i - 1]:
+                        min_recorded[i - 1] = rec
+                prov = (a.source, a.evidence, rec, a.by)
+                k = provs.get(prov)
+                if k is None:
+                    k = provs[prov] = len(provs)
+                    self.provs.append(encode_provenance(*prov))
+                pt = points.get(a.point)
+                if pt is None:
+                    pt = points[a.point] = encode_point(a.point)
+                w += 1
+                ws, ks = str(w), str(k)
+                tail = f"{len(ws)}{ws}{len(ks)}{ks}{encode_body(a)}"
+                group = groups.get(o)
+                if group is None:
+                    group = groups[o] = []
+                group.append((ev, p + pt, tail))
+            self.prov_counts.append(len(provs))
+        self.entities = ents
+        self.n_timelines = len(tls)
+        self.min_recorded = min_recorded
+        self.timelines = timelines
+        self.groups = groups
+
+    def keys(self, d: str) -> list[str]:
+        keys = [d + "ev", d + "m", d + "ents", d + "pv"]
+        for e in self.entities:
+            e = _escape(e)
+            keys += (d + "z:" + e, d + "x:" + e)
+        return keys
+
+    def args(self, base: int, field: str, offset: str) -> list[Any]:
+        bases = []
+        b = base
+        for n in self.prov_counts:
+            text = str(b)
+            bases.append(f"{len(text)}{text}")
+            b += n
+        out: list[Any] = [str(base), field, offset, len(self.ids), *self.ids,
+                          len(self.entities)]
+        for name, rec in zip(self.entities, self.min_recorded):
+            out += (name, rec)
+        out.append(self.n_timelines)
+        out += self.timelines
+        out.append(len(self.groups))
+        for owner, members in self.groups.items():
+            out += (owner, len(members))
+            for ev, head, tail in members:
+                out += (0, head + bases[ev] + tail)
+        out.append(len(self.provs))
+        out += self.provs
+        return out
+
+
+# ---- the store -------------------------------------------------------------------------------
+
+class RedisStore(Store):
+    """A Store over Redis (single node or Cluster); one namespace (a cartridge) per instance."""
+
+    def __init__(self, client: Client, *, namespace: str, pins: dict[str, int] | None = None,
+                 owns_client: bool = True) -> None:
+        self._client = client
+        self.namespace = _check_name("namespace", namespace)
+        self._registry = f"keel:{{{namespace}}}:tenants"
+        self._pins: dict[str, int] = dict(pins or {})
+        self._gens: dict[str, int] = {}
+        self._names: dict[str, _Names] = {}
+        self._registered: set[str] = set()
+        self._pv_len: dict[str, int] = {}     # data prefix -> provenance list length after our last write
+        self._owns_client = owns_client
+        self._apply = client.register_script(redis_scripts.APPLY)
+        self._as_of = client.register_script(redis_scripts.AS_OF)
+        self._read = client.register_script(redis_scripts.READ)
+        self._switch = client.register_script(redis_scripts.SWITCH)
+        self._new_gen = client.register_script(redis_scripts.NEW_GENERATION)
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None, **options: Any) -> RedisStore:
+        """Connect to `redis://…`; `cluster=None` asks the server (`INFO cluster`) whether it is a Cluster node."""
+        options.setdefault("socket_connect_timeout", 5)
+        options.setdefault("socket_timeout", 30)
+        try:
+            if cluster is None:
+                probe = redis.Redis.from_url(url, **options)
+                try:
+                    cluster = bool(probe.info("cluster").get("cluster_enabled"))
+                finally:
+                    probe.close()
+            client: Client
+            if cluster:
+                client = RedisCluster.from_url(url, decode_responses=True, **options)
+            else:
+                client = redis.Redis.from_url(url, decode_responses=True, **options)
+        except RedisError as e:
+            raise StoreUnavailable(f"cannot connect to Redis at {url}: {type(e).__name__}: {e}") from e
+        return cls(client, namespace=namespace)
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._client.close()
+
+    # ---- plumbing ------------------------------------------------------------------------------
+
+    @contextmanager
+    def _guard(self, what: str, tenant: str | None = None) -> Iterator[None]:
+        """Translate redis errors into StoreUnavailable at the boundary."""
+        try:
+            yield
+        except RedisError as e:
+            where = f"namespace {self.namespace!r}" + (f", tenant {tenant!r}" if tenant else "")
+            raise StoreUnavailable(f"Redis {what} failed ({where}): {type(e).__name__}: {e}", tenant=tenant) from e
+
+    def _n(self, tenant: str) -> _Names:
+        names = self._names.get(tenant)
+        if names is None:
+            names = self._names[tenant] = _Names(self.namespace, _check_name("tenant", tenant, allow_global=True))
+        return names
+
+    def _gen_guess(self, tenant: str) -> tuple[int, str]:
+        """(generation to compute keys for, generation to check: "" when pinned)."""
+        pinned = self._pins.get(tenant)
+        if pinned is not None:
+            return pinned, ""
+        gen = self._gens.get(tenant, 1)
+        return gen, str(gen)
+
+    def _script(self, tenant: str, script: Any, build: Callable[[str], tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run a generation-checked script; `build(data prefix)` gives (keys after `gen`, args after the check)."""
+        names = self._n(tenant)
+        for _ in range(_RETRIES):
+            gen, expected = self._gen_guess(tenant)
+            keys, args = build(names.data(gen))
+            result = script(keys=[names.gen, *keys], args=[expected, *args])
+            if result[0] != 0:
+                return result
+            self._gens[tenant] = int(result[1])
+        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
+
+    def _tx(self, tenant: str, fill: Callable[[Any, str], None]) -> list[Any]:
+        """Run reads in one MULTI/EXEC that also checks the generation; `fill(pipe, data prefix)`."""
+        names = self._n(tenant)
+        for _ in range(_RETRIES):
+            gen, expected = self._gen_guess(tenant)
+            pipe = self._client.pipeline(transaction=True)
+            if expected:
+                pipe.get(names.gen)
+            fill(pipe, names.data(gen))
+            result = pipe.execute()
+            if not expected:
+                return result
+            current = result[0] or "1"
+            if current == expected:
+                return result[1:]
+            self._gens[tenant] = int(current)
+        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
+
+    def _register(self, tenant: str) -> None:
+        if tenant not in self._registered:
+            self._client.sadd(self._registry, tenant)
+            self._registered.add(tenant)
+
+    # ---- writes --------------------------------------------------------------------------------
+
+    def apply_writes(self, tenant: str, writes: list[Write], event_id: str | None = None) -> None:
+        """Apply writes and mark event_id in one script. An event id already applied is skipped whole."""
+        if not writes and event_id is None:
+            return
+        with self._guard("apply_writes", tenant):
+            self._register(tenant)
+            self._run_apply(tenant, [(writes, event_id)], None)
+
+    def commit_batch(self, tenant: str, events: list[tuple[list[Write], str]],
+                     position: tuple[str, int, int] | None) -> None:
+        """Apply several events, mark their ids and store the applied offset, in one atomic step.
+
+        `position` is (topic, partition, offset of the last record of the batch). Events whose id was
+        already applied (before, or earlier in this batch) are skipped whole, so re-committing a batch
+        changes nothing. The stored offset only moves forward.
+        """
+        if not events and position is None:
+            return
+        with self._guard("commit_batch", tenant):
+            self._register(tenant)
+            self._run_apply(tenant, events, position)
+
+    def _run_apply(self, tenant: str, events: list[Event], position: tuple[str, int, int] | None) -> None:
+        seen: set[str] = set()
+        unique: list[Event] = []
+        for writes, event_id in events:
+            if event_id:
+                if event_id in seen:
+                    continue
+                seen.add(event_id)
+            unique.append((writes, event_id))
+        batch = _Batch(unique)
+        field, offset = ("", "0") if position is None else \
+            (_offset_field(position[0], position[1]), str(int(position[2])))
+        names = self._n(tenant)
+        for _ in range(_RETRIES):
+            gen, expected = self._gen_guess(tenant)
+            d = names.data(gen)
+            base = self._pv_len.get(d)
+            if base is None:
+                base = self._pv_len[d] = int(self._client.llen(d + "pv"))
+            result = self._apply(keys=[names.gen, *batch.keys(d)], args=[expected, *batch.args(base, field, offset)])
+            code = int(result[0])
+            if code == 1:
+                self._pv_len[d] = int(result[1])
+                return
+            if code == 0:
+                self._gens[tenant] = int(result[1])
+            elif code == 2:
+                self._pv_len[d] = int(result[1])
+            else:
+                applied = set(result[1:])
+                batch = _Batch([e for e in batch.events if e[1] not in applied])
+        raise StoreUnavailable(f"could not apply a batch of tenant {tenant!r}: it kept conflicting with other "
+                               f"writers", tenant=tenant)
+
+    # ---- primitive reads -----------------------------------------------------------------------
+
+    def has_event(self, tenant: str, event_id: str) -> bool:
+        with self._guard("has_event", tenant):
+            return bool(self._tx(tenant, lambda p, d: p.sismember(d + "ev", event_id))[0])
+
+    def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
+        """The offset stored by the last commit_batch for (topic, partition) of the tenant, or None."""
+        with self._guard("applied_offset", tenant):
+            value = self._tx(tenant, lambda p, d: p.hget(d + "m", _offset_field(topic, partition)))[0]
+        return None if value is None else int(value)
+
+    def entity_recorded_at(self, tenant: str, entity: str) -> Micros | None:
+        with self._guard("entity_recorded_at", tenant):
+            value = self._tx(tenant, lambda p, d: p.lindex(d + "x:" + _escape(entity), 0))[0]
+        return None if value is None else int(value)
+
+    def keys(self, tenant: str, entity: str) -> list[Key]:
+        with self._guard("keys", tenant):
+            raw = self._tx(tenant, lambda p, d: p.lrange(d + "x:" + _escape(entity), 1, -1))[0]
+        return [_index_key(entity, element) for element in raw]
+
+    def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
+                   known_at: Micros | None) -> list[Version | None]:
+        if not keys:
+            return []
+        if known_at is not None:
+            return [tl.as_of(at, known_at) for tl in self._timelines(tenant, keys)]
+        prefixes = [prefix_of(k) for k in keys]
+        owners = [_escape(k[1]) for k in keys]
+        t = _clamped_point(at)
+        with self._guard("as_of_many", tenant):
+            result = self._script(tenant, self._as_of,
+                                  lambda d: ([d + "pv", *(d + "z:" + o for o in owners)], [t, *prefixes]))
+        return [_version_at(row, at) for row in result[1:]]
+
+    def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
+        if not keys:
+            return []
+        return [tl.versions(known_at) for tl in self._timelines(tenant, keys)]
+
+    def _timelines(self, tenant: str, keys: list[Key], gen: int | None = None,
+                   provenance: _Provenance | None = None) -> list[Timeline]:
+        """Whole timelines with provenance: by the READ script (gen-checked, or of `gen` when given)."""
+        out: list[Timeline] = []
+        for chunk in _chunks(keys):
+            prefixes = [prefix_of(k) for k in chunk]
+            owners = [_escape(k[1]) for k in chunk]
+            resolve = "0" if provenance is not None else "1"
+
+            def build(d: str) -> tuple[list[str], list[Any]]:
+                return [d + "pv", *(d + "z:" + o for o in owners)], [resolve, *prefixes]
+
+            with self._guard("versions", tenant):
+                if gen is None:
+                    result = self._script(tenant, self._read, build)
+                else:
+                    names = self._n(tenant)
+                    keys_, args = build(names.data(gen))
+                    result = self._read(keys=[names.gen, *keys_], args=["", *args])
+            prov = provenance or _Provenance()
+            pairs = result[2]
+            for i in range(0, len(pairs), 2):
+                prov.add(pairs[i], pairs[i + 1])
+            for members in result[1]:
+                tl = Timeline()
+                for m in members:
+                    tl.add(prov.assertion(m))
+                out.append(tl)
+        return out
+
+    def event_ids(self, tenant: str) -> list[str]:
+        with self._guard("event_ids", tenant):
+            return sorted(self._tx(tenant, lambda p, d: p.smembers(d + "ev"))[0])
+
+    def search_version(self, tenant: str) -> object:
+        """(generation, write counter): changes with every applied write and every generation switch."""
+        with self._guard("search_version", tenant):
+            value = self._tx(tenant, lambda p, d: p.hget(d + "m", "sv"))[0]
+        return (self._gen_guess(tenant)[0], int(value or 0))
+
+    def tenants(self) -> list[str]:
+        """Tenants of the namespace whose current generation holds data, sorted."""
+        with self._guard("tenants"):
+            members = sorted(self._client.smembers(self._registry))
+            if not members:
+                return []
+            pipe = self._client.pipeline(transaction=False)
+            for t in members:
+                pipe.get(self._n(t).gen)
+            gens = [self._pins.get(t) or int(g or 1) for t, g in zip(members, pipe.execute())]
+            pipe = self._client.pipeline(transaction=False)
+            for t, g in zip(members, gens):
+                d = self._n(t).data(g)
+                pipe.exists(d + "ev", d + "ents")
+            return [t for t, n in zip(members, pipe.execute()) if n]
+
+    # ---- whole-tenant walks (of the generation current when they start) -----------------------
+
+    def _snapshot_gen(self, tenant: str) -> int:
+        pinned = self._pins.get(tenant)
+        if pinned is not None:
+            return pinned
+        gen = int(self._client.get(self._n(tenant).gen) or 1)
+        self._gens[tenant] = gen
+        return gen
+
+    def _entity_index(self, d: str) -> dict[str, list[str]]:
+        """Every entity of a generation with its index list elements (first recorded_at dropped)."""
+        entities = sorted(self._client.smembers(d + "ents"))
+        out: dict[str, list[str]] = {}
+        for chunk in _chunks(entities):
+            pipe = self._client.pipeline(transaction=False)
+            for e in chunk:
+                pipe.lrange(d + "x:" + _escape(e), 1, -1)
+            for e, elements in zip(chunk, pipe.execute()):
+                out[e] = elements
+        return out
+
+    def _all_provenance(self, d: str) -> _Provenance:
+        prov = _Provenance()
+        size = int(self._client.llen(d + "pv"))
+        for start in range(0, size, 10 * _CHUNK):
+            entries = self._client.lrange(d + "pv", start, start + 10 * _CHUNK - 1)
+            for i, text in enumerate(entries):
+                prov.add(start + i, text)
+        return prov
+
+    def dump(self, tenant: str) -> Iterator[tuple[Key, list[Assertion]]]:
+        with self._guard("dump", tenant):
+            gen = self._snapshot_gen(tenant)
+            d = self._n(tenant).data(gen)
+            keys = sorted({_index_key(e, el) for e, elements in self._entity_index(d).items() for el in elements})
+            prov = self._all_provenance(d)
+        for chunk in _chunks(keys):
+            for key, tl in zip(chunk, self._timelines(tenant, chunk, gen=gen, provenance=prov)):
+                yield key, list(tl.assertions())
+
+    def search_documents(self, tenant: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """(entity, type, latest labels): reads only the last assertion of each label timeline."""
+        with self._guard("search_documents", tenant):
+            d = self._n(tenant).data(self._snapshot_gen(tenant))
+            index = self._entity_index(d)
+            labels: list[tuple[str, str, str]] = []
+            for entity, elements in index.items():
+                for el in elements:
+                    if el.startswith("l|"):
+                        key, _ = key_of(entity, el)
+                        if key[2] != REF_LABEL:
+                            labels.append((entity, key[2], el))
+            values: dict[str, dict[str, Any]] = {e: {} for e in index}
+            for chunk in _chunks(labels):
+                pipe = self._client.pipeline(transaction=False)
+                for entity, _, p in chunk:
+                    pipe.zrevrangebylex(d + "z:" + _escape(entity), "(" + p + "~", "[" + p, start=0, num=1)
+                for (entity, name, p), top in zip(chunk, pipe.execute()):
+                    if top:
+                        _, _, value, closed, _ = decode_member(top[0][len(p):])
+                        if not closed:
+                            values[entity][name] = value
+        for entity in sorted(values):
+            yield entity, entity.partition(":")[0], dict(sorted(values[entity].items()))
+
+    # ---- generations ---------------------------------------------------------------------------
+
+    def current_generation(self, tenant: str) -> int:
+        """The generation reads and writes of this tenant go to (1 until switched)."""
+        with self._guard("current_generation", tenant):
+            gen = int(self._client.get(self._n(tenant).gen) or 1)
+        self._gens[tenant] = gen
+        return gen
+
+    def new_generation(self, tenant: str) -> int:
+        """A generation number never handed out before for this tenant (empty, not current)."""
+        n = self._n(tenant)
+        with self._guard("new_generation", tenant):
+            return int(self._new_gen(keys=[n.gen, n.gseq]))
+
+    def for_generation(self, tenant: str, gen: int) -> RedisStore:
+        """A view sharing this connection whose reads and writes of `tenant` go to generation `gen`."""
+        self._n(tenant)
+        if int(gen) < 1:
+            raise UsageError(f"bad generation {gen!r}: generations start at 1")
+        view = RedisStore(self._client, namespace=self.namespace, pins={**self._pins, tenant: int(gen)},
+                          owns_client=False)
+        view._registered = self._registered
+        return view
+
+    def switch_generation(self, tenant: str, gen: int) -> None:
+        """Make `gen` the tenant's current generation, atomically for every reader and writer."""
+        if int(gen) < 1:
+            raise UsageError(f"bad generation {gen!r}: generations start at 1")
+        n = self._n(tenant)
+        with self._guard("switch_generation", tenant):
+            self._register(tenant)
+            self._switch(keys=[n.gen, n.gseq], args=[int(gen)])
+        self._gens[tenant] = int(gen)
+
+    def drop_generation(self, tenant: str, gen: int) -> int:
+        """Delete a generation that is not current, through its entity index; returns keys deleted."""
+        if int(gen) == self.current_generation(tenant):
+            raise UsageError(f"generation {gen} is the current generation of tenant {tenant!r}; "
+                             f"switch to another one before dropping it")
+        return self._drop_data(tenant, int(gen))
+
+    def _drop_data(self, tenant: str, gen: int) -> int:
+        names = self.key_names(tenant, gen)
+        self._pv_len.pop(self._n(tenant).data(gen), None)
+        deleted = 0
+        with self._guard("drop_generation", tenant):
+            for chunk in reversed(list(_chunks(names))):    # the index keys (first chunk) go last
+                deleted += int(self._client.unlink(*chunk))
+        return deleted
+
+    def key_names(self, tenant: str, gen: int | None = None) -> list[str]:
+        """Every Redis key of one generation of a tenant (default: the current one), from its index."""
+        with self._guard("key_names", tenant):
+            d = self._n(tenant).data(self._snapshot_gen(tenant) if gen is None else int(gen))
+            entities = sorted(self._client.smembers(d + "ents"))
+        return [d + "ev", d + "m", d + "ents", d + "pv"] + [d + p + _escape(e) for e in entities for p in ("z:", "x:")]
+
+    def drop_tenant(self, tenant: str) -> int:
+        """Delete every generation of a tenant and forget it (the log rebuilds it); returns keys deleted."""
+        n = self._n(tenant)
+        with self._guard("drop_tenant", tenant):
+            current, highest = self._client.mget(n.gen, n.gseq)
+            top = max(int(current or 1), int(highest or 1))
+        deleted = sum(self._drop_data(tenant, g) for g in range(1, top + 1))
+        with self._guard("drop_tenant", tenant):
+            deleted += int(self._client.unlink(n.gen, n.gseq))
+            self._client.srem(self._registry, tenant)
+        self._registered.discard(tenant)
+        self._gens.pop(tenant, None)
+        return deleted
+
+
+# ---- decoding helpers ------------------------------------------------------------------------
+
+def _index_key(entity: str, element: str) -> Key:
+    """The timeline key of an index list element of `entity`."""
+    if element[0] == ">":
+        j = element.index("|")
+        return key_of(_unescape(element[1:j]), element[j + 1:])[0]
+    return key_of(entity, element)[0]
+
+
+def _version_at(row: Any, at: Micros) -> Version | None:
+    """The AS_OF script's answer for one key, folded like Timeline.as_of with known_at=None."""
+    if not row:
+        return None
+    rest, count, nxt, prov_text = row
+    point, _, value, closed, expires = decode_member(rest)
+    if closed:
+        return None
+    p = json.loads(prov_text)
+    a = Assertion(point, value, False, p[0], p[1], int(p[2]), p[3] if len(p) > 3 else None, expires)
+    valid_to = decode_point(nxt) if nxt else None
+    if expires is not None and (valid_to is None or expires < valid_to):
+        valid_to = expires
+    if valid_to is not None and valid_to <= at:
+        return None
+    corrected_by = (a.by or a.source) if int(count) > 1 else None
+    return Version(a, valid_to, corrected_by)
+

@@ -1,0 +1,212 @@
+"""Lua scripts of the Redis store. Each runs atomically on the node owning the tenant's hash slot.
+
+Every script declares the keys it touches (they share the tenant's hash tag, so they are legal on
+Redis Cluster) and takes, as ARGV[1], the generation the caller computed those key names for. When
+ARGV[1] is not empty and the tenant's current generation (KEYS[1], absent = "1") differs, the script
+changes nothing and answers `{0, <current generation>}`; the caller recomputes its keys and retries.
+An empty ARGV[1] means "this generation, current or not" (a view pinned with `for_generation`).
+
+Layout reminders (see keel/store/redis.py): an entity's sorted set holds every assertion of the
+timelines it owns, all with score 0, ordered by member:
+    <P><point: 9 sortable base-64 chars><#b><b><#w><w><#k><k><body>
+P is the timeline's prefix (kind and the key parts after the owner, each ending in `|`), b the
+length of the provenance list when the event was applied, w the write's index in its batch, k the
+offset of its provenance entry within the event (so the entry is at index b + k). `~` sorts after
+every point character, so `[P .. (P~` is exactly the timeline.
+"""
+from __future__ import annotations
+
+_GEN_CHECK = """
+local gen = ARGV[1]
+if gen ~= '' then
+  local cur = redis.call('GET', KEYS[1]) or '1'
+  if cur ~= gen then return {0, cur} end
+end
+"""
+
+_MULTI = """
+local function multi(cmd, key, items)
+  local i, n = 1, #items
+  while i <= n do
+    local j = math.min(i + 999, n)
+    redis.call(cmd, key, unpack(items, i, j))
+    i = j + 1
+  end
+end
+"""
+
+# The position of the provenance index encoded after P and the point; returns b + k.
+_PROV_OF = """
+local function prov_of(m, i)
+  local lb = tonumber(string.sub(m, i, i))
+  local b = tonumber(string.sub(m, i + 1, i + lb))
+  i = i + 1 + lb
+  local lw = tonumber(string.sub(m, i, i))
+  i = i + 1 + lw
+  local lk = tonumber(string.sub(m, i, i))
+  return b + tonumber(string.sub(m, i + 1, i + lk))
+end
+"""
+
+# KEYS: 1 gen, 2 event ids (set), 3 meta (hash), 4 entities (set), 5 provenance (list),
+#       then for entity i (1-based): 4 + 2i its sorted set, 5 + 2i its index list.
+# ARGV: 1 expected gen, 2 expected provenance length, 3 offset field ("" = none), 4 offset,
+#       nI, event ids; nE, per entity: name, min recorded_at of its writes;
+#       nT, per timeline: owner, P, n, n x (entity, index element);
+#       nZ, per owner: owner, n, n x (0, member); nP, provenance entries.
+# The client builds complete members: it knows the provenance length from its last call. Answers
+# {2, length} when that guess is wrong and {3, id, ...} when some event ids are already applied;
+# nothing is written then, and the client rebuilds and retries. An index list holds the entity's
+# first recorded_at at index 0, then one element per timeline involving it, in creation order.
+APPLY = _GEN_CHECK + _MULTI + """
+local base = redis.call('LLEN', KEYS[5])
+if tostring(base) ~= ARGV[2] then return {2, base} end
+local a = 6
+local nI = tonumber(ARGV[5])
+local I = a
+if nI > 0 then
+  local dup = {3}
+  local i = 0
+  while i < nI do
+    local j = math.min(i + 999, nI - 1)
+    local found = redis.call('SMISMEMBER', KEYS[2], unpack(ARGV, I + i, I + j))
+    for x = 1, #found do
+      if found[x] == 1 then dup[#dup + 1] = ARGV[I + i + x - 1] end
+    end
+    i = j + 1
+  end
+  if #dup > 1 then return dup end
+end
+a = a + nI
+local nE = tonumber(ARGV[a])
+local E = a + 1
+a = E + 2 * nE
+local nT = tonumber(ARGV[a])
+a = a + 1
+local push = {}
+for _ = 1, nT do
+  local owner, P, n = tonumber(ARGV[a]), ARGV[a + 1], tonumber(ARGV[a + 2])
+  a = a + 3
+  if #redis.call('ZRANGEBYLEX', KEYS[4 + 2 * owner], '[' .. P, '(' .. P .. '~', 'LIMIT', 0, 1) == 0 then
+    for x = 0, n - 1 do
+      local e = tonumber(ARGV[a + 2 * x])
+      local q = push[e]
+      if not q then q = {}; push[e] = q end
+      q[#q + 1] = ARGV[a + 2 * x + 1]
+    end
+  end
+  a = a + 2 * n
+end
+local nZ = tonumber(ARGV[a])
+a = a + 1
+for _ = 1, nZ do
+  local owner, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  a = a + 2
+  local i = 0
+  while i < n do
+    local j = math.min(i + 999, n - 1)
+    redis.call('ZADD', KEYS[4 + 2 * owner], unpack(ARGV, a + 2 * i, a + 2 * j + 1))
+    i = j + 1
+  end
+  a = a + 2 * n
+end
+local fresh = {}
+for e = 1, nE do
+  local x, rec = KEYS[5 + 2 * e], ARGV[E + 2 * e - 1]
+  local f = redis.call('LINDEX', x, 0)
+  if not f then
+    redis.call('RPUSH', x, rec)
+    fresh[#fresh + 1] = ARGV[E + 2 * e - 2]
+  elseif tonumber(rec) < tonumber(f) then
+    redis.call('LSET', x, 0, rec)
+  end
+  if push[e] then multi('RPUSH', x, push[e]) end
+end
+if #fresh > 0 then multi('SADD', KEYS[4], fresh) end
+local nP = tonumber(ARGV[a])
+local i = 0
+while i < nP do
+  local j = math.min(i + 999, nP - 1)
+  redis.call('RPUSH', KEYS[5], unpack(ARGV, a + 1 + i, a + 1 + j))
+  i = j + 1
+end
+i = 0
+while i < nI do
+  local j = math.min(i + 999, nI - 1)
+  redis.call('SADD', KEYS[2], unpack(ARGV, I + i, I + j))
+  i = j + 1
+end
+if nI > 0 or nZ > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
+if ARGV[3] ~= '' then
+  local cur = redis.call('HGET', KEYS[3], ARGV[3])
+  if not cur or tonumber(ARGV[4]) > tonumber(cur) then redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) end
+end
+return {1, base + nP}
+"""
+
+# KEYS: 1 gen, 2 provenance, then one sorted set per asked timeline.
+# ARGV: 1 expected gen, 2 t as point9, then the prefix P of each timeline.
+# Per timeline: 0 when nothing is at or before t, else {winner member without P, how many assertions
+# share its point, the next later point9 or "", the winner's provenance entry}.
+AS_OF = _GEN_CHECK + _PROV_OF + """
+local t = ARGV[2]
+local out = {1}
+for i = 3, #KEYS do
+  local z, P = KEYS[i], ARGV[i]
+  local r = redis.call('ZREVRANGEBYLEX', z, '(' .. P .. t .. '~', '[' .. P, 'LIMIT', 0, 1)
+  if #r == 0 then
+    out[i - 1] = 0
+  else
+    local m = r[1]
+    local at = P .. string.sub(m, #P + 1, #P + 9)
+    local nx = redis.call('ZRANGEBYLEX', z, '(' .. at .. '~', '(' .. P .. '~', 'LIMIT', 0, 1)
+    out[i - 1] = {string.sub(m, #P + 1), redis.call('ZLEXCOUNT', z, '[' .. at, '(' .. at .. '~'),
+                  nx[1] and string.sub(nx[1], #P + 1, #P + 9) or '',
+                  redis.call('LINDEX', KEYS[2], prov_of(m, #P + 10))}
+  end
+end
+return out
+"""
+
+# KEYS: 1 gen, 2 provenance, then one sorted set per asked timeline.
+# ARGV: 1 expected gen, 2 "1" to resolve provenance entries, then the prefix P of each timeline.
+# Answers {1, {members without P, per timeline}, {index, entry, index, entry, ...}}.
+READ = _GEN_CHECK + _PROV_OF + """
+local resolve = ARGV[2] == '1'
+local lists, provs, seen = {}, {}, {}
+for i = 3, #KEYS do
+  local P = ARGV[i]
+  local ms = redis.call('ZRANGEBYLEX', KEYS[i], '[' .. P, '(' .. P .. '~')
+  for x, m in ipairs(ms) do
+    if resolve then
+      local n = prov_of(m, #P + 10)
+      if not seen[n] then
+        seen[n] = true
+        provs[#provs + 1] = n
+        provs[#provs + 1] = redis.call('LINDEX', KEYS[2], n)
+      end
+    end
+    ms[x] = string.sub(m, #P + 1)
+  end
+  lists[i - 2] = ms
+end
+return {1, lists, provs}
+"""
+
+# KEYS: 1 gen, 2 gen sequence. ARGV: 1 the generation to make current.
+SWITCH = """
+redis.call('SET', KEYS[1], ARGV[1])
+local s = tonumber(redis.call('GET', KEYS[2]) or '1')
+if tonumber(ARGV[1]) > s then redis.call('SET', KEYS[2], ARGV[1]) end
+return 1
+"""
+
+# KEYS: 1 gen, 2 gen sequence. Hands out a generation number never used before.
+NEW_GENERATION = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '1')
+local s = tonumber(redis.call('GET', KEYS[2]) or '1')
+if cur > s then s = cur end
+s = s + 1
+redis.call('SET', KEYS[2], tostring(s))
+return s
+"""
