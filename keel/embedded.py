@@ -56,14 +56,14 @@ def replay_file(projector: Projector, path: str | Path, *,
     return report
 
 
-def print_reject(path: str | Path, stream: TextIO = sys.stderr) -> Callable[[Rejected], None]:
+def print_reject(path: str | Path, stream: TextIO | None = None) -> Callable[[Rejected], None]:
     def report(r: Rejected) -> None:
-        print(f"{path}:{r}", file=stream)
+        print(f"{path}:{r}", file=stream if stream is not None else sys.stderr)
     return report
 
 
 def build_embedded(cartridge: Cartridge, path: str | Path, *, store: Store | None = None,
-                   allow_global_notes: bool = False, stream: TextIO = sys.stderr) -> tuple[Projector, ReplayReport]:
+                   allow_global_notes: bool = False, stream: TextIO | None = None) -> tuple[Projector, ReplayReport]:
     """A memory store built from an events file; rejects go to `stream` with their line numbers."""
     projector = Projector(cartridge, store if store is not None else MemoryStore(),
                           allow_global_notes=allow_global_notes)

@@ -132,7 +132,8 @@ def _reasons(e: ValidationError) -> str:
         loc = ".".join(str(p) for p in err["loc"])
         kind = err["type"]
         if kind == "json_invalid":
-            parts.append(f"not valid JSON ({err['msg'].removeprefix('Invalid JSON: ')})")
+            detail = re.sub(r" at line \d+ column \d+$", "", err["msg"].removeprefix("Invalid JSON: "))
+            parts.append(f"not valid JSON ({detail})")
         elif kind == "missing":
             parts.append(f"{loc}: required field missing")
         elif kind == "extra_forbidden":
@@ -153,11 +154,16 @@ def _peek_ids(raw: bytes | str | dict[str, Any]) -> tuple[str | None, str | None
         try:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
-            return None, None
+            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+            found = _ID_IN_TEXT.search(text)
+            return (found.group(1) if found else None), None
     if not isinstance(doc, dict):
         return None, None
     ident, tenant = doc.get("id"), doc.get("tenant")
     return (ident if isinstance(ident, str) else None, tenant if isinstance(tenant, str) else None)
+
+
+_ID_IN_TEXT = re.compile(r'"id"\s*:\s*"([^"\\]{1,256})"')
 
 
 def _time(text: str, field: str, env: Envelope) -> Micros:

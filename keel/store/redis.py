@@ -728,6 +728,15 @@ class RedisStore(Store):
         self._gens.pop(tenant, None)
         return deleted
 
+    def drop_namespace(self) -> int:
+        """Delete every tenant of the namespace (a cartridge's whole graph); returns keys deleted."""
+        with self._guard("drop_namespace"):
+            tenants = sorted(self._client.smembers(self._registry))
+        deleted = sum(self.drop_tenant(t) for t in tenants)
+        with self._guard("drop_namespace"):
+            deleted += int(self._client.unlink(self._registry))
+        return deleted
+
 
 # ---- decoding helpers ------------------------------------------------------------------------
 

@@ -1,0 +1,90 @@
+"""The finance story of DESIGN §1, exactly, from the sample stream."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from keel import NoteRefused, Tools, load_cartridge
+from keel.embedded import build_embedded
+from keel.eventlog import FileLog
+from keel.times import parse_time
+
+HERE = Path(__file__).resolve().parent
+NOW = parse_time("2026-11-30T12:00:00Z")
+
+
+@pytest.fixture
+def tools(tmp_path: Path) -> Tools:
+    events = tmp_path / "events.jsonl"
+    shutil.copyfile(HERE / "events.jsonl", events)
+    cartridge = load_cartridge(HERE)
+    projector, _ = build_embedded(cartridge, events)
+    return Tools(cartridge, projector.store, "hogar-demo", agent="debts", task="visa-plan",
+                 log=FileLog(projector, events), clock=lambda: NOW)
+
+
+def fact(context: dict, predicate: str) -> dict:
+    return next(f for f in context["facts"] if f["predicate"] == predicate)
+
+
+def test_visa_balance_now_and_on_15_september(tools: Tools) -> None:
+    now = tools.context("debt:visa")
+    assert fact(now, "balance_cop")["value"] == 3_870_000
+    assert fact(now, "balance_cop")["evidence"] == "snap-visa-2026-10"
+    then = tools.context("debt:visa", at="2026-09-15")
+    assert fact(then, "balance_cop")["value"] == 4_200_000
+    assert fact(then, "balance_cop")["valid_to"] == "2026-10-01T00:00:00Z"
+    assert now["labels"]["product"] == "Visa" and now["ref"] == "debts#visa"
+
+
+def test_rule_comes_from_the_cartridge_and_the_rate_makes_the_visa_expensive(tools: Tools) -> None:
+    ctx = tools.context("debt:visa")
+    rule = ctx["rules"]["debt_expensive"]
+    assert rule == {"definition": "A debt is expensive when its effective annual rate is above 25%.",
+                    "rate_ea_pct": 25}
+    assert fact(ctx, "rate_ea_pct")["value"] == 29.22 > rule["rate_ea_pct"]
+
+
+def test_dues_september_and_october_paid_november_pending(tools: Tools) -> None:
+    dues = [r["subject"] for r in tools.related("debt:visa", "for_debt")]
+    assert dues == ["due:visa-2026-09", "due:visa-2026-10", "due:visa-2026-11"]
+    status = {d: fact(tools.context(d), "status")["value"] for d in dues}
+    assert status == {"due:visa-2026-09": "paid", "due:visa-2026-10": "paid", "due:visa-2026-11": "pending"}
+    october = tools.context("due:visa-2026-10")
+    assert fact(october, "paid_on")["value"] == "2026-10-03"
+    assert [r["object"] for r in october["relations"] if r["relation"] == "paid_from"] == ["account:ahorros"]
+    november = tools.context("due:visa-2026-11")
+    assert (fact(november, "due_on")["value"], fact(november, "amount_cop")["value"]) == ("2026-11-05", 380_000)
+
+
+def test_the_late_september_payment_was_not_known_before_it_arrived(tools: Tools) -> None:
+    before = tools.context("due:visa-2026-09", at="2026-09-20", known_at="2026-10-01")
+    assert fact(before, "status")["value"] == "pending"
+    after = tools.context("due:visa-2026-09", at="2026-09-20")
+    assert fact(after, "status")["value"] == "paid"
+
+
+def test_the_libranza_correction_keeps_both_beliefs(tools: Tools) -> None:
+    [oct_now] = [v for v in tools.history("debt:libranza", "balance_cop")["versions"]
+                 if v["valid_from"].startswith("2026-10-01")]
+    assert (oct_now["value"], oct_now["corrected_by"]) == (12_150_000, "human:ana")
+    [oct_then] = [v for v in tools.history("debt:libranza", "balance_cop", known_at="2026-10-02")["versions"]
+                  if v["valid_from"].startswith("2026-10-01")]
+    assert (oct_then["value"], oct_then["corrected_by"]) == (12_180_000, None)
+
+
+def test_debt_is_owed_by_the_household(tools: Tools) -> None:
+    [r] = tools.related("debt:visa", "owed_by")
+    assert (r["object"], r["valid_from"]) == ("household:hogar-demo", "2026-09-01T00:00:00Z")
+
+
+def test_the_agent_notes_in_task_scope_with_the_rate_evidence(tools: Tools) -> None:
+    rate = fact(tools.context("debt:visa"), "rate_ea_pct")
+    note = tools.annotate("debt:visa", "next_step", "pay November first", "task", evidence=rate["evidence"])["fact"]
+    assert (note["scope"], note["evidence"], note["by"]) == ("task", "snap-visa-2026-10", "agent:debts")
+    assert note["expires_at"] == "2026-12-30T12:00:00Z"
+    assert any(v["predicate"] == "next_step" for v in tools.history("debt:visa")["versions"])
+    with pytest.raises(NoteRefused):
+        tools.annotate("debt:visa", "next_step", "x", "tenant")   # tenant scope requires evidence

@@ -1,0 +1,79 @@
+"""`keel serve --transport stdio` as a subprocess, driven by a real MCP client."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from test_mcp_support import (
+    FINANCE,
+    KEEL,
+    ROOT,
+    TENANT_A,
+    canonical_tools,
+    copy_finance,
+    finance_story,
+    golden_text,
+    ok,
+    refused,
+    sorted_json,
+    stdio_session,
+)
+
+
+@pytest.fixture
+def finance_events(tmp_path: Path) -> Path:
+    return copy_finance(tmp_path)
+
+
+def test_stdio_story_and_surface(finance_events: Path, tmp_path: Path) -> None:
+    errlog = tmp_path / "serve.err"
+
+    async def go() -> None:
+        with errlog.open("w") as err:
+            async with stdio_session(str(FINANCE), "--tenant", TENANT_A, "--events", str(finance_events),
+                                     "--agent", "debts", "--task", "visa-plan", stderr=err) as s:
+                tools = (await s.list_tools()).tools
+                assert [t.name for t in tools] == ["context", "history", "search", "annotate", "related"]
+                assert sorted_json(canonical_tools(tools)) == sorted_json(golden_text())
+                await finance_story(s, finance_events)
+                assert "<entity type>:<id>" in await refused(s, "context", {"entity": "debt:*"})
+                assert "x" * 100 not in await refused(s, "search", {"query": "x" * 1_000_000})
+                assert (await ok(s, "context", {"entity": "debt:visa"}))["entity"] == "debt:visa"
+    anyio.run(go)
+    calls = [json.loads(line) for line in errlog.read_text().splitlines() if line.startswith("{")]
+    assert len(calls) == 11
+    assert {c["tool"] for c in calls} == {"context", "history", "search", "annotate", "related"}
+    assert all(c["tenant"] == TENANT_A and c["agent"] == "debts" and c["task"] == "visa-plan" for c in calls)
+
+
+def test_stdio_defaults_to_the_only_tenant(finance_events: Path) -> None:
+    async def go() -> None:
+        async with stdio_session(str(FINANCE), "--events", str(finance_events), "--no-call-log") as s:
+            got: dict[str, Any] = await ok(s, "context", {"entity": "due:visa-2026-11"})
+            assert got["entity"] == "due:visa-2026-11"
+    anyio.run(go)
+
+
+def serve_fails(*args: str) -> str:
+    out = subprocess.run([*KEEL, "serve", str(FINANCE), *args], cwd=str(ROOT), capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, timeout=60, check=False)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    return out.stderr
+
+
+def test_serve_usage_errors(finance_events: Path, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.delenv("KEEL_REDIS_URL", raising=False)
+    monkeypatch.delenv("KEEL_TOKENS_FILE", raising=False)
+    assert "--events FILE" in serve_fails()
+    assert "not found" in serve_fails("--events", str(tmp_path / "missing.jsonl"))
+    assert "one of --events" in serve_fails("--events", str(finance_events), "--redis", "redis://127.0.0.1:1")
+    assert "--tokens is for --transport http" in serve_fails("--events", str(finance_events), "--tokens", "x")
+    assert "bearer token" in serve_fails("--events", str(finance_events), "--transport", "http")
+    bad = tmp_path / "tokens.jsonl"
+    bad.write_text('{"token_sha256": "plaintext-token", "tenant": "hogar-demo"}\n')
+    assert "64 lowercase hex" in serve_fails("--events", str(finance_events), "--transport", "http",
+                                             "--tokens", str(bad))

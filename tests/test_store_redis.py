@@ -1,0 +1,378 @@
+"""The store contract and Redis-specific guarantees against a real redis-server (KEEL_REDIS_URL).
+
+Every test works in a fresh namespace and deletes it afterwards, so a shared server is fine. Without
+KEEL_REDIS_URL the tests skip (or fail under KEEL_REQUIRE_SERVICES=1). tests/test_redis_cluster.py runs
+the same classes against a local 3-master Redis Cluster.
+"""
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any, Iterator
+
+import pytest
+import redis
+
+from conftest import service_env
+from keel.digest import digest
+from keel.errors import StoreUnavailable, UsageError
+from keel.store.base import GLOBAL_TENANT, Key, Store, Write, fact_write, label_writes, relation_write
+from keel.store.memory import MemoryStore
+from keel.store.redis import RedisStore
+from keel.timeline import Assertion
+from keel.times import format_time, parse_time
+from store_contract import StoreContract
+
+pytestmark = pytest.mark.services
+
+DAY = 86_400_000_000
+T0 = parse_time("2026-09-01")
+
+
+def d(n: float) -> int:
+    return T0 + int(n * DAY)
+
+
+class RedisCase:
+    """Shared plumbing: `url` and a shared `client` set per class; every store gets its own namespace."""
+
+    url: str
+    client: Any
+    cluster: bool = False
+
+    def setup_method(self) -> None:
+        self._stores: list[RedisStore] = []
+
+    def teardown_method(self) -> None:
+        for store in self._stores:
+            store.drop_namespace()
+
+    def make_store(self) -> Store:
+        return self.redis_store()
+
+    def redis_store(self, namespace: str | None = None) -> RedisStore:
+        store = RedisStore(self.client, namespace=namespace or f"t{uuid.uuid4().hex[:12]}", owns_client=False)
+        self._stores.append(store)
+        return store
+
+
+@pytest.fixture(scope="class")
+def single_node(request: pytest.FixtureRequest) -> Iterator[None]:
+    url = service_env("KEEL_REDIS_URL")
+    probe = RedisStore.from_url(url, namespace="probe")
+    request.cls.url = url
+    request.cls.client = probe.client
+    request.cls.cluster = False
+    yield
+    probe.close()
+
+
+# ---- a random workload, replayed into MemoryStore and the store under test ---------------------
+
+ENTITIES = ["debt:a", "debt:b.x@y-z", "due:q-2026-09", "acct:1"]
+NAMES = ["p", "q|x", "%25r", "with space", "ü{n}*?[", "a\nb"]
+
+
+def random_batches(seed: int, n: int = 120) -> list[tuple[list[Write], str | None]]:
+    """Writes of every shape: corrections at one point, closes, late points, other recorded_at, expiries."""
+    rnd = random.Random(seed)
+    out: list[tuple[list[Write], str | None]] = []
+    for i in range(n):
+        writes: list[Write] = []
+        for _ in range(rnd.randint(0, 5)):
+            e = rnd.choice(ENTITIES)
+            point = d(rnd.randint(0, 20)) + rnd.choice([0, 0, 0, 1, 999_999])
+            rec = point + rnd.choice([0, 0, 5, DAY, -DAY]) * rnd.randint(0, 3)
+            src, by = rnd.choice([None, "s", "sys"]), rnd.choice([None, None, "human:ana"])
+            kind = rnd.random()
+            if kind < 0.5:
+                scope = rnd.choice([None, None, "tenant", "task", "agent"])
+                writes.append(fact_write(
+                    e, rnd.choice(NAMES), rnd.choice([1, -2, 2.5, 1e300, "x", "ü\"q", None, {"a": [1]}, True, [1, "y"]]),
+                    point, rnd.random() < 0.2, source=src, evidence=rnd.choice([f"ev{i}", f"other{i % 3}", None]),
+                    recorded_at=rec, by=by, scope=scope, owner=rnd.choice(["t|1", "a%2", "x"]),
+                    expires_at=rnd.choice([None, None, point + 3 * DAY])))
+            elif kind < 0.8:
+                writes.append(relation_write(e, rnd.choice(["rel", "r|2"]), rnd.choice(ENTITIES), point,
+                                             rnd.random() < 0.3, source=src, evidence=f"ev{i}", recorded_at=rec, by=by))
+            else:
+                writes += label_writes(e, rnd.choice([None, "r#1"]), rnd.choice([{}, {"name": "N"}, {"n|x": 2}]),
+                                       valid_from=point, source=src, evidence=f"ev{i}", recorded_at=rec, by=by)
+        out.append((writes, rnd.choice([None, f"ev{i}"])))
+    return out
+
+
+def assert_same_graph(m: MemoryStore, s: Store, tenant: str) -> None:
+    assert digest(s, tenant) == digest(m, tenant)
+    assert list(s.dump(tenant)) == list(m.dump(tenant))
+    assert s.event_ids(tenant) == m.event_ids(tenant)
+    assert list(s.search_documents(tenant)) == list(m.search_documents(tenant))
+    entities = sorted({e for key, _ in m.dump(tenant) for e in ((key[1], key[3]) if key[0] == "r" else (key[1],))})
+    for e in entities:
+        keys: list[Key] = m.keys(tenant, e)
+        assert s.keys(tenant, e) == keys
+        assert s.entity_recorded_at(tenant, e) == m.entity_recorded_at(tenant, e)
+        for known_at in (None, d(0), d(3.5), d(12), d(40)):
+            assert s.versions_many(tenant, keys, known_at) == m.versions_many(tenant, keys, known_at), (e, known_at)
+            for t in range(-1, 24):
+                for at in (d(t) - 1, d(t), d(t) + 1):
+                    assert s.as_of_many(tenant, keys, at, known_at) == m.as_of_many(tenant, keys, at, known_at), \
+                        (e, format_time(at), known_at)
+        for at in (d(2), d(30)):
+            assert s.facts(tenant, e, at=at) == m.facts(tenant, e, at=at)
+            assert s.relations(tenant, e, at=at) == m.relations(tenant, e, at=at)
+            assert s.entity(tenant, e, at=at) == m.entity(tenant, e, at=at)
+        assert s.history(tenant, e) == m.history(tenant, e)
+
+
+class RedisChecks(RedisCase):
+    """Redis-specific checks, run on a single node and on Cluster."""
+
+    # ---- equivalence with the reference store ------------------------------------------------
+
+    @pytest.mark.parametrize("seed", [1, 2, 3])
+    def test_random_writes_equal_the_memory_store(self, seed: int) -> None:
+        s, m = self.redis_store(), MemoryStore()
+        for writes, event_id in random_batches(seed):
+            m.apply_writes("acme", writes, event_id)
+            s.apply_writes("acme", writes, event_id)
+        assert_same_graph(m, s, "acme")
+
+    def test_commit_batch_equals_event_by_event(self) -> None:
+        batches = [(w, f"e{i}") for i, (w, _) in enumerate(random_batches(7, 200))]
+        s, m = self.redis_store(), MemoryStore()
+        for i in range(0, len(batches), 37):
+            s.commit_batch("acme", batches[i:i + 37], ("keel.x.events", 3, i + 36))
+        for writes, event_id in batches:
+            m.apply_writes("acme", writes, event_id)
+        assert_same_graph(m, s, "acme")
+        assert s.applied_offset("acme", "keel.x.events", 3) == 185 + 36
+
+    def test_many_assertions_at_one_point_keep_log_order(self) -> None:
+        s, m = self.redis_store(), MemoryStore()
+        for store in (s, m):
+            for i in range(25):      # sequence numbers of two digits and more
+                store.open_fact("acme", "thing:x", "p", i, valid_from=d(1), evidence=f"e{i}", recorded_at=d(1 + i))
+            store.apply_writes("acme", [fact_write("thing:x", "p", v, d(1), False, source="s", evidence="same",
+                                                   recorded_at=d(30), by=None) for v in ("a", "b", "c")], "one")
+        assert_same_graph(m, s, "acme")
+        assert s.facts("acme", "thing:x", at=d(2))[0]["value"] == "c"
+        assert s.facts("acme", "thing:x", at=d(2), known_at=d(10))[0]["value"] == 9
+
+    # ---- batches, idempotency, offsets ----------------------------------------------------------
+
+    def test_commit_batch_marks_ids_and_offset_and_a_recommit_changes_nothing(self) -> None:
+        s = self.redis_store()
+        events = [([fact_write(f"thing:t{i % 4}", "p", i, d(i), False, source="s", evidence=f"e{i}",
+                               recorded_at=d(i), by=None)], f"e{i}") for i in range(50)]
+        assert s.applied_offset("acme", "topic", 0) is None
+        s.commit_batch("acme", events, ("topic", 0, 149))
+        before = digest(s, "acme")
+        version = s.search_version("acme")
+        assert s.applied_offset("acme", "topic", 0) == 149
+        assert s.event_ids("acme") == sorted(f"e{i}" for i in range(50))
+        s.commit_batch("acme", events, ("topic", 0, 149))
+        s.commit_batch("acme", events[10:20] + events[10:20], ("topic", 0, 120))     # older offset, repeats
+        assert digest(s, "acme") == before
+        assert s.search_version("acme") == version
+        assert s.applied_offset("acme", "topic", 0) == 149          # offsets only move forward
+        assert s.applied_offset("acme", "topic", 1) is None
+        assert s.applied_offset("acme", "other", 0) is None
+
+    def test_commit_batch_with_some_events_already_applied_applies_the_rest(self) -> None:
+        s, m = self.redis_store(), MemoryStore()
+        events = [([fact_write("thing:t", "p", i, d(i % 5), False, source="s", evidence=f"e{i}", recorded_at=d(i),
+                               by=None)], f"e{i}") for i in range(20)]
+        s.commit_batch("acme", events[:8], ("t", 0, 7))
+        s.commit_batch("acme", events[4:], ("t", 0, 19))
+        for writes, event_id in events:
+            m.apply_writes("acme", writes, event_id)
+        assert_same_graph(m, s, "acme")
+        assert s.applied_offset("acme", "t", 0) == 19
+
+    def test_commit_batch_is_all_or_nothing(self) -> None:
+        s = self.redis_store()
+        s.commit_batch("acme", [([fact_write("thing:t", "p", 1, d(1), False, source="s", evidence="e0",
+                                             recorded_at=d(1), by=None)], "e0")], ("t", 0, 0))
+        before = digest(s, "acme")
+        bad = [([fact_write("thing:t", "p", 2, d(2), False, source="s", evidence="e1", recorded_at=d(2), by=None)],
+                "e1"),
+               ([fact_write("thing:t", "p", float("nan"), d(3), False, source="s", evidence="e2", recorded_at=d(3),
+                            by=None)], "e2")]
+        with pytest.raises(ValueError):
+            s.commit_batch("acme", bad, ("t", 0, 2))
+        assert digest(s, "acme") == before
+        assert s.applied_offset("acme", "t", 0) == 0 and not s.has_event("acme", "e1")
+
+    def test_apply_writes_skips_an_event_id_already_applied(self) -> None:
+        s = self.redis_store()
+        w = fact_write("thing:t", "p", 1, d(1), False, source="s", evidence="e1", recorded_at=d(1), by=None)
+        s.apply_writes("acme", [w], "e1")
+        before = digest(s, "acme")
+        s.apply_writes("acme", [w._replace(assertion=w.assertion._replace(value=2))], "e1")
+        assert digest(s, "acme") == before
+
+    def test_an_empty_batch_only_moves_the_offset(self) -> None:
+        s = self.redis_store()
+        s.commit_batch("acme", [], ("t", 2, 41))
+        assert s.applied_offset("acme", "t", 2) == 41
+        assert s.event_ids("acme") == [] and list(s.dump("acme")) == []
+
+    def test_two_writers_of_one_tenant_interleave_correctly(self) -> None:
+        """Each client guesses the provenance list length; a wrong guess is detected and retried."""
+        ns = f"t{uuid.uuid4().hex[:12]}"
+        a, b, m = self.redis_store(ns), self.redis_store(ns), MemoryStore()
+        for i, (writes, event_id) in enumerate(random_batches(11, 60)):
+            (a if i % 3 else b).apply_writes("acme", writes, event_id)
+            m.apply_writes("acme", writes, event_id)
+        assert_same_graph(m, a, "acme")
+
+    # ---- keys and names -------------------------------------------------------------------------
+
+    def test_every_key_of_a_tenant_carries_its_hash_tag(self) -> None:
+        s = self.redis_store()
+        for writes, event_id in random_batches(5, 40):
+            s.apply_writes("t.1-x", writes, event_id)
+        s.commit_batch("t.1-x", [], ("topic", 0, 1))
+        names = s.key_names("t.1-x")
+        assert len(names) > 8
+        tag = "{" + s.namespace + "/t.1-x}"
+        assert all(n.startswith("keel:" + tag + ":g1:") for n in names)
+        if self.cluster:
+            slots = {self.client.keyslot(n) for n in names}
+            assert len(slots) == 1
+        else:
+            scanned = set(self.client.scan_iter(match=f"keel:{{{s.namespace}*", count=1000))
+            assert scanned == set(names) | {f"keel:{{{s.namespace}}}:tenants"}
+
+    def test_entity_ids_and_names_with_special_characters(self) -> None:
+        s, m = self.redis_store(), MemoryStore()
+        weird = "note@mail.example-1.x"
+        for store in (s, m):
+            store.upsert_entity("acme", "thing", weird, ref="db#{1}|*", valid_from=d(1), **{"la|bel": "v%7C"})
+            store.open_fact("acme", f"thing:{weird}", "p|*?[]{x}", "v", valid_from=d(1), scope="task", owner="t|%7C")
+            store.link("acme", f"thing:{weird}", "rel|*", "other:x@y", d(1))
+            store.link("acme", "other:x@y", "self", "other:x@y", d(2))
+        assert_same_graph(m, s, "acme")
+        assert s.keys("acme", "other:x@y") == m.keys("acme", "other:x@y")
+
+    def test_names_are_checked(self) -> None:
+        s = self.redis_store()
+        for bad in ("", "a b", "x{y}", "-x", "a" * 65, "a/b", "a:b"):
+            with pytest.raises(UsageError):
+                s.has_event(bad, "e1")
+        with pytest.raises(UsageError):
+            RedisStore(self.client, namespace="bad{ns}", owns_client=False)
+        s.open_fact(GLOBAL_TENANT, "type:debt", "n", "x", valid_from=d(1), scope="global")
+        assert s.facts(GLOBAL_TENANT, "type:debt", at=d(2))[0]["value"] == "x"
+        assert GLOBAL_TENANT in s.tenants()
+
+    def test_times_outside_the_exact_range_are_refused(self) -> None:
+        s = self.redis_store()
+        with pytest.raises(UsageError):
+            s.open_fact("acme", "thing:x", "p", 1, valid_from=2 ** 53 + 5)
+        assert s.facts("acme", "thing:x", at=2 ** 62) == []
+
+    # ---- tenants, search -----------------------------------------------------------------------
+
+    def test_tenants_and_drop_tenant(self) -> None:
+        s = self.redis_store()
+        assert s.tenants() == []
+        s.open_fact("b", "thing:x", "p", 1, valid_from=d(1))
+        s.apply_writes("a", [], "e1")
+        assert s.tenants() == ["a", "b"]
+        assert s.drop_tenant("b") > 0
+        assert s.tenants() == ["a"] and s.keys("b", "thing:x") == []
+        assert not s.exists("b", "thing:x")
+
+    def test_search_version_and_documents(self) -> None:
+        s, m = self.redis_store(), MemoryStore()
+        v0 = s.search_version("acme")
+        for store in (s, m):
+            store.upsert_entity("acme", "thing", "a", ref="r", name="Alpha", valid_from=d(1))
+            store.upsert_entity("acme", "thing", "a", name="Alpha 2", valid_from=d(0))    # late, earlier point
+            store.link("acme", "thing:a", "in", "group:g", d(1))
+        v1 = s.search_version("acme")
+        assert v1 != v0
+        assert list(s.search_documents("acme")) == list(m.search_documents("acme"))
+        assert list(s.search_documents("acme"))[1] == ("thing:a", "thing", {"name": "Alpha"})
+        assert s.search_version("acme") == v1
+
+    # ---- generations ---------------------------------------------------------------------------
+
+    def test_generations_rebuild_switch_and_drop(self) -> None:
+        ns = f"t{uuid.uuid4().hex[:12]}"
+        s, reader = self.redis_store(ns), self.redis_store(ns)     # two clients: one caches generation 1
+        s.open_fact("acme", "thing:x", "p", "old", valid_from=d(1), evidence="e1")
+        s.apply_writes("acme", [], "e1")
+        assert reader.facts("acme", "thing:x", at=d(2))[0]["value"] == "old"
+        assert s.current_generation("acme") == 1
+        old_digest = digest(s, "acme")
+
+        gen = s.new_generation("acme")
+        assert gen == 2 and s.new_generation("acme") == 3 and s.current_generation("acme") == 1
+        rebuild = s.for_generation("acme", gen)
+        rebuild.open_fact("acme", "thing:x", "p", "new", valid_from=d(1), evidence="e1")
+        rebuild.commit_batch("acme", [([], "e1")], ("topic", 0, 7))
+        # nothing visible until the switch
+        assert reader.facts("acme", "thing:x", at=d(2))[0]["value"] == "old"
+        assert digest(s, "acme") == old_digest
+        assert reader.applied_offset("acme", "topic", 0) is None
+
+        s.switch_generation("acme", gen)
+        assert reader.facts("acme", "thing:x", at=d(2))[0]["value"] == "new"      # cached gen 1 is noticed
+        assert reader.applied_offset("acme", "topic", 0) == 7
+        assert reader.search_version("acme")[0] == gen
+        assert s.current_generation("acme") == gen
+        reader.open_fact("acme", "thing:x", "q", 1, valid_from=d(1))                # writes follow the switch
+        assert [f["predicate"] for f in s.facts("acme", "thing:x", at=d(2))] == ["p", "q"]
+
+        old_keys = s.key_names("acme", 1)
+        with pytest.raises(UsageError):
+            s.drop_generation("acme", gen)
+        assert s.drop_generation("acme", 1) > 0
+        assert self.client.exists(*old_keys) == 0
+        assert s.facts("acme", "thing:x", at=d(2))[0]["value"] == "new"
+        assert s.tenants() == ["acme"]
+        assert s.new_generation("acme") == 4                                         # numbers are never reused
+
+
+@pytest.mark.usefixtures("single_node")
+class TestRedisStore(RedisChecks, StoreContract):
+    """The contract suite and the Redis checks on a single redis-server."""
+
+    def make_store(self) -> Store:
+        return self.redis_store()
+
+    def test_from_url_detects_a_single_node(self) -> None:
+        s = RedisStore.from_url(self.url, namespace="probe")
+        try:
+            assert isinstance(s.client, redis.Redis)
+        finally:
+            s.close()
+
+
+def test_an_unreachable_server_is_store_unavailable() -> None:
+    with pytest.raises(StoreUnavailable):
+        RedisStore.from_url("redis://127.0.0.1:1/0", namespace="x", socket_connect_timeout=0.5)
+    s = RedisStore.from_url("redis://127.0.0.1:1/0", namespace="x", cluster=False, socket_connect_timeout=0.5)
+    with pytest.raises(StoreUnavailable) as caught:
+        s.open_fact("acme", "thing:x", "p", 1, valid_from=d(1))
+    assert "acme" in str(caught.value) and caught.value.tenant == "acme"
+    with pytest.raises(StoreUnavailable):
+        list(s.dump("acme"))
+    s.close()
+
+
+def test_assertion_encoding_round_trips() -> None:
+    from keel.store.redis import decode_member, encode_body, decode_point, encode_point
+    for point in (0, 1, -1, d(0), 2 ** 53 - 1, -(2 ** 53) + 1):
+        assert decode_point(encode_point(point)) == point
+    points = sorted(random.Random(3).randrange(-(2 ** 53) + 1, 2 ** 53) for _ in range(500))
+    assert sorted(points, key=encode_point) == points
+    for a in (Assertion(d(1), {"a": [1, None]}, False, None, None, d(1)),
+              Assertion(d(1), None, True, "s", "e", d(2), "human:x"),
+              Assertion(d(1), "v", True, "s", "e", d(2)),
+              Assertion(d(1), -5, False, "s", "e", d(2), None, d(4))):
+        rest = encode_point(a.point) + "10" + "11" + "10" + encode_body(a)
+        assert decode_member(rest) == (a.point, 0, a.value, a.closed, a.expires_at)

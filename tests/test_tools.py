@@ -1,0 +1,184 @@
+"""The five tools and the memory policy (DESIGN §5) on the embedded store."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from keel import NoteRefused, Tools, UnknownEntity, UsageError, load_cartridge
+from keel.embedded import build_embedded
+from keel.eventlog import FileLog
+from keel.times import parse_time
+
+ROOT = Path(__file__).resolve().parents[1]
+FINANCE = ROOT / "cartridges" / "finance"
+T0 = parse_time("2026-11-30T12:00:00Z")
+DAY = 86_400_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def env(tmp_path: Path):
+    events = tmp_path / "events.jsonl"
+    shutil.copyfile(FINANCE / "events.jsonl", events)
+    cartridge = load_cartridge(FINANCE)
+    projector, _ = build_embedded(cartridge, events, allow_global_notes=True)
+    clock = Clock()
+
+    def make(agent: str | None = "a1", task: str | None = "t1", tenant: str = "hogar-demo", allow: bool = True) -> Tools:
+        return Tools(cartridge, projector.store, tenant, agent=agent, task=task, log=FileLog(projector, events),
+                     allow_global_notes=allow, clock=clock)
+    return make, clock, events
+
+
+def notes(ctx: dict) -> list[tuple[str, object, str]]:
+    return [(f["predicate"], f["value"], f["scope"]) for f in ctx["facts"] if f["scope"]]
+
+
+def test_context_shape_and_determinism(env) -> None:
+    make, _, _ = env
+    t = make()
+    a = t.context("debt:visa", at="2026-09-15")
+    assert list(a) == ["entity", "type", "ref", "labels", "at", "known_at", "facts", "relations", "rules"]
+    assert a["at"] == "2026-09-15T00:00:00Z" and a["known_at"] is None
+    assert list(a["facts"][0]) == ["predicate", "value", "valid_from", "valid_to", "recorded_at", "source",
+                                   "evidence", "scope", "by", "expires_at", "corrected_by"]
+    assert json.dumps(a) == json.dumps(make().context("debt:visa", at="2026-09-15"))
+
+
+def test_unknown_entity_names_entity_and_tenant(env) -> None:
+    make, _, _ = env
+    with pytest.raises(UnknownEntity, match="debt:nope.*hogar-demo"):
+        make().context("debt:nope")
+    with pytest.raises(UnknownEntity):
+        make().history("debt:nope")
+    with pytest.raises(UnknownEntity):
+        make().related("debt:nope")
+
+
+@pytest.mark.parametrize("bad", ["visa", "debt:*", "debt:{x}", "debt:a b", ":x", "debt:" + "x" * 200, 5, None])
+def test_hostile_entity_ids_are_usage_errors(env, bad) -> None:
+    make, _, _ = env
+    with pytest.raises(UsageError):
+        make().context(bad)
+
+
+def test_bad_times_and_arguments(env) -> None:
+    make, _, _ = env
+    t = make()
+    with pytest.raises(UsageError, match="at"):
+        t.context("debt:visa", at="yesterday")
+    with pytest.raises(UsageError, match="limit"):
+        t.search("visa", limit=0)
+    with pytest.raises(UsageError, match="type"):
+        t.search("visa", type="spaceship")
+    with pytest.raises(UsageError):
+        t.search("   ")
+
+
+def test_search_ranks_and_guides_on_no_hits(env) -> None:
+    make, _, _ = env
+    t = make()
+    r = t.search("Visa Banco Andino")
+    assert r["results"][0]["entity"] == "debt:visa" and r["results"][0]["score"] > r["results"][1]["score"]
+    assert [x["type"] for x in t.search("visa", type="due")["results"]] == ["due"] * 3
+    assert t.search("visa", limit=1)["results"][0]["entity"] == "debt:visa"
+    miss = t.search("zebra unicorn")
+    assert miss["results"] == [] and "broader" in miss["message"]
+    assert t.search("crédito andino")["results"][0]["entity"] == "debt:visa"  # accents fold, any word hits
+
+
+def test_search_is_per_tenant(env) -> None:
+    make, _, _ = env
+    assert make(tenant="other-home").search("visa")["results"] == []
+
+
+def test_annotate_visibility_by_scope(env) -> None:
+    make, clock, events = env
+    a1, a2, t2 = make("a1", "t1"), make("a2", "t1"), make("a3", "t2")
+    a1.annotate("debt:visa", "mine", "agent note", "agent")
+    a1.annotate("debt:visa", "ours", "task note", "task")
+    a1.annotate("debt:visa", "everyone", "tenant note", "tenant", evidence="snap-visa-2026-10")
+    assert sorted(notes(a1.context("debt:visa"))) == [("everyone", "tenant note", "tenant"),
+                                                      ("mine", "agent note", "agent"), ("ours", "task note", "task")]
+    assert sorted(notes(a2.context("debt:visa"))) == [("everyone", "tenant note", "tenant"), ("ours", "task note", "task")]
+    assert notes(t2.context("debt:visa")) == [("everyone", "tenant note", "tenant")]
+    logged = [json.loads(x) for x in events.read_text().splitlines()][-3:]
+    assert [e["type"] for e in logged] == ["keel.annotated"] * 3 and logged[0]["by"] == "agent:a1"
+
+
+def test_notes_expire_by_ttl_but_stay_in_history(env) -> None:
+    make, clock, _ = env
+    t = make()
+    fact = t.annotate("debt:visa", "reminder", "call bank", "agent")["fact"]
+    assert fact["expires_at"] == "2026-12-01T12:00:00Z" and fact["valid_to"] == fact["expires_at"]
+    clock.now = T0 + 2 * DAY
+    assert notes(t.context("debt:visa")) == []
+    assert [v["value"] for v in t.history("debt:visa", "reminder")["versions"]] == ["call bank"]
+
+
+def test_tenant_notes_never_expire_and_need_real_evidence(env) -> None:
+    make, _, _ = env
+    t = make()
+    with pytest.raises(NoteRefused, match="evidence"):
+        t.annotate("debt:visa", "p", 1, "tenant")
+    with pytest.raises(NoteRefused, match="not an event of this tenant"):
+        t.annotate("debt:visa", "p", 1, "tenant", evidence="made-up")
+    with pytest.raises(PermissionError):
+        t.annotate("debt:visa", "p", 1, "tenant", evidence="made-up")
+    other = make(tenant="other-home")
+    with pytest.raises(NoteRefused):   # another tenant's event id is no evidence here
+        other.annotate("debt:visa", "p", 1, "tenant", evidence="snap-visa-2026-10")
+    fact = t.annotate("debt:visa", "p", 1, "tenant", evidence="snap-visa-2026-10")["fact"]
+    assert fact["expires_at"] is None and fact["evidence"] == "snap-visa-2026-10"
+
+
+def test_refused_notes_write_nothing(env) -> None:
+    make, _, events = env
+    before = events.read_text()
+    with pytest.raises(NoteRefused):
+        make().annotate("debt:nope", "p", 1, "agent")
+    with pytest.raises(NoteRefused):
+        make(agent=None).annotate("debt:visa", "p", 1, "agent")
+    assert events.read_text() == before
+
+
+def test_global_notes_need_the_operator_and_show_on_every_entity_of_the_type(env) -> None:
+    make, _, _ = env
+    with pytest.raises(NoteRefused, match="disabled"):
+        make(allow=False).annotate("type:debt", "tip", "x", "global", evidence="snap-visa-2026-10")
+    with pytest.raises(NoteRefused, match="type:<entity type>"):
+        make().annotate("debt:visa", "tip", "x", "global", evidence="snap-visa-2026-10")
+    make().annotate("type:debt", "tip", "check the rate first", "global", evidence="snap-visa-2026-10")
+    make().annotate("rule:debt_expensive", "why", "usury cap is ~ 25%", "global", evidence="snap-visa-2026-10")
+    for entity in ("debt:visa", "debt:libranza"):
+        assert sorted(notes(make("zz", None).context(entity))) == [
+            ("tip", "check the rate first", "global"), ("why", "usury cap is ~ 25%", "global")]
+    assert notes(make().context("due:visa-2026-11")) == []
+
+
+def test_annotated_events_survive_a_rebuild(env) -> None:
+    make, _, events = env
+    make().annotate("debt:visa", "kept", "yes", "tenant", evidence="snap-visa-2026-10")
+    cartridge = load_cartridge(FINANCE)
+    rebuilt, report = build_embedded(cartridge, events)
+    assert not report.rejected
+    t = Tools(cartridge, rebuilt.store, "hogar-demo", clock=lambda: T0 + 1)
+    assert ("kept", "yes", "tenant") in notes(t.context("debt:visa"))
+
+
+def test_related_returns_the_list_either_direction(env) -> None:
+    make, _, _ = env
+    t = make()
+    assert [r["relation"] for r in t.related("debt:visa")] == ["for_debt"] * 3 + ["owed_by"]
+    assert [r["subject"] for r in t.related("household:hogar-demo")] == ["debt:libranza", "debt:visa"]
+    assert t.related("debt:visa", "owed_by", at="2026-08-01") == []
