@@ -37,13 +37,15 @@ class Version(NamedTuple):
 
 class Timeline:
     """Assertions of one key, indexed by point; as-of lookups are a bisect (O(log n))."""
-    __slots__ = ("points", "at")
+    __slots__ = ("points", "at", "_runs")
 
     def __init__(self) -> None:
         self.points: list[Micros] = []
         self.at: dict[Micros, list[Assertion]] = {}
+        self._runs: list[Version] | None = None
 
     def add(self, a: Assertion) -> None:
+        self._runs = None
         same = self.at.get(a.point)
         if same is not None:
             same.append(a)
@@ -114,6 +116,14 @@ class Timeline:
             out.append(_version(winner, seen, nxt))
         return out
 
+    def runs(self, known_at: Micros | None = None) -> list[Version]:
+        """Coalesced versions (see `coalesce`); cached for the current belief."""
+        if known_at is not None:
+            return coalesce(self.versions(known_at))
+        if self._runs is None:
+            self._runs = coalesce(self.versions())
+        return self._runs
+
     def first_recorded(self) -> Micros:
         return min(a.recorded_at for a in self.assertions())
 
@@ -133,11 +143,12 @@ def coalesce(versions: list[Version]) -> list[Version]:
 
 
 def covering(versions: list[Version], t: Micros) -> Version | None:
-    """The version whose [valid_from, valid_to) contains t."""
-    for v in versions:
-        if v.assertion.point <= t and (v.valid_to is None or t < v.valid_to):
-            return v
-    return None
+    """The version whose [valid_from, valid_to) contains t (versions sorted and disjoint: a bisect)."""
+    i = bisect_right(versions, t, key=lambda v: v.assertion.point) - 1
+    if i < 0:
+        return None
+    v = versions[i]
+    return v if v.valid_to is None or t < v.valid_to else None
 
 
 def _version(winner: Assertion, seen: int, next_point: Micros | None) -> Version:

@@ -6,6 +6,7 @@ RFC 3339 with a `Z`.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from datetime import date, datetime, timedelta, timezone
 
 from .errors import BadTime
@@ -62,6 +63,11 @@ def format_time(micros: Micros | None) -> str | None:
     """micros → `2026-10-01T00:00:00Z` (fractional seconds only when present)."""
     if micros is None:
         return None
+    return _format(int(micros))
+
+
+@lru_cache(maxsize=1 << 16)
+def _format(micros: int) -> str:
     dt = _EPOCH + timedelta(microseconds=micros)
     if dt.microsecond:
         return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -134,6 +134,10 @@ class Store(ABC):
     def event_ids(self, tenant: str) -> list[str]:
         """Applied event ids of a tenant, sorted."""
 
+    def runs_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
+        """Coalesced versions of each key (relations); backends may cache them."""
+        return [coalesce(v) for v in self.versions_many(tenant, keys, known_at)]
+
     def search_documents(self, tenant: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
         """(entity, type, latest labels) for every entity of a tenant; backends may index this."""
         by_entity: dict[str, dict[str, Any]] = {}
@@ -244,8 +248,8 @@ class Store(ABC):
                        if key[0] == "r" and (rel is None or key[2] == rel)), key=lambda k: (k[2], k[1], k[3]))
         t, k = _when(at, now_micros()), _when(known_at, None)
         out = []
-        for key, versions in zip(keys, self.versions_many(tenant, keys, k)):
-            v = covering(coalesce(versions), t) if versions else None
+        for key, runs in zip(keys, self.runs_many(tenant, keys, k)):
+            v = covering(runs, t) if runs else None
             if v is not None:
                 out.append(relation_result(key, v))
         return out

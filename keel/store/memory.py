@@ -80,6 +80,10 @@ class MemoryStore(Store):
         timelines = self._graph(tenant).timelines
         return [timelines[k].versions(known_at) if k in timelines else [] for k in keys]
 
+    def runs_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
+        timelines = self._graph(tenant).timelines
+        return [timelines[k].runs(known_at) if k in timelines else [] for k in keys]
+
     def tenants(self) -> list[str]:
         return sorted(t for t, g in self._tenants.items() if g.events or g.timelines)
 

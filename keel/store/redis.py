@@ -41,8 +41,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
@@ -228,71 +229,84 @@ def _chunks(items: list[Any], size: int = _CHUNK) -> Iterator[list[Any]]:
 
 
 class _Batch:
-    """The writes of one apply step, encoded once; `args(base)` adds the provenance base the server checks."""
-    __slots__ = ("events", "entities", "min_recorded", "timelines", "n_timelines", "groups", "prov_counts",
-                 "provs", "ids")
+    """One apply step encoded as the APPLY script's keys and arguments, for a guessed provenance length.
 
-    def __init__(self, events: list[Event]) -> None:
+    Members are complete strings: the provenance base `b` of each event is `base` plus the entries of
+    the events before it. When the server answers that the guess was wrong, the batch is encoded again.
+    """
+    __slots__ = ("args", "entities", "events")
+
+    def __init__(self, events: list[Event], base: int, field: str, offset: str) -> None:
         self.events = events
         ents: dict[str, int] = {}
         min_recorded: list[int] = []
         tls: dict[Key, tuple[int, str, tuple[int, ...]]] = {}
         timelines: list[Any] = []
-        groups: dict[int, list[tuple[int, str, str]]] = {}
+        groups: dict[int, list[str]] = {}
         points: dict[int, str] = {}
-        self.prov_counts: list[int] = []
-        self.provs: list[str] = []
-        self.ids = [event_id for _, event_id in events if event_id]
+        provs: list[str] = []
+        ids = [event_id for _, event_id in events if event_id]
         w = 0
-
-        def entity(name: str, rec: int) -> int:
-            i = ents.get(name)
-            if i is None:
-                i = ents[name] = len(ents) + 1
-                min_recorded.append(rec)
-            return i
-
-        for ev, (writes, _) in enumerate(events):
-            provs: dict[tuple[Any, ...], int] = {}
+        for writes, _ in events:
+            text = str(base + len(provs))
+            bb = f"{len(text)}{text}"
+            seen: dict[tuple[Any, ...], str] = {}
             for key, a in writes:
-                rec = int(a.recorded_at)
+                point, value, closed, source, evidence, rec, by, expires = a
+                rec = int(rec)
                 t = tls.get(key)
                 if t is None:
                     p = prefix_of(key)
-                    o = entity(key[1], rec)
-                    ends: list[Any] = [o, p]
-                    involved = (o,)
-                    if key[0] == "r" and key[3] != key[1]:
-                        other = entity(key[3], rec)
-                        ends += (other, ">" + _escape(key[1]) + "|" + p)
-                        involved = (o, other)
-                    t = tls[key] = (o, p, involved)
-                    timelines += (o, p, len(involved), *ends)
+                    owner = key[1]
+                    o = ents.get(owner)
+                    if o is None:
+                        o = ents[owner] = len(ents) + 1
+                        min_recorded.append(rec)
+                    if key[0] == "r" and key[3] != owner:
+                        other = ents.get(key[3])
+                        if other is None:
+                            other = ents[key[3]] = len(ents) + 1
+                            min_recorded.append(rec)
+                        timelines += (o, p, other)
+                        t = tls[key] = (o, p, (o, other))
+                    else:
+                        timelines += (o, p, 0)
+                        t = tls[key] = (o, p, (o,))
                 o, p, involved = t
                 for i in involved:
-                    if rec < min_recorded[i - 1]:
+                    if rec < min_recorded[i - 1]:   # noqa: PLR1730 - the common case is a comparison only
                         min_recorded[i - 1] = rec
-                prov = (a.source, a.evidence, rec, a.by)
-                k = provs.get(prov)
-                if k is None:
-                    k = provs[prov] = len(provs)
-                    self.provs.append(encode_provenance(*prov))
-                pt = points.get(a.point)
+                prov = (source, evidence, rec, by)
+                ks = seen.get(prov)
+                if ks is None:
+                    ks = seen[prov] = f"1{len(seen)}" if len(seen) < 10 else f"{len(str(len(seen)))}{len(seen)}"
+                    provs.append(encode_provenance(source, evidence, rec, by))
+                pt = points.get(point)
                 if pt is None:
-                    pt = points[a.point] = encode_point(a.point)
+                    pt = points[point] = encode_point(point)
                 w += 1
-                ws, ks = str(w), str(k)
-                tail = f"{len(ws)}{ws}{len(ks)}{ks}{encode_body(a)}"
+                if closed or expires is not None:
+                    body = encode_body(a)
+                else:
+                    body = "=" + _json(value)
+                ws = str(w)
                 group = groups.get(o)
                 if group is None:
                     group = groups[o] = []
-                group.append((ev, p + pt, tail))
-            self.prov_counts.append(len(provs))
-        self.entities = ents
-        self.n_timelines = len(tls)
-        self.min_recorded = min_recorded
-        self.timelines = timelines
-        self.groups = groups
+                group.append(f"{p}{pt}{bb}{len(ws)}{ws}{ks}{body}")
+        self.entities = list(ents)
+        args: list[Any] = [str(base), field, offset, len(ids), *ids, len(ents)]
+        for name, rec in zip(ents, min_recorded):
+            args += (name, rec)
+        args.append(len(tls))
+        args += timelines
+        args.append(len(groups))
+        for owner, members in groups.items():
+            args += (owner, len(members))
+            args += members
+        args.append(len(provs))
+        args += provs
+        self.args = args
 
     def keys(self, d: str) -> list[str]:
         keys = [d + "ev", d + "m", d + "ents", d + "pv"]
@@ -300,28 +314,6 @@ class _Batch:
             e = _escape(e)
             keys += (d + "z:" + e, d + "x:" + e)
         return keys
-
-    def args(self, base: int, field: str, offset: str) -> list[Any]:
-        bases = []
-        b = base
-        for n in self.prov_counts:
-            text = str(b)
-            bases.append(f"{len(text)}{text}")
-            b += n
-        out: list[Any] = [str(base), field, offset, len(self.ids), *self.ids,
-                          len(self.entities)]
-        for name, rec in zip(self.entities, self.min_recorded):
-            out += (name, rec)
-        out.append(self.n_timelines)
-        out += self.timelines
-        out.append(len(self.groups))
-        for owner, members in self.groups.items():
-            out += (owner, len(members))
-            for ev, head, tail in members:
-                out += (0, head + bases[ev] + tail)
-        out.append(len(self.provs))
-        out += self.provs
-        return out
 
 
 # ---- the store -------------------------------------------------------------------------------
@@ -468,17 +460,19 @@ class RedisStore(Store):
                     continue
                 seen.add(event_id)
             unique.append((writes, event_id))
-        batch = _Batch(unique)
         field, offset = ("", "0") if position is None else \
             (_offset_field(position[0], position[1]), str(int(position[2])))
         names = self._n(tenant)
+        batch: _Batch | None = None
         for _ in range(_RETRIES):
             gen, expected = self._gen_guess(tenant)
             d = names.data(gen)
             base = self._pv_len.get(d)
             if base is None:
                 base = self._pv_len[d] = int(self._client.llen(d + "pv"))
-            result = self._apply(keys=[names.gen, *batch.keys(d)], args=[expected, *batch.args(base, field, offset)])
+            if batch is None or batch.args[0] != str(base):
+                batch = _Batch(unique, base, field, offset)
+            result = self._apply(keys=[names.gen, *batch.keys(d)], args=[expected, *batch.args])
             code = int(result[0])
             if code == 1:
                 self._pv_len[d] = int(result[1])
@@ -489,7 +483,8 @@ class RedisStore(Store):
                 self._pv_len[d] = int(result[1])
             else:
                 applied = set(result[1:])
-                batch = _Batch([e for e in batch.events if e[1] not in applied])
+                unique = [e for e in unique if e[1] not in applied]
+                batch = None
         raise StoreUnavailable(f"could not apply a batch of tenant {tenant!r}: it kept conflicting with other "
                                f"writers", tenant=tenant)
 
@@ -536,33 +531,36 @@ class RedisStore(Store):
 
     def _timelines(self, tenant: str, keys: list[Key], gen: int | None = None,
                    provenance: _Provenance | None = None) -> list[Timeline]:
-        """Whole timelines with provenance: by the READ script (gen-checked, or of `gen` when given)."""
-        out: list[Timeline] = []
-        for chunk in _chunks(keys):
-            prefixes = [prefix_of(k) for k in chunk]
-            owners = [_escape(k[1]) for k in chunk]
-            resolve = "0" if provenance is not None else "1"
-
-            def build(d: str) -> tuple[list[str], list[Any]]:
-                return [d + "pv", *(d + "z:" + o for o in owners)], [resolve, *prefixes]
-
-            with self._guard("versions", tenant):
-                if gen is None:
-                    result = self._script(tenant, self._read, build)
-                else:
-                    names = self._n(tenant)
-                    keys_, args = build(names.data(gen))
-                    result = self._read(keys=[names.gen, *keys_], args=["", *args])
-            prov = provenance or _Provenance()
-            pairs = result[2]
-            for i in range(0, len(pairs), 2):
-                prov.add(pairs[i], pairs[i + 1])
-            for members in result[1]:
-                tl = Timeline()
-                for m in members:
-                    tl.add(prov.assertion(m))
-                out.append(tl)
-        return out
+        """Whole timelines with provenance, by the READ script in chunks: all of the current generation
+        (restarting when it switches between chunks), or all of `gen` when given."""
+        names = self._n(tenant)
+        resolve = "0" if provenance is not None else "1"
+        for _ in range(_RETRIES):
+            g, expected = (gen, "") if gen is not None else self._gen_guess(tenant)
+            d = names.data(g)
+            out: list[Timeline] = []
+            stale = None
+            for chunk in _chunks(keys):
+                zsets = [d + "z:" + _escape(k[1]) for k in chunk]
+                with self._guard("versions", tenant):
+                    result = self._read(keys=[names.gen, d + "pv", *zsets],
+                                        args=[expected, resolve, *(prefix_of(k) for k in chunk)])
+                if result[0] == 0:
+                    stale = result[1]
+                    break
+                prov = provenance or _Provenance()
+                pairs = result[2]
+                for i in range(0, len(pairs), 2):
+                    prov.add(pairs[i], pairs[i + 1])
+                for members in result[1]:
+                    tl = Timeline()
+                    for m in members:
+                        tl.add(prov.assertion(m))
+                    out.append(tl)
+            if stale is None:
+                return out
+            self._gens[tenant] = int(stale)
+        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
 
     def event_ids(self, tenant: str) -> list[str]:
         with self._guard("event_ids", tenant):

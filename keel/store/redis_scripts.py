@@ -52,8 +52,8 @@ end
 #       then for entity i (1-based): 4 + 2i its sorted set, 5 + 2i its index list.
 # ARGV: 1 expected gen, 2 expected provenance length, 3 offset field ("" = none), 4 offset,
 #       nI, event ids; nE, per entity: name, min recorded_at of its writes;
-#       nT, per timeline: owner, P, n, n x (entity, index element);
-#       nZ, per owner: owner, n, n x (0, member); nP, provenance entries.
+#       nT, per timeline: owner, P, the other entity of a relation (0 if none);
+#       nZ, per owner: owner, n, n members; nP, provenance entries.
 # The client builds complete members: it knows the provenance length from its last call. Answers
 # {2, length} when that guess is wrong and {3, id, ...} when some event ids are already applied;
 # nothing is written then, and the client rebuilds and retries. An index list holds the entity's
@@ -84,31 +84,34 @@ a = E + 2 * nE
 local nT = tonumber(ARGV[a])
 a = a + 1
 local push = {}
+local function add(e, element)
+  local q = push[e]
+  if not q then q = {}; push[e] = q end
+  q[#q + 1] = element
+end
 for _ = 1, nT do
-  local owner, P, n = tonumber(ARGV[a]), ARGV[a + 1], tonumber(ARGV[a + 2])
+  local owner, P, other = tonumber(ARGV[a]), ARGV[a + 1], tonumber(ARGV[a + 2])
   a = a + 3
   if #redis.call('ZRANGEBYLEX', KEYS[4 + 2 * owner], '[' .. P, '(' .. P .. '~', 'LIMIT', 0, 1) == 0 then
-    for x = 0, n - 1 do
-      local e = tonumber(ARGV[a + 2 * x])
-      local q = push[e]
-      if not q then q = {}; push[e] = q end
-      q[#q + 1] = ARGV[a + 2 * x + 1]
+    add(owner, P)
+    if other > 0 then
+      local name = string.gsub(string.gsub(ARGV[E + 2 * owner - 2], '%%', '%%25'), '|', '%%7C')
+      add(other, '>' .. name .. '|' .. P)
     end
   end
-  a = a + 2 * n
 end
 local nZ = tonumber(ARGV[a])
 a = a + 1
 for _ = 1, nZ do
   local owner, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   a = a + 2
-  local i = 0
-  while i < n do
-    local j = math.min(i + 999, n - 1)
-    redis.call('ZADD', KEYS[4 + 2 * owner], unpack(ARGV, a + 2 * i, a + 2 * j + 1))
-    i = j + 1
+  local z = {}
+  for x = 0, n - 1 do
+    z[2 * x + 1] = 0
+    z[2 * x + 2] = ARGV[a + x]
   end
-  a = a + 2 * n
+  multi('ZADD', KEYS[4 + 2 * owner], z)
+  a = a + n
 end
 local fresh = {}
 for e = 1, nE do
