@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 CREDITORS = ["Banco Andino", "Cooperativa Progreso", "Banco del Valle", "Financiera Sol"]
 PRODUCTS = ["Visa", "Mastercard", "Libranza", "Hipoteca", "Vehiculo", "Libre inversion"]

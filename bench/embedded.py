@@ -15,10 +15,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import finance_events, lines, percentiles  # noqa: E402
+from common import finance_events, lines, percentiles
 
-from keel import MemoryStore, Projector, Tools, load_cartridge  # noqa: E402
-from keel.eventlog import FileLog  # noqa: E402
+from keel import MemoryStore, Projector, Tools, load_cartridge
+from keel.eventlog import FileLog
 
 
 def deep_entity(projector: Projector, tenant: str, versions: int) -> str:

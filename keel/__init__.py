@@ -2,8 +2,18 @@
 from .cartridge import Cartridge, load_cartridge
 from .digest import digest
 from .envelope import Envelope, Event
-from .errors import (BadTime, CartridgeInvalid, DomainError, EnvelopeRejected, HandlerFailed, KeelError,
-                     NoteRefused, StoreUnavailable, UnknownEntity, UsageError)
+from .errors import (
+    BadTime,
+    CartridgeInvalid,
+    DomainError,
+    EnvelopeRejected,
+    HandlerFailed,
+    KeelError,
+    NoteRefused,
+    StoreUnavailable,
+    UnknownEntity,
+    UsageError,
+)
 from .projector import Projector
 from .registry import Registry
 from .store.base import Store

@@ -5,8 +5,9 @@ import argparse
 import importlib
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from . import render
 from .cartridge import Cartridge, load_cartridge
@@ -143,7 +144,7 @@ def open_redis(cartridge: Cartridge, url: str) -> Store:
 class Session:
     """A cartridge, a store and the tenant a query command works on."""
 
-    def __init__(self, args: argparse.Namespace, positional_after_events: int) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         self.cartridge = load_cartridge(args.cartridge)
         settings = settings_of(args)
         rest = list(args.args)
@@ -226,32 +227,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_context(args: argparse.Namespace) -> int:
-    s = Session(args, 1)
+    s = Session(args)
     (entity,) = take(s.rest, "ENTITY")
     return emit(args, s.tools.context(entity, at=args.at, known_at=args.known_at), render.context)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    s = Session(args, 1)
+    s = Session(args)
     (entity,) = take(s.rest, "ENTITY")
     return emit(args, s.tools.history(entity, predicate=args.predicate, known_at=args.known_at), render.history)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    s = Session(args, 1)
+    s = Session(args)
     query = " ".join(s.rest)
     return emit(args, s.tools.search(query, type=args.type, limit=args.limit), render.search)
 
 
 def cmd_related(args: argparse.Namespace) -> int:
-    s = Session(args, 1)
+    s = Session(args)
     entity, relation = take(s.rest, "ENTITY RELATION", optional=1)
     relations = s.tools.related(entity, relation=relation, at=args.at)
     return emit(args, {"entity": entity, "relations": relations}, render.related)
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
-    s = Session(args, 3)
+    s = Session(args)
     entity, predicate, value = take(s.rest, "ENTITY PREDICATE VALUE")
     result = s.tools.annotate(entity, predicate, parse_value(value), args.scope, evidence=args.evidence)
     return emit(args, result, render.note)

@@ -3,7 +3,7 @@ entry point and passed down (no module-level settings)."""
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
 

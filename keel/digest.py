@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .store.base import Store
 from .times import format_time

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from .cartridge import Cartridge
 from .errors import EnvelopeRejected, HandlerFailed

@@ -48,8 +48,19 @@ class Instant(int):
 
 class Event:
     """What a handler receives: a checked envelope with times parsed and defaults filled."""
-    __slots__ = ("id", "tenant", "type", "subject", "subject_type", "subject_id", "occurred_at",
-                 "recorded_at", "source", "by", "payload")
+    __slots__ = (
+        "by",
+        "id",
+        "occurred_at",
+        "payload",
+        "recorded_at",
+        "source",
+        "subject",
+        "subject_id",
+        "subject_type",
+        "tenant",
+        "type",
+    )
 
     def __init__(self, *, id: str, tenant: str, type: str, subject: str, occurred_at: Micros,
                  recorded_at: Micros, source: str | None, by: str | None, payload: dict[str, Any]) -> None:

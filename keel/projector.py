@@ -25,9 +25,9 @@ class EventStore:
     Writes are buffered in `writes` (applied by the projector with the event id, all or nothing); reads see
     the graph as it was before this event. Entity and relation names are checked against the catalog.
     """
-    __slots__ = ("_store", "_event", "_checks", "writes")
+    __slots__ = ("_checks", "_event", "_store", "writes")
 
-    def __init__(self, store: Store, event: Event, checks: "CatalogChecks") -> None:
+    def __init__(self, store: Store, event: Event, checks: CatalogChecks) -> None:
         self._store = store
         self._event = event
         self._checks = checks
@@ -151,7 +151,7 @@ class Projector:
         view = EventStore(self.store, event, self.checks)
         try:
             handler(event, view)
-        except Exception as e:  # noqa: BLE001 - a handler bug becomes a dead letter, never a crash
+        except Exception as e:
             raise HandlerFailed(event.id, event.tenant, event.type, e) from e
         self.store.apply_writes(event.tenant, view.writes, event.id)
         return "applied"

@@ -5,7 +5,8 @@ import math
 import re
 import unicodedata
 from collections import Counter
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 _WORD = re.compile(r"[a-z0-9]+")
 K1, B = 1.2, 0.75

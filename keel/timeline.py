@@ -11,7 +11,8 @@ answer for `known_at=K` is the same fold over only the assertions recorded by `K
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from typing import Any, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 from .times import Micros
 
@@ -37,7 +38,7 @@ class Version(NamedTuple):
 
 class Timeline:
     """Assertions of one key, indexed by point; as-of lookups are a bisect (O(log n))."""
-    __slots__ = ("points", "at", "_runs")
+    __slots__ = ("_runs", "at", "points")
 
     def __init__(self) -> None:
         self.points: list[Micros] = []

@@ -6,13 +6,13 @@ RFC 3339 with a `Z`.
 from __future__ import annotations
 
 import re
+from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
-from datetime import date, datetime, timedelta, timezone
 
 from .errors import BadTime
 
 Micros = int
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _CACHE: dict[str, Micros] = {}
 _CACHE_MAX = 65536
@@ -35,7 +35,7 @@ def parse_time(value: object) -> Micros:
             raise BadTime(value)
         return _to_micros(value)
     if isinstance(value, date):
-        return _to_micros(datetime(value.year, value.month, value.day, tzinfo=timezone.utc))
+        return _to_micros(datetime(value.year, value.month, value.day, tzinfo=UTC))
     raise BadTime(value)
 
 
@@ -43,7 +43,7 @@ def _parse_text(text: str) -> Micros:
     try:
         if _DATE.match(text):
             d = date.fromisoformat(text)
-            return _to_micros(datetime(d.year, d.month, d.day, tzinfo=timezone.utc))
+            return _to_micros(datetime(d.year, d.month, d.day, tzinfo=UTC))
         if "T" not in text and "t" not in text:
             raise ValueError("no time part")
         dt = datetime.fromisoformat(text.replace("z", "Z"))
@@ -84,7 +84,7 @@ def format_day(micros: Micros | None) -> str:
 
 def now_micros() -> Micros:
     """The wall clock, for callers outside the projection (tools, publishers) only."""
-    return _to_micros(datetime.now(timezone.utc))
+    return _to_micros(datetime.now(UTC))
 
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")

@@ -3,7 +3,8 @@ tool → store; annotate goes tool → policy → log → projector → store, a
 from __future__ import annotations
 
 import secrets
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .cartridge import Cartridge
 from .envelope import ANNOTATED, ENTITY, TENANT

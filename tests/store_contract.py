@@ -259,7 +259,7 @@ class StoreContract:
                 s.open_fact(T, E, "p", value, valid_from=day(point), evidence=f"e{i}", recorded_at=day(rec))
         for k in (None, 3, 6, 12):
             visible = [(i, o) for i, o in enumerate(ops) if k is None or o[3] <= k]
-            for t in range(0, 14):
+            for t in range(14):
                 at_or_before = [(o[0], i, o) for i, o in visible if o[0] <= t]
                 expected: list[Any] = []
                 if at_or_before:

@@ -1,7 +1,8 @@
 """The store contract against the embedded MemoryStore."""
+from store_contract import StoreContract
+
 from keel.store.base import Store
 from keel.store.memory import MemoryStore
-from store_contract import StoreContract
 
 
 class TestMemoryStore(StoreContract):

@@ -9,11 +9,12 @@ here on top of those primitives, so every backend behaves the same and one contr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
-from ..errors import UsageError
 from ..envelope import ENTITY
+from ..errors import UsageError
 from ..timeline import Assertion, Version, coalesce, covering
 from ..times import Micros, format_time, now_micros, parse_time
 

@@ -1,18 +1,17 @@
 """The embedded store: the whole graph in process memory (demo, CLI, cartridge development, tests)."""
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..timeline import Assertion, Timeline, Version
 from ..times import Micros
 from .base import Key, Store, Write, entities_of
 
-
 _NEVER = 1 << 62
 
 
 class _TenantGraph:
-    __slots__ = ("timelines", "by_entity", "first_recorded", "events", "generation")
+    __slots__ = ("by_entity", "events", "first_recorded", "generation", "timelines")
 
     def __init__(self) -> None:
         self.timelines: dict[Key, Timeline] = {}
