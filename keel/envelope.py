@@ -96,7 +96,7 @@ class Catalog:
 
     def __init__(self, cartridge: Cartridge) -> None:
         self.cartridge = cartridge
-        self._fields = {ev: spec.fields() for ev, spec in cartridge.spec.events.items()}
+        self._checks = {ev: PayloadCheck(ev, spec.fields()) for ev, spec in cartridge.spec.events.items()}
         self._subjects = {ev: spec.subject for ev, spec in cartridge.spec.events.items()}
         self._owners = {ev: spec.owner for ev, spec in cartridge.spec.events.items()}
 
@@ -113,15 +113,15 @@ class Catalog:
             source = env.source
             check_annotation_payload(env)
         else:
-            fields = self._fields.get(env.type)
-            if fields is None:
+            check = self._checks.get(env.type)
+            if check is None:
                 raise EnvelopeRejected(f"unknown event type {env.type!r} for cartridge "
                                        f"{self.cartridge.name!r}", event_id=env.id, tenant=env.tenant)
             subject_type = env.subject.partition(":")[0]
             if subject_type != self._subjects[env.type]:
                 raise EnvelopeRejected(f"subject {env.subject!r}: {env.type} takes a "
                                        f"{self._subjects[env.type]!r} subject", event_id=env.id, tenant=env.tenant)
-            _check_payload(env, fields)
+            check(env)
             source = env.source if env.source is not None else self._owners[env.type]
         return Event(id=env.id, tenant=env.tenant, type=env.type, subject=env.subject, occurred_at=occurred,
                      recorded_at=recorded, source=source, by=env.by, payload=env.payload)
@@ -207,21 +207,29 @@ def _is_time(text: str, *, date_only: bool) -> bool:
     return True
 
 
-def _check_payload(env: Envelope, fields: dict[str, FieldSpec]) -> None:
-    payload = env.payload
-    problems = []
-    for name, spec in fields.items():
-        if name not in payload or payload[name] is None:
-            if not spec.optional:
-                problems.append(f"payload.{name}: required {spec.type} missing")
-            continue
-        if not _CHECKS[spec.type](payload[name]):
-            problems.append(f"payload.{name}: expected {spec.type}, got {payload[name]!r}")
-    for name in payload:
-        if name not in fields:
-            problems.append(f"payload.{name}: unknown field for {env.type}")
-    if problems:
-        raise EnvelopeRejected("; ".join(problems), event_id=env.id, tenant=env.tenant)
+class PayloadCheck:
+    """One event type's payload schema compiled into a list of (field, check, optional)."""
+    __slots__ = ("event_type", "fields", "names")
+
+    def __init__(self, event_type: str, fields: dict[str, FieldSpec]) -> None:
+        self.event_type = event_type
+        self.fields = [(name, spec.type, _CHECKS[spec.type], spec.optional) for name, spec in fields.items()]
+        self.names = frozenset(fields)
+
+    def __call__(self, env: Envelope) -> None:
+        payload = env.payload
+        problems = []
+        for name, kind, check, optional in self.fields:
+            value = payload.get(name)
+            if value is None:
+                if not optional:
+                    problems.append(f"payload.{name}: required {kind} missing")
+            elif not check(value):
+                problems.append(f"payload.{name}: expected {kind}, got {value!r}")
+        if not self.names.issuperset(payload):
+            problems += [f"payload.{k}: unknown field for {self.event_type}" for k in payload if k not in self.names]
+        if problems:
+            raise EnvelopeRejected("; ".join(problems), event_id=env.id, tenant=env.tenant)
 
 
 ANNOTATION_FIELDS = {"predicate", "value", "scope", "evidence", "task", "agent"}
