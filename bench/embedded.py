@@ -8,7 +8,9 @@ no more than 2x slower than one with 1,000 (as-of lookups bisect, they do not sc
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +20,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from common import finance_events, lines, percentiles
 
 from keel import MemoryStore, Projector, Tools, load_cartridge
+from keel.embedded import replay_file
 from keel.eventlog import FileLog
 
 
@@ -43,14 +46,19 @@ def main() -> None:
     cartridge = load_cartridge(ROOT / "cartridges" / "finance")
 
     raw = lines(finance_events(args.events, args.tenants))
-    projector = Projector(cartridge, MemoryStore())
-    t0 = time.perf_counter()
-    for line in raw:
-        projector.apply_raw(line)
-    elapsed = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "events.jsonl"
+        path.write_bytes(b"\n".join(raw) + b"\n")
+        projector = Projector(cartridge, MemoryStore())
+        t0, c0 = time.perf_counter(), time.process_time()
+        report = replay_file(projector, path)       # the embedded path: read, check, handle, store
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    assert report.applied == len(raw) and not report.rejected
     rate = len(raw) / elapsed
     print(f"replay: {len(raw):,} events over {args.tenants} tenants in {elapsed:.2f}s = {rate:,.0f} events/s "
-          f"(goal >= 50,000; ratio {rate / 50_000:.2f})")
+          f"({len(raw) / cpu:,.0f} per CPU-second) (goal >= 50,000; ratio {rate / 50_000:.2f})")
+    del projector
+    gc.collect()
 
     figures = {}
     for versions in (1_000, 100_000):
@@ -58,6 +66,8 @@ def main() -> None:
         store = MemoryStore()
         p = Projector(cartridge, store)
         entity = deep_entity(p, tenant, versions)
+        gc.collect()
+        gc.freeze()     # a long-lived graph: keep the collector from rescanning it (as `keel serve` does)
         tools = Tools(cartridge, store, tenant, log=FileLog(p, None))
         mid = f"{1000 + versions // 24:04d}-06-15"
         fig = {

@@ -13,6 +13,7 @@ from .errors import BadTime
 
 Micros = int
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_NAIVE = datetime(1970, 1, 1)
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _CACHE: dict[str, Micros] = {}
 _CACHE_MAX = 65536
@@ -68,10 +69,7 @@ def format_time(micros: Micros | None) -> str | None:
 
 @lru_cache(maxsize=1 << 16)
 def _format(micros: int) -> str:
-    dt = _EPOCH + timedelta(microseconds=micros)
-    if dt.microsecond:
-        return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (_EPOCH_NAIVE + timedelta(microseconds=micros)).isoformat() + "Z"
 
 
 def format_day(micros: Micros | None) -> str:
