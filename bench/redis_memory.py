@@ -8,8 +8,11 @@ commits them to Redis with `RedisStore.commit_batch` in batches of `--batch` eve
                                            [--recorded file|kafka] [--batch 100]
 
 Prints bytes per fact version (INFO used_memory delta and the sum of MEMORY USAGE over the keys written)
-next to the ~300 B/version ceiling and the ~626 B/fact of the naive hash-per-fact layout (NOTES.md), and
-the commit_batch rate in events/s and writes/s. Uses a fresh namespace and deletes it afterwards.
+next to the ~300 B/version ceiling and the ~626 B/fact of the naive hash-per-fact layout (NOTES.md); the
+rate of commit_batch (per-tenant batches) and of commit_many (a worker's polls of the interleaved log,
+one atomic step per tenant, one round trip), with client CPU and Redis script time per event; and,
+measured right after on the same server, NOTES.md's naive baseline (4 HSET per event, pipelined) to
+read the figures against the machine's current load. Uses a fresh namespace and deletes it afterwards.
 """
 from __future__ import annotations
 
@@ -25,11 +28,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from keel.cartridge import load_cartridge  # noqa: E402
-from keel.projector import Projector  # noqa: E402
-from keel.store.base import Write  # noqa: E402
-from keel.store.memory import MemoryStore  # noqa: E402
-from keel.store.redis import RedisStore  # noqa: E402
+from keel.cartridge import load_cartridge
+from keel.projector import Projector
+from keel.store.base import Write
+from keel.store.memory import MemoryStore
+from keel.store.redis import RedisStore
 
 CEILING = 300       # bytes per fact version: the goal
 NAIVE = 626         # bytes per fact: a hash per fact plus a sorted-set index (NOTES.md)
@@ -168,17 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         batches = []
         for tenant, events in by_tenant.items():
             for i in range(0, len(events), args.batch):
-                batches.append((tenant, events[i:i + args.batch], ("keel.finance.events", 0, i + args.batch)))
-        t0 = time.perf_counter()
-        for tenant, events, position in batches:
-            store.commit_batch(tenant, events, position)
-        elapsed = time.perf_counter() - t0
+                batches.append((tenant, events[i:i + args.batch], (TOPIC, 0, i + len(events[i:i + args.batch]) - 1)))
+        rate = timed(store, lambda: [store.commit_batch(t, ev, pos) for t, ev, pos in batches], len(log))
         after = used_memory(store)
         usage, nkeys = key_bytes(store, tenants)
+        shape = f"{len(log) / len(batches):.0f} events per call on average, {len(batches)} calls"
+        print(f"\ncommit_batch, per-tenant batches of up to {args.batch} events ({shape}):\n  {rate}")
 
         delta = after - before
-        print(f"\ncommit_batch: {len(log)} events in {elapsed:.2f}s = {len(log) / elapsed:,.0f} events/s, "
-              f"{assertions / elapsed:,.0f} writes/s ({args.batch} events per call, {len(batches)} calls)")
         print(f"\nmemory ({nkeys} keys):")
         print(f"  {'':34}{'per fact version':>18}{'per write':>12}")
         print(f"  {'INFO used_memory delta':34}{delta / fact_versions:>16.0f} B{delta / assertions:>10.0f} B"
@@ -186,13 +186,62 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'sum of MEMORY USAGE':34}{usage / fact_versions:>16.0f} B{usage / assertions:>10.0f} B"
               f"   ({usage:,} B)")
         print(f"  {'goal (ceiling)':34}{CEILING:>16} B")
-        print(f"  {'naive hash per fact + index':34}{NAIVE:>16} B")
-        print(f"  entity sorted set encodings: {encodings(store, tenants[0])}")
+        print(f"  {'naive hash per fact + index':34}{NAIVE:>16} B   (NOTES.md)")
+        print(f"  entity sorted set encodings (first tenant): {encodings(store, tenants[0])}")
+        store.drop_namespace()
+
+        # a worker's shape: polls of `batch` records of the interleaved log, one step per tenant, one round trip
+        polls = []
+        for i in range(0, len(log), args.batch):
+            steps: dict[str, list[tuple[list[Write], str]]] = {}
+            for tenant, writes, event_id in log[i:i + args.batch]:
+                steps.setdefault(tenant, []).append((writes, event_id or ""))
+            polls.append([(t, ev, (TOPIC, 0, i + args.batch - 1)) for t, ev in steps.items()])
+        rate = timed(store, lambda: [store.commit_many(steps) for steps in polls], len(log))
+        per = sum(len(p) for p in polls) / len(polls)
+        print(f"\ncommit_many, polls of {args.batch} records of the interleaved log ({per:.0f} tenants per poll):"
+              f"\n  {rate}")
+        store.drop_namespace()
+
+        print(f"\nbaseline on the same server now (NOTES.md: ~27k/s on an idle machine):\n  "
+              f"{naive_baseline(store, len(log), args.batch)}")
     finally:
-        for tenant in tenants:
-            store.drop_tenant(tenant)
+        store.drop_namespace()
         store.close()
     return 0
+
+
+TOPIC = "keel.finance.events"
+
+
+def timed(store: RedisStore, run: Any, events: int) -> str:
+    """Run once; events/s by the wall clock, and where the time went (client CPU, server time in scripts)."""
+    def server_usec() -> int:
+        stats = store.client.info("commandstats")
+        return sum(int(v["usec"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+    s0, c0, t0 = server_usec(), time.process_time(), time.perf_counter()
+    run()
+    elapsed, cpu, server = time.perf_counter() - t0, time.process_time() - c0, server_usec() - s0
+    return (f"{events / elapsed:,.0f} events/s ({elapsed:.2f}s); client CPU {1e6 * cpu / events:.0f} us/event, "
+            f"Redis in scripts {server / events:.0f} us/event")
+
+
+def naive_baseline(store: RedisStore, events: int, batch: int) -> str:
+    """NOTES.md's reference: 4 HSET per event in pipelines of `batch` events (no bitemporal index at all)."""
+    client, tag = store.client, f"keel:{{{store.namespace}/naive}}:"
+    t0 = time.perf_counter()
+    for b in range(0, events, batch):
+        pipe = client.pipeline(transaction=False)
+        for i in range(b, min(events, b + batch)):
+            for k in range(4):
+                pipe.hset(f"{tag}{i}:{k}", "v", i)
+        pipe.execute()
+    elapsed = time.perf_counter() - t0
+    names = [f"{tag}{i}:{k}" for i in range(events) for k in range(4)]
+    for i in range(0, len(names), 1000):
+        client.unlink(*names[i:i + 1000])
+    return f"4 HSET per event, {batch}-event pipelines: {events / elapsed:,.0f} events/s"
 
 
 if __name__ == "__main__":

@@ -246,7 +246,7 @@ class StoreContract:
 
     # ---- properties ------------------------------------------------------------------------
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
     @given(st.lists(st.tuples(st.integers(1, 12), st.booleans(), st.integers(0, 3), st.integers(1, 12)),
                     min_size=1, max_size=14))
     def test_timeline_matches_the_definition(self, ops: list[tuple[int, bool, int, int]]) -> None:
@@ -271,7 +271,7 @@ class StoreContract:
             for a, b in zip(history, history[1:]):
                 assert a["valid_to"] is not None and a["valid_to"] <= b["valid_from"]
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
     @given(st.lists(st.tuples(st.sampled_from(["open", "close", "link", "unlink", "label"]),
                               st.integers(1, 10), st.integers(0, 2), st.integers(1, 10)), min_size=1, max_size=12),
            st.integers(1, 10))

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import random
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
-
 from conftest import service_env
+from store_contract import StoreContract
+
 from keel.digest import digest
 from keel.errors import StoreUnavailable, UsageError
 from keel.store.base import GLOBAL_TENANT, Key, Store, Write, fact_write, label_writes, relation_write
@@ -21,7 +23,6 @@ from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
 from keel.timeline import Assertion
 from keel.times import format_time, parse_time
-from store_contract import StoreContract
 
 pytestmark = pytest.mark.services
 
@@ -212,6 +213,24 @@ class RedisChecks(RedisCase):
         s.apply_writes("acme", [w._replace(assertion=w.assertion._replace(value=2))], "e1")
         assert digest(s, "acme") == before
 
+    def test_commit_many_equals_commit_batch_per_tenant(self) -> None:
+        s, m = self.redis_store(), MemoryStore()
+        batches = [(w, f"e{i}") for i, (w, _) in enumerate(random_batches(13, 90))]
+        tenants = ["t0", "t1", "t2", "t3"]
+        s.commit_batch("t1", batches[1::4][:3], ("p", 1, 4))                  # some already applied
+        steps = [(t, batches[i::4], ("p", i, 89)) for i, t in enumerate(tenants)]
+        steps.append(("t9", [], ("p", 9, 3)))                                   # offset only
+        s.commit_many(steps)
+        s.commit_many(steps)                                                    # a re-commit changes nothing
+        for t, events, _ in steps:
+            for writes, event_id in events:
+                m.apply_writes(t, writes, event_id)
+        for t in tenants:
+            assert_same_graph(m, s, t)
+        assert [s.applied_offset(t, "p", i) for i, t in enumerate(tenants)] == [89] * 4
+        assert s.applied_offset("t9", "p", 9) == 3
+        assert s.tenants() == tenants
+
     def test_an_empty_batch_only_moves_the_offset(self) -> None:
         s = self.redis_store()
         s.commit_batch("acme", [], ("t", 2, 41))
@@ -365,7 +384,7 @@ def test_an_unreachable_server_is_store_unavailable() -> None:
 
 
 def test_assertion_encoding_round_trips() -> None:
-    from keel.store.redis import decode_member, encode_body, decode_point, encode_point
+    from keel.store.redis import decode_member, decode_point, encode_body, encode_point
     for point in (0, 1, -1, d(0), 2 ** 53 - 1, -(2 ** 53) + 1):
         assert decode_point(encode_point(point)) == point
     points = sorted(random.Random(3).randrange(-(2 ** 53) + 1, 2 ** 53) for _ in range(500))

@@ -100,7 +100,8 @@ class Store(ABC):
 
     @abstractmethod
     def apply_writes(self, tenant: str, writes: list[Write], event_id: str | None = None) -> None:
-        """Apply writes in order, atomically, and (when given) mark event_id applied in the same step."""
+        """Apply writes in order, atomically, and (when given) mark event_id applied in the same step.
+        When event_id was applied before, nothing is written (idempotent on the event id)."""
 
     @abstractmethod
     def has_event(self, tenant: str, event_id: str) -> bool:
@@ -125,7 +126,7 @@ class Store(ABC):
 
     @abstractmethod
     def tenants(self) -> list[str]:
-        """Tenants with at least one applied event, sorted."""
+        """Tenants with at least one write or applied event, sorted (includes the global-notes graph)."""
 
     @abstractmethod
     def dump(self, tenant: str) -> Iterator[tuple[Key, list[Assertion]]]:

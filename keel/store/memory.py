@@ -35,6 +35,8 @@ class MemoryStore(Store):
 
     def apply_writes(self, tenant: str, writes: list[Write], event_id: str | None = None) -> None:
         g = self._graph(tenant)
+        if event_id is not None and event_id in g.events:
+            return                                   # applied before: idempotent on the event id
         timelines, by_entity, first = g.timelines, g.by_entity, g.first_recorded
         for key, a in writes:
             tl = timelines.get(key)

@@ -41,13 +41,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from ..envelope import TENANT
 from ..errors import StoreUnavailable, UsageError
@@ -58,6 +58,8 @@ from .base import GLOBAL_TENANT, REF_LABEL, Key, Store, Write
 
 Client = redis.Redis | RedisCluster
 Event = tuple[list[Write], str | None]
+Position = tuple[str, int, int]            # (topic, partition, offset of the last record applied)
+Step = tuple[str, Sequence[Event], Position | None]
 
 _OFFSET = 2 ** 53                 # points are kept as point + 2**53 in 54 bits (exact as doubles too)
 _ALPHABET = "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"   # ASCII order
@@ -82,9 +84,16 @@ def _unescape(part: str) -> str:
 
 def prefix_of(key: Key) -> str:
     """The timeline prefix P of a key inside its owner's sorted set."""
-    if key[0] not in _ARITY or len(key) != _ARITY[key[0]] + 2:
-        raise UsageError(f"bad timeline key {key!r}")
-    return key[0] + "|" + "".join(_escape(p) + "|" for p in key[2:])
+    kind = key[0]
+    if kind == "f" and len(key) == 4:
+        return f"f|{_escape(key[2])}|{_escape(key[3])}|"
+    if kind == "l" and len(key) == 3:
+        return f"l|{_escape(key[2])}|"
+    if kind == "r" and len(key) == 4:
+        return f"r|{_escape(key[2])}|{_escape(key[3])}|"
+    if kind == "e" and len(key) == 2:
+        return "e|"
+    raise UsageError(f"bad timeline key {key!r}")
 
 
 def key_of(owner: str, text: str) -> tuple[Key, int]:
@@ -182,11 +191,12 @@ def decode_member(rest: str, point: Micros | None = None) -> tuple[Micros, int, 
 
 
 class _Provenance:
-    """Decoded provenance entries, by index."""
-    __slots__ = ("entries",)
+    """Decoded provenance entries, by index; `fetch` reads one that is missing (written since loading)."""
+    __slots__ = ("entries", "fetch")
 
-    def __init__(self) -> None:
+    def __init__(self, fetch: Callable[[int], str | None] | None = None) -> None:
         self.entries: dict[int, tuple[Any, Any, Micros, Any]] = {}
+        self.fetch = fetch
 
     def add(self, index: int, text: str | None) -> None:
         if text is None:
@@ -196,6 +206,8 @@ class _Provenance:
 
     def assertion(self, rest: str) -> Assertion:
         point, n, value, closed, expires = decode_member(rest)
+        if n not in self.entries and self.fetch is not None:
+            self.add(n, self.fetch(n))
         source, evidence, recorded_at, by = self.entries[n]
         return Assertion(point, value, closed, source, evidence, recorded_at, by, expires)
 
@@ -226,6 +238,25 @@ def _offset_field(topic: str, partition: int) -> str:
 def _chunks(items: list[Any], size: int = _CHUNK) -> Iterator[list[Any]]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
+
+
+class _Pending:
+    """One tenant's apply step between tries: its events (repeated ids dropped) and offset."""
+    __slots__ = ("batch", "events", "field", "offset", "tenant")
+
+    def __init__(self, tenant: str, events: Sequence[Event], position: Position | None) -> None:
+        self.tenant = tenant
+        seen: set[str] = set()
+        self.events: list[Event] = []
+        for writes, event_id in events:
+            if event_id:
+                if event_id in seen:
+                    continue
+                seen.add(event_id)
+            self.events.append((writes, event_id))
+        self.field, self.offset = ("", "0") if position is None else \
+            (_offset_field(position[0], position[1]), str(int(position[2])))
+        self.batch: _Batch | None = None
 
 
 class _Batch:
@@ -433,60 +464,93 @@ class RedisStore(Store):
         """Apply writes and mark event_id in one script. An event id already applied is skipped whole."""
         if not writes and event_id is None:
             return
-        with self._guard("apply_writes", tenant):
-            self._register(tenant)
-            self._run_apply(tenant, [(writes, event_id)], None)
+        self._commit([(tenant, [(writes, event_id)], None)], "apply_writes")
 
-    def commit_batch(self, tenant: str, events: list[tuple[list[Write], str]],
-                     position: tuple[str, int, int] | None) -> None:
+    def commit_batch(self, tenant: str, events: Sequence[tuple[list[Write], str]],
+                     position: Position | None) -> None:
         """Apply several events, mark their ids and store the applied offset, in one atomic step.
 
         `position` is (topic, partition, offset of the last record of the batch). Events whose id was
         already applied (before, or earlier in this batch) are skipped whole, so re-committing a batch
         changes nothing. The stored offset only moves forward.
         """
-        if not events and position is None:
-            return
-        with self._guard("commit_batch", tenant):
-            self._register(tenant)
-            self._run_apply(tenant, events, position)
+        self._commit([(tenant, events, position)], "commit_batch")
 
-    def _run_apply(self, tenant: str, events: list[Event], position: tuple[str, int, int] | None) -> None:
-        seen: set[str] = set()
-        unique: list[Event] = []
-        for writes, event_id in events:
-            if event_id:
-                if event_id in seen:
-                    continue
-                seen.add(event_id)
-            unique.append((writes, event_id))
-        field, offset = ("", "0") if position is None else \
-            (_offset_field(position[0], position[1]), str(int(position[2])))
-        names = self._n(tenant)
-        batch: _Batch | None = None
-        for _ in range(_RETRIES):
-            gen, expected = self._gen_guess(tenant)
-            d = names.data(gen)
-            base = self._pv_len.get(d)
-            if base is None:
-                base = self._pv_len[d] = int(self._client.llen(d + "pv"))
-            if batch is None or batch.args[0] != str(base):
-                batch = _Batch(unique, base, field, offset)
-            result = self._apply(keys=[names.gen, *batch.keys(d)], args=[expected, *batch.args])
-            code = int(result[0])
-            if code == 1:
-                self._pv_len[d] = int(result[1])
-                return
-            if code == 0:
-                self._gens[tenant] = int(result[1])
-            elif code == 2:
-                self._pv_len[d] = int(result[1])
-            else:
-                applied = set(result[1:])
-                unique = [e for e in unique if e[1] not in applied]
-                batch = None
-        raise StoreUnavailable(f"could not apply a batch of tenant {tenant!r}: it kept conflicting with other "
-                               f"writers", tenant=tenant)
+    def commit_many(self, steps: Sequence[Step]) -> None:
+        """Several `commit_batch` steps (e.g. the tenants of one poll) in one round trip.
+
+        Each step is atomic and idempotent on its own; steps of different tenants are not atomic together.
+        """
+        self._commit(steps, "commit_many")
+
+    def _commit(self, steps: Sequence[Step], what: str) -> None:
+        pending = [_Pending(tenant, events, position) for tenant, events, position in steps
+                   if events or position is not None]
+        if not pending:
+            return
+        with self._guard(what, pending[0].tenant if len(pending) == 1 else None):
+            unregistered = sorted({p.tenant for p in pending} - self._registered)
+            for tenant in unregistered:
+                self._n(tenant)
+            if unregistered:
+                self._client.sadd(self._registry, *unregistered)
+                self._registered.update(unregistered)
+            for _ in range(_RETRIES):
+                if len(pending) == 1:
+                    p = pending[0]
+                    keys, args, d = self._attempt(p)
+                    results = [self._apply(keys=keys, args=args)]
+                    tries = [d]
+                else:
+                    pipe = self._client.pipeline(transaction=False)
+                    tries = []
+                    for p in pending:
+                        keys, args, d = self._attempt(p)
+                        pipe.execute_command("EVALSHA", self._apply.sha, len(keys), *keys, *args)
+                        tries.append(d)
+                    results = pipe.execute(raise_on_error=False)
+                left = []
+                for p, d, result in zip(pending, tries, results):
+                    if isinstance(result, NoScriptError):
+                        self._client.script_load(redis_scripts.APPLY)
+                        left.append(p)
+                    elif isinstance(result, Exception):
+                        raise result
+                    elif not self._settle(p, d, result):
+                        left.append(p)
+                pending = left
+                if not pending:
+                    return
+        raise StoreUnavailable(f"could not apply a batch of tenant {pending[0].tenant!r}: it kept conflicting "
+                               f"with other writers", tenant=pending[0].tenant)
+
+    def _attempt(self, p: _Pending) -> tuple[list[str], list[Any], str]:
+        """Keys and arguments of the APPLY script for a step, with the current guesses; and the data prefix."""
+        names = self._n(p.tenant)
+        gen, expected = self._gen_guess(p.tenant)
+        d = names.data(gen)
+        base = self._pv_len.get(d)
+        if base is None:
+            base = self._pv_len[d] = int(self._client.llen(d + "pv"))
+        if p.batch is None or p.batch.args[0] != str(base):
+            p.batch = _Batch(p.events, base, p.field, p.offset)
+        return [names.gen, *p.batch.keys(d)], [expected, *p.batch.args], d
+
+    def _settle(self, p: _Pending, d: str, result: list[Any]) -> bool:
+        """Take the APPLY script's answer; True when the step is done, else the guesses are corrected."""
+        code = int(result[0])
+        if code == 1:
+            self._pv_len[d] = int(result[1])
+            return True
+        if code == 0:
+            self._gens[p.tenant] = int(result[1])
+        elif code == 2:
+            self._pv_len[d] = int(result[1])
+        else:
+            applied = set(result[1:])
+            p.events = [e for e in p.events if e[1] not in applied]
+            p.batch = None
+        return False
 
     # ---- primitive reads -----------------------------------------------------------------------
 
@@ -611,7 +675,7 @@ class RedisStore(Store):
         return out
 
     def _all_provenance(self, d: str) -> _Provenance:
-        prov = _Provenance()
+        prov = _Provenance(fetch=lambda n: self._client.lindex(d + "pv", n))
         size = int(self._client.llen(d + "pv"))
         for start in range(0, size, 10 * _CHUNK):
             entries = self._client.lrange(d + "pv", start, start + 10 * _CHUNK - 1)

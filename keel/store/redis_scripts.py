@@ -83,6 +83,8 @@ local E = a + 1
 a = E + 2 * nE
 local nT = tonumber(ARGV[a])
 a = a + 1
+local first = {}
+for e = 1, nE do first[e] = redis.call('LINDEX', KEYS[5 + 2 * e], 0) end
 local push = {}
 local function add(e, element)
   local q = push[e]
@@ -92,7 +94,8 @@ end
 for _ = 1, nT do
   local owner, P, other = tonumber(ARGV[a]), ARGV[a + 1], tonumber(ARGV[a + 2])
   a = a + 3
-  if #redis.call('ZRANGEBYLEX', KEYS[4 + 2 * owner], '[' .. P, '(' .. P .. '~', 'LIMIT', 0, 1) == 0 then
+  if not first[owner] or
+      #redis.call('ZRANGEBYLEX', KEYS[4 + 2 * owner], '[' .. P, '(' .. P .. '~', 'LIMIT', 0, 1) == 0 then
     add(owner, P)
     if other > 0 then
       local name = string.gsub(string.gsub(ARGV[E + 2 * owner - 2], '%%', '%%25'), '|', '%%7C')
@@ -115,8 +118,7 @@ for _ = 1, nZ do
 end
 local fresh = {}
 for e = 1, nE do
-  local x, rec = KEYS[5 + 2 * e], ARGV[E + 2 * e - 1]
-  local f = redis.call('LINDEX', x, 0)
+  local x, rec, f = KEYS[5 + 2 * e], ARGV[E + 2 * e - 1], first[e]
   if not f then
     redis.call('RPUSH', x, rec)
     fresh[#fresh + 1] = ARGV[E + 2 * e - 2]
