@@ -18,20 +18,23 @@ import asyncio
 import os
 import random
 import secrets
+import shutil
 import socket
+import subprocess
 import sys
-import threading
+import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Self
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from keel import MemoryStore, Projector, Tools, load_cartridge  # noqa: E402
-from keel.eventlog import FileLog  # noqa: E402
-from keel.store.base import Store, Write, fact_write, label_writes, relation_write  # noqa: E402
-from keel.times import parse_time  # noqa: E402
+from keel import MemoryStore, Projector, Tools, load_cartridge
+from keel.eventlog import FileLog
+from keel.store.base import Store, Write, fact_write, label_writes, relation_write
+from keel.times import parse_time
 
 TENANT = "bench"
 CREDITORS = ("Banco Andino", "Cooperativa Progreso", "Banco del Valle", "Financiera Sol")
@@ -134,73 +137,114 @@ def in_process(tools: Tools, gens: dict[str, Callable[[], tuple[str, dict[str, A
 
 
 async def over_http(url: str, token: str, gens: dict[str, Callable[[], tuple[str, dict[str, Any]]]], n: int,
-                    skip: Iterable[str]) -> list[tuple[str, float, float]]:
+                    skip: Iterable[str], validate: bool) -> list[tuple[str, float, float]]:
     import httpx2
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
     out = []
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
-        async with streamable_http_client(url, http_client=client) as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                await session.list_tools()
-                for name, gen in gens.items():
-                    if name in skip:
-                        continue
-                    for _ in range(min(20, n)):
-                        await session.call_tool(*gen())
-                    samples = []
-                    for _ in range(n):
-                        tool, args = gen()
-                        t0 = time.perf_counter()
-                        result = await session.call_tool(tool, args)
-                        samples.append((time.perf_counter() - t0) * 1000)
-                        if result.is_error:
-                            raise SystemExit(f"{tool} failed over HTTP: {result.content[0].text}")
-                    out.append((name, *pcts(samples)))
+    async with (httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client,
+                streamable_http_client(url, http_client=client) as (read, write),
+                ClientSession(read, write) as session):
+        await session.initialize()
+        await session.list_tools()
+        if not validate:        # the SDK client's jsonschema check of each result is a client cost
+            async def no_check(name: str, result: Any) -> None:
+                return None
+            session.validate_tool_result = no_check  # type: ignore[method-assign]
+        for name, gen in gens.items():
+            if name in skip:
+                continue
+            for _ in range(min(20, n)):
+                await session.call_tool(*gen())
+            samples = []
+            for _ in range(n):
+                tool, args = gen()
+                t0 = time.perf_counter()
+                result = await session.call_tool(tool, args)
+                samples.append((time.perf_counter() - t0) * 1000)
+                if result.is_error:
+                    raise SystemExit(f"{tool} failed over HTTP: {result.content[0].text}")
+            out.append((name, *pcts(samples)))
     return out
 
 
-class HttpThread:
-    """tools_server's HTTP app on a loopback port, in a thread of this process (it shares the store)."""
+class HttpChild:
+    """`bench/tools.py --serve PORT`: tools_server's HTTP app in its own process, as `keel serve` runs it
+    (a thread of this process would share the GIL with the client and add its switch interval)."""
 
-    def __init__(self, backend: Any, tenant: str) -> None:
-        import uvicorn
-
-        from tools_server.auth import TokenTable, hash_token
-        from tools_server.config import Identity, ServerConfig
-        from tools_server.http import http_app
-        from tools_server.server import build_server
+    def __init__(self, args: argparse.Namespace, store: str, namespace: str | None) -> None:
         self.token = secrets.token_urlsafe(32)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        config = ServerConfig(backend, tokens=TokenTable({hash_token(self.token): Identity(tenant, "bench")}),
-                              port=port)
-        app = http_app(build_server(config), config)
-        self.url = f"http://127.0.0.1:{port}/mcp"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                                    access_log=False, lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.cmd = [sys.executable, __file__, "--serve", str(self.port), "--store", store,
+                    "--entities", str(args.entities), "--versions", str(args.versions)]
+        if namespace:
+            self.cmd += ["--redis", args.redis, "--namespace", namespace]
+        if args.sse:
+            self.cmd.append("--sse")
+        self.err = Path(tempfile.mkdtemp(prefix="keel-bench-")) / "serve.err"
 
-    def __enter__(self) -> HttpThread:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
+    def __enter__(self) -> Self:
+        import httpx2
+        env = {**os.environ, "KEEL_BENCH_TOKEN": self.token}
+        with self.err.open("wb") as err:
+            self.proc = subprocess.Popen(self.cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=err)
+        deadline = time.monotonic() + 900
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server process exited:\n{self.err.read_text(errors='replace')}")
+            try:
+                if httpx2.get(f"http://127.0.0.1:{self.port}/metrics", timeout=2).status_code == 200:
+                    return self
+            except httpx2.HTTPError:
+                pass
             if time.monotonic() > deadline:
-                raise SystemExit("the HTTP server did not start")
-            time.sleep(0.05)
-        return self
+                raise SystemExit("the server process did not start")
+            time.sleep(0.2)
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.err.parent, ignore_errors=True)
+
+
+def serve(args: argparse.Namespace) -> None:
+    """The --serve child: the same graph (memory: rebuilt; Redis: the parent's namespace) over HTTP."""
+    from functools import partial
+
+    import anyio
+
+    from tools_server.backend import Backend
+    from tools_server.config import Identity, ServerConfig
+    from tools_server.http import serve_http
+    from tools_server.server import build_server
+    from tools_server.tokens import TokenTable, hash_token
+    cartridge = load_cartridge(ROOT / "cartridges" / "finance")
+    store: Store
+    if args.store == "memory":
+        store = MemoryStore()
+        fill(store, args.entities, args.versions)
+        backend = Backend(cartridge, store, FileLog(Projector(cartridge, store), None), blocking=False)
+    else:
+        from keel.store.redis import RedisStore
+        store = RedisStore.from_url(args.redis, namespace=args.namespace)
+        backend = Backend(cartridge, store, None, blocking=True)
+    tokens = TokenTable({hash_token(os.environ["KEEL_BENCH_TOKEN"]): Identity(TENANT, "bench")})
+    config = ServerConfig(backend, tokens=tokens, port=args.serve)
+    anyio.run(partial(serve_http, build_server(config), config, json_response=not args.sse))
 
 
 # ---- main ------------------------------------------------------------------------------------
 
-def run_backend(label: str, store: Store, args: argparse.Namespace, rows: list[Row]) -> None:
-    from tools_server.backend import Backend
+def run_backend(label: str, store: Store, args: argparse.Namespace, rows: list[Row],
+                namespace: str | None = None) -> None:
     cartridge = load_cartridge(ROOT / "cartridges" / "finance")
     ids = fill(store, args.entities, args.versions)
     log = FileLog(Projector(cartridge, store), None) if label == "memory" else None
@@ -209,15 +253,16 @@ def run_backend(label: str, store: Store, args: argparse.Namespace, rows: list[R
     gens = calls(ids, args.versions, random.Random(7))
     rows += [(label, "in-process", *r) for r in in_process(tools, gens, args.calls, skip)]
     if args.http:
-        backend = Backend(cartridge, store, log, blocking=label != "memory")
-        with HttpThread(backend, TENANT) as server:
-            got = asyncio.run(over_http(server.url, server.token, gens, args.http_calls, skip))
+        with HttpChild(args, label, namespace) as server:
+            got = asyncio.run(over_http(server.url, server.token, gens, args.http_calls, skip, args.validate))
         rows += [(label, "mcp-http", *r) for r in got]
 
 
 def report(rows: list[Row], args: argparse.Namespace) -> None:
     print(f"\n{args.entities:,} entities x {args.versions} versions; {args.calls} calls per tool in-process, "
-          f"{args.http_calls} over MCP HTTP (streamable HTTP, SSE responses, loopback, server in-process)\n")
+          f"{args.http_calls} over MCP HTTP (loopback, server in its own process, "
+          f"{'SSE' if args.sse else 'JSON'} responses, client-side output validation "
+          f"{'on' if args.validate else 'off'})\n")
     print(f"{'store':<7} {'path':<11} {'tool':<11} {'p50 ms':>8} {'p99 ms':>8}   goal")
     for store, path, tool, p50, p99 in rows:
         goal = GOALS.get((store, path, tool))
@@ -237,15 +282,25 @@ def main() -> None:
     ap.add_argument("--redis", default=os.environ.get("KEEL_REDIS_URL"), help="Redis URL (env KEEL_REDIS_URL)")
     ap.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory store")
     ap.add_argument("--no-http", dest="http", action="store_false", help="skip the MCP HTTP rows")
+    ap.add_argument("--sse", action="store_true", help="HTTP: SSE responses instead of JSON bodies")
+    ap.add_argument("--validate", action="store_true",
+                    help="HTTP: let the SDK client validate each result against the output schema (client cost)")
+    ap.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--store", choices=("memory", "redis"), help=argparse.SUPPRESS)
+    ap.add_argument("--namespace", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve:
+        serve(args)
+        return
     rows: list[Row] = []
     if args.memory:
         run_backend("memory", MemoryStore(), args, rows)
     if args.redis:
         from keel.store.redis import RedisStore
-        store = RedisStore.from_url(args.redis, namespace=f"keelbench{secrets.token_hex(3)}")
+        namespace = f"keelbench{secrets.token_hex(3)}"
+        store = RedisStore.from_url(args.redis, namespace=namespace)
         try:
-            run_backend("redis", store, args, rows)
+            run_backend("redis", store, args, rows, namespace)
         finally:
             store.drop_tenant(TENANT)
             store.close()

@@ -11,10 +11,11 @@ import pytest
 from test_mcp_support import KEEL, ROOT
 
 from keel.errors import UsageError
-from tools_server.auth import TokenFileVerifier, TokenTable, hash_token, new_token, token_entry
+from tools_server.auth import TokenFileVerifier
 from tools_server.config import Identity, ServerConfig
 from tools_server.http import security_settings
 from tools_server.observe import Metrics, Observer
+from tools_server.tokens import TokenTable, hash_token, new_token, token_entry
 
 
 def write(path: Path, *lines: object) -> Path:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +9,6 @@ import anyio
 import pytest
 from test_mcp_support import (
     FINANCE,
-    KEEL,
-    ROOT,
     TENANT_A,
     canonical_tools,
     copy_finance,
@@ -22,6 +19,8 @@ from test_mcp_support import (
     sorted_json,
     stdio_session,
 )
+
+from keel.cli import main
 
 
 @pytest.fixture
@@ -58,22 +57,23 @@ def test_stdio_defaults_to_the_only_tenant(finance_events: Path) -> None:
     anyio.run(go)
 
 
-def serve_fails(*args: str) -> str:
-    out = subprocess.run([*KEEL, "serve", str(FINANCE), *args], cwd=str(ROOT), capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, timeout=60, check=False)
-    assert out.returncode == 2, (out.returncode, out.stderr)
-    return out.stderr
+def serve_fails(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert main(["serve", str(FINANCE), *args]) == 2
+    return capsys.readouterr().err
 
 
-def test_serve_usage_errors(finance_events: Path, tmp_path: Path, monkeypatch: Any) -> None:
+def test_serve_usage_errors(finance_events: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("KEEL_REDIS_URL", raising=False)
     monkeypatch.delenv("KEEL_TOKENS_FILE", raising=False)
-    assert "--events FILE" in serve_fails()
-    assert "not found" in serve_fails("--events", str(tmp_path / "missing.jsonl"))
-    assert "one of --events" in serve_fails("--events", str(finance_events), "--redis", "redis://127.0.0.1:1")
-    assert "--tokens is for --transport http" in serve_fails("--events", str(finance_events), "--tokens", "x")
-    assert "bearer token" in serve_fails("--events", str(finance_events), "--transport", "http")
+    events = str(finance_events)
+    assert "--events FILE" in serve_fails(capsys)
+    assert "not found" in serve_fails(capsys, "--events", str(tmp_path / "missing.jsonl"))
+    assert "one of --events" in serve_fails(capsys, "--events", events, "--redis", "redis://127.0.0.1:1")
+    assert "--tokens is for --transport http" in serve_fails(capsys, "--events", events, "--tokens", "x")
+    assert "bearer token" in serve_fails(capsys, "--events", events, "--transport", "http")
+    assert "agent and task come from each token" in serve_fails(
+        capsys, "--events", events, "--transport", "http", "--tokens", "x", "--agent", "a")
     bad = tmp_path / "tokens.jsonl"
     bad.write_text('{"token_sha256": "plaintext-token", "tenant": "hogar-demo"}\n')
-    assert "64 lowercase hex" in serve_fails("--events", str(finance_events), "--transport", "http",
-                                             "--tokens", str(bad))
+    assert "64 lowercase hex" in serve_fails(capsys, "--events", events, "--transport", "http", "--tokens", str(bad))

@@ -1,8 +1,184 @@
-"""Subcommands this package adds to `keel` (see keel.cli.EXTENSION_MODULES)."""
+"""Subcommands this package adds to `keel` (see keel.cli.EXTENSION_MODULES): serve, tools, token.
+
+Heavy imports (the MCP SDK) happen inside the commands, so other `keel` commands stay fast.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+import sys
+from functools import partial
+from typing import TextIO
+
+from keel.errors import UsageError
+
+from .config import CALL_LOGGER, DEFAULT_HOST, DEFAULT_PORT, MCP_PATH, Identity
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this package's subcommands to the `keel` parser."""
+    p = sub.add_parser(
+        "serve", help="serve the five tools over MCP (stdio or streamable HTTP)",
+        description="Serve context, history, search, annotate and related over MCP. Stdio binds the caller "
+                    "with --tenant/--agent/--task; HTTP binds each caller by bearer token (--tokens).")
+    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("--tenant", help="stdio: the tenant served (default: the only one in the events file); "
+                                    "http: serve only this tenant's tokens")
+    p.add_argument("--events", metavar="FILE", help="embedded: replay this events file; notes are appended to it")
+    p.add_argument("--redis", metavar="URL", help="read the Redis graph the workers maintain (env KEEL_REDIS_URL)")
+    p.add_argument("--kafka", metavar="BOOTSTRAP", help="with --redis: where annotate produces its events "
+                                                        "(env KEEL_KAFKA_BOOTSTRAP)")
+    p.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="default stdio")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"http: bind address (default {DEFAULT_HOST})")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"http: port (default {DEFAULT_PORT})")
+    p.add_argument("--agent", help="stdio: the caller's agent id (owner of agent-scope notes)")
+    p.add_argument("--task", help="stdio: the caller's task id (task-scope notes)")
+    p.add_argument("--tokens", metavar="FILE", help="http: bearer tokens file (env KEEL_TOKENS_FILE); "
+                                                    "make entries with `keel token`")
+    p.add_argument("--allow-host", action="append", default=[], metavar="H",
+                   help="http: also accept this Host (NAME[:PORT]) or Origin (http(s)://NAME[:PORT]); repeatable; "
+                        "for deployments behind a proxy")
+    p.add_argument("--allow-global-notes", action="store_true", default=None,
+                   help="operator switch: allow notes in global scope (env KEEL_ALLOW_GLOBAL_NOTES)")
+    p.add_argument("--sse", action="store_true", help="http: answer tool calls as SSE streams instead of JSON bodies")
+    p.add_argument("--no-call-log", action="store_true", help="do not write the JSON line per call on stderr")
+    p.set_defaults(run=cmd_serve)
+
+    p = sub.add_parser("tools", help="print the MCP tool surface and its size in tokens",
+                       description="Print the five tools as tools/list returns them and their approximate "
+                                   "size in tokens (characters / 4).")
+    p.add_argument("--json", action="store_true", help="print the tools/list JSON (size on stderr)")
+    p.set_defaults(run=cmd_tools)
+
+    p = sub.add_parser("token", help="make a bearer token for `keel serve --transport http`",
+                       description="Print a new random token on stdout and the tokens-file line binding its "
+                                   "sha256 to a tenant (and agent, task). With --tokens the line is appended to "
+                                   "that file instead; the file never holds the token itself.")
+    p.add_argument("--tenant", required=True, help="the tenant the token may read and write")
+    p.add_argument("--agent", help="the agent id of the token's holder")
+    p.add_argument("--task", help="the task id of the token's holder")
+    p.add_argument("--tokens", metavar="FILE", help="append the line to this tokens file (created 0600)")
+    p.add_argument("--stdin", action="store_true", help="hash a token read from stdin instead of making one")
+    p.set_defaults(run=cmd_token)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import anyio
+
+    from .config import ServerConfig
+    from .server import build_server
+
+    backend = _open_backend(args)
+    log = None if args.no_call_log else call_logger(sys.stderr)
+    try:
+        if args.transport == "stdio":
+            if args.tokens:
+                raise UsageError("--tokens is for --transport http; stdio binds the caller with --tenant/--agent/--task")
+            from keel.cli import pick_tenant
+            identity = Identity(pick_tenant(args.tenant, backend.tenants), args.agent, args.task)
+            server = build_server(ServerConfig(backend, identity=identity, call_log=log))
+            anyio.run(server.run_stdio_async)
+            return 0
+        from .http import serve_http
+        from .tokens import TokenTable, tokens_path
+        path = tokens_path(args.tokens)
+        if not path:
+            raise UsageError("HTTP binds callers by bearer token: give --tokens FILE or KEEL_TOKENS_FILE "
+                             "(make one with `keel token --tenant T --tokens FILE`)")
+        if args.agent or args.task:
+            raise UsageError("on HTTP the agent and task come from each token; drop --agent/--task")
+        table = TokenTable.load(path, tenant=args.tenant)
+        config = ServerConfig(backend, tokens=table, host=args.host, port=args.port,
+                              allow_hosts=tuple(args.allow_host), call_log=log)
+        server = build_server(config)
+        shown = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"keel serve: http://{shown}:{args.port}{MCP_PATH} ({len(table)} token(s)); metrics at /metrics",
+              file=sys.stderr)
+        if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_host:
+            print(f"keel serve: bound to {args.host}: requests are refused unless their Host is loopback; "
+                  f"pass --allow-host NAME for the names clients use", file=sys.stderr)
+        anyio.run(partial(serve_http, server, config, json_response=not args.sse))
+        return 0
+    finally:
+        backend.close()
+
+
+def _open_backend(args: argparse.Namespace):  # -> Backend (imported lazily)
+    from keel.cartridge import load_cartridge
+    from keel.config import resolve
+
+    from .backend import Backend
+
+    cartridge = load_cartridge(args.cartridge)
+    settings = resolve(vars(args))
+    if args.events and args.redis:
+        raise UsageError("give one of --events FILE or --redis URL")
+    if args.events:
+        if not os.path.isfile(args.events):
+            raise UsageError(f"events file {args.events} not found")
+        return Backend.embedded(cartridge, args.events, allow_global_notes=settings.allow_global_notes)
+    if settings.redis_url:
+        return Backend.redis(cartridge, settings.redis_url, settings)
+    raise UsageError("give --events FILE (embedded) or --redis URL (or set KEEL_REDIS_URL)")
+
+
+def call_logger(stream: TextIO) -> logging.Logger:
+    """The logger of the per-call JSON lines, writing bare lines to `stream`."""
+    log = logging.getLogger(CALL_LOGGER)
+    if not log.handlers:
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    return log
+
+
+def cmd_tools(args: argparse.Namespace) -> int:
+    from .surface import SPECS, TOKEN_GOAL, approx_tokens, tools_json
+
+    compact = tools_json(indent=None)
+    size = (f"tools/list: {len(SPECS)} tools, {len(compact)} characters ≈ {approx_tokens(compact)} tokens "
+            f"(goal ≤ {TOKEN_GOAL})")
+    if args.json:
+        print(tools_json())
+        print(size, file=sys.stderr)
+        return 0
+    for spec in SPECS:
+        hints = "read-only, closed world" if spec.annotations.read_only_hint else "writes a note"
+        print(f"{spec.name}  ({hints})")
+        print(f"  {spec.description}")
+        required = set(spec.input_schema.get("required", ()))
+        for name, schema in spec.input_schema["properties"].items():
+            mark = "" if name in required else "?"
+            print(f"    {name}{mark}: {schema.get('description', '')}")
+        print()
+    print(size)
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from .tokens import new_token, token_entry
+
+    identity = Identity(args.tenant, args.agent, args.task)
+    if args.stdin:
+        token = sys.stdin.readline().strip()
+        if not token:
+            raise UsageError("--stdin: no token on stdin")
+    else:
+        token = new_token()
+    line = json.dumps(token_entry(token, identity), separators=(",", ":"))
+    if args.tokens:
+        fd = os.open(args.tokens, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+        if not args.stdin:
+            print(token)
+        print(f"keel token: added a token of tenant {identity.tenant!r} to {args.tokens}", file=sys.stderr)
+    else:
+        if not args.stdin:
+            print(token)
+        print(line)
+    return 0

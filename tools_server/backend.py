@@ -1,0 +1,69 @@
+"""Where the tools read and write: a cartridge, its store and its log, and one Tools per caller identity."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, TextIO
+
+from keel.cartridge import Cartridge
+from keel.config import Settings
+from keel.embedded import build_embedded
+from keel.eventlog import EventLog, FileLog
+from keel.store.base import Store
+from keel.tools import Tools
+
+from .config import Identity
+
+
+class Backend:
+    """Opened store and log of one cartridge. `blocking` backends (network stores) run calls in a thread."""
+
+    def __init__(self, cartridge: Cartridge, store: Store, log: EventLog | None, *, blocking: bool,
+                 allow_global_notes: bool = False, tenants: list[str] | None = None) -> None:
+        self.cartridge = cartridge
+        self.store = store
+        self.log = log
+        self.blocking = blocking
+        self.allow_global_notes = allow_global_notes
+        self.tenants = tenants
+        self.write_lock = threading.Lock()      # one annotate at a time through a shared log
+        self._tools: dict[Identity, Tools] = {}
+        self._tools_lock = threading.Lock()
+
+    def tools(self, identity: Identity) -> Tools:
+        """The Tools bound to `identity` (made once, then reused: it caches the tenant's search index)."""
+        tools = self._tools.get(identity)
+        if tools is None:
+            with self._tools_lock:
+                tools = self._tools.get(identity)
+                if tools is None:
+                    tools = Tools(self.cartridge, self.store, identity.tenant, agent=identity.agent,
+                                  task=identity.task, log=self.log, allow_global_notes=self.allow_global_notes)
+                    self._tools[identity] = tools
+        return tools
+
+    def close(self) -> None:
+        """Close the log (a Kafka producer in Redis mode) and the store."""
+        close_log = getattr(self.log, "close", None)
+        try:
+            if callable(close_log):
+                close_log()
+        finally:
+            self.store.close()
+
+    @classmethod
+    def embedded(cls, cartridge: Cartridge, events: str | Path, *, allow_global_notes: bool = False,
+                 stream: TextIO | None = None) -> Backend:
+        """A memory store replayed from an events file; notes are appended to that file (bad lines → stream)."""
+        projector, report = build_embedded(cartridge, events, allow_global_notes=allow_global_notes, stream=stream)
+        return cls(cartridge, projector.store, FileLog(projector, events), blocking=False,
+                   allow_global_notes=allow_global_notes, tenants=sorted(report.tenants))
+
+    @classmethod
+    def redis(cls, cartridge: Cartridge, url: str, settings: Settings, *, log: Any = None) -> Backend:
+        """The Redis graph the workers maintain; notes go to the cartridge's topic (workers.log.KafkaLog)."""
+        from keel.cli import open_redis, redis_mode_log
+        store = open_redis(cartridge, url)
+        if log is None:
+            log = redis_mode_log(cartridge, store, settings)
+        return cls(cartridge, store, log, blocking=True, allow_global_notes=settings.allow_global_notes)

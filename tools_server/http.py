@@ -1,0 +1,73 @@
+"""The streamable HTTP transport: Host/Origin checks (DNS rebinding), bearer auth, /metrics, uvicorn."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from .config import MCP_PATH, METRICS_PATH, ServerConfig
+from .observe import Metrics
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
+def security_settings(config: ServerConfig) -> TransportSecuritySettings:
+    """Loopback names always; more only through --allow-host (a NAME[:PORT] or an origin http(s)://NAME[:PORT])."""
+    hosts: list[str] = []
+    origins: list[str] = []
+    for name in LOOPBACK:
+        hosts += [name, f"{name}:*"]
+        origins += [f"http://{name}", f"http://{name}:*"]
+    for entry in config.allow_hosts:
+        if entry.startswith(("http://", "https://")):
+            origins.append(entry.rstrip("/"))
+            continue
+        hosts.append(entry)
+        origins += [f"http://{entry}", f"https://{entry}"]
+        if not _has_port(entry):
+            hosts.append(f"{entry}:*")
+            origins += [f"http://{entry}:*", f"https://{entry}:*"]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                     allowed_origins=origins)
+
+
+def _has_port(host: str) -> bool:
+    return host.rsplit("]", 1)[-1].count(":") == 1 if host.startswith("[") else host.count(":") == 1
+
+
+def add_metrics_route(server: MCPServer, metrics: Metrics, config: ServerConfig) -> None:
+    """GET /metrics in Prometheus text format, behind the same Host/Origin checks as /mcp (no token needed)."""
+    guard = TransportSecurityMiddleware(security_settings(config))
+
+    async def metrics_endpoint(request: Request) -> Response:
+        refused = await guard.validate_request(request, is_post=False)
+        if refused is not None:
+            return refused
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    server.custom_route(METRICS_PATH, methods=["GET"])(metrics_endpoint)
+
+
+def http_app(server: MCPServer, config: ServerConfig, *, json_response: bool = True) -> Starlette:
+    """The ASGI app: /mcp (streamable HTTP, bearer auth when tokens are configured) and /metrics.
+
+    Tool calls answer with a plain JSON body by default (no SSE stream per call: the five tools send no
+    progress or server-to-client requests, and a JSON body is several milliseconds faster); SSE with
+    json_response=False."""
+    return server.streamable_http_app(streamable_http_path=MCP_PATH, json_response=json_response,
+                                      transport_security=security_settings(config), host=config.host)
+
+
+async def serve_http(server: MCPServer, config: ServerConfig, *, json_response: bool = True) -> None:
+    """Serve until cancelled (Ctrl-C)."""
+    import uvicorn
+    app = http_app(server, config, json_response=json_response)
+    uv = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                                       access_log=False, lifespan="on"))
+    await uv.serve()

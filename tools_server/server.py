@@ -1,0 +1,110 @@
+"""`build_server(config) -> MCPServer`: the five tools of DESIGN §5 over keel.Tools, nothing else.
+
+Handlers take every argument loosely and leave checking to keel.Tools, so an agent gets Keel's own
+messages for bad arguments and every call, good or bad, is observed. The schemas clients see are the
+hand-written ones of `surface.py`.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Awaitable, Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from mcp.server.caching import CacheHint
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.tools import Tool
+from mcp_types import CallToolResult
+from pydantic.json_schema import PydanticJsonSchemaWarning
+
+from keel.errors import UsageError
+from keel.tools import Tools
+
+from .auth import TokenFileVerifier, auth_settings, authenticated_identity
+from .calls import CallRunner
+from .config import Identity, ServerConfig
+from .guards import check_note_value
+from .http import add_metrics_route
+from .observe import Observer
+from .surface import LIST_TOOLS_TTL_MS, SPECS, ToolSpec
+
+INSTRUCTIONS = ("Exact, auditable answers about one tenant's graph. Find ids with search; read with context, "
+                "history and related; save conclusions with annotate.")
+Handler = Callable[..., Awaitable[CallToolResult]]
+
+
+class _Missing:
+    """Default of a required argument the caller left out (Tools then says what is expected)."""
+
+    def __repr__(self) -> str:
+        return "missing"
+
+
+def build_server(config: ServerConfig) -> MCPServer:
+    """A new MCP server over `config.backend`, callers bound by `config.identity` or bearer tokens."""
+    observer = Observer(config.call_log)
+    runner = CallRunner(config.backend, _identity_source(config), observer)
+    handlers = _handlers(runner)
+    auth: dict[str, Any] = {}
+    if config.tokens is not None:
+        auth = {"token_verifier": TokenFileVerifier(config.tokens), "auth": auth_settings(config.host, config.port)}
+    server: MCPServer = MCPServer(
+        "keel", instructions=INSTRUCTIONS, version=_version(), tools=[_tool(s, handlers[s.name]) for s in SPECS],
+        log_level="WARNING", cache_hints={"tools/list": CacheHint(ttl_ms=LIST_TOOLS_TTL_MS, scope="public")},
+        **auth)
+    add_metrics_route(server, observer.metrics, config)
+    return server
+
+
+def _identity_source(config: ServerConfig) -> Callable[[], Identity | None]:
+    if config.tokens is not None:
+        return authenticated_identity        # HTTP: only the bearer token decides, never a flag or an argument
+    fixed = config.identity
+    return lambda: fixed
+
+
+def _tool(spec: ToolSpec, fn: Handler) -> Tool:
+    with warnings.catch_warnings():     # the schema derived from the loose signature is replaced below
+        warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
+        tool = Tool.from_function(fn, name=spec.name, description=spec.description, annotations=spec.annotations,
+                                  structured_output=False)
+    metadata = tool.fn_metadata.model_copy(update={"output_schema": spec.output_schema})
+    return tool.model_copy(update={"parameters": spec.input_schema, "fn_metadata": metadata})
+
+
+def _handlers(run: CallRunner) -> dict[str, Handler]:
+    missing: Any = _Missing()
+
+    def required(name: str, value: Any) -> Any:
+        if value is missing:
+            raise UsageError(f"{name}: required")
+        return value
+
+    async def context(entity: Any = None, at: Any = None, known_at: Any = None) -> CallToolResult:
+        return await run.call("context", lambda t: t.context(entity, at=at, known_at=known_at))
+
+    async def history(entity: Any = None, predicate: Any = None, known_at: Any = None) -> CallToolResult:
+        return await run.call("history", lambda t: t.history(entity, predicate=predicate, known_at=known_at))
+
+    async def search(query: Any = None, type: Any = None, limit: Any = 10) -> CallToolResult:
+        return await run.call("search", lambda t: t.search(query, type=type, limit=limit))
+
+    async def annotate(entity: Any = None, predicate: Any = None, value: Any = missing, scope: Any = None,
+                       evidence: Any = None, task: Any = None) -> CallToolResult:
+        def write(t: Tools) -> dict[str, Any]:
+            check_note_value(required("value", value))
+            return t.annotate(entity, predicate, value, scope, evidence=evidence, task=task)
+        return await run.call("annotate", write, write=True)
+
+    async def related(entity: Any = None, relation: Any = None, at: Any = None) -> CallToolResult:
+        return await run.call("related", lambda t: {"entity": entity,
+                                                    "relations": t.related(entity, relation=relation, at=at)})
+
+    return {"context": context, "history": history, "search": search, "annotate": annotate, "related": related}
+
+
+def _version() -> str:
+    try:
+        return version("keel")
+    except PackageNotFoundError:
+        return "0"

@@ -1,0 +1,132 @@
+"""The tool surface as data: names, descriptions, input and output schemas, hints (DESIGN §5).
+
+It is part of every agent's prompt, so it is written by hand, kept short, and is the same bytes for
+every tenant, cartridge and restart: no tenant names, counts, dates or domain words. The golden file
+tests/golden/tools_list.json pins it; change both together, on purpose.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+from mcp_types import Tool as MCPTool
+from mcp_types import ToolAnnotations
+
+TOOL_NAMES = ("context", "history", "search", "annotate", "related")
+TOKEN_GOAL = 1500
+LIST_TOOLS_TTL_MS = 24 * 3600 * 1000    # the surface changes only with a Keel release
+
+_S: dict[str, Any] = {"type": "string"}
+_SN: dict[str, Any] = {"type": ["string", "null"]}
+
+
+def _arg(description: str, **schema: Any) -> dict[str, Any]:
+    return {"type": "string", **schema, "description": description}
+
+
+_ENTITY = _arg("Entity id <type>:<id>, e.g. from search")
+_AT = _arg("World time, RFC 3339 or YYYY-MM-DD; default now")
+_KNOWN_AT = _arg("Knowledge time: answer as known then; default now")
+
+_FACT = {"type": "object", "properties": {
+    "predicate": _S, "value": {}, "valid_from": _S, "valid_to": _SN, "recorded_at": _S, "source": _SN,
+    "evidence": _SN, "scope": _SN, "by": _SN, "expires_at": _SN, "corrected_by": _SN}}
+_RELATION = {"type": "object", "properties": {
+    "subject": _S, "relation": _S, "object": _S, "valid_from": _S, "valid_to": _SN}}
+
+
+def _object(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        out["required"] = required
+    return out
+
+
+def _array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+class ToolSpec(NamedTuple):
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+    annotations: ToolAnnotations
+
+
+_READER = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+_WRITER = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                          open_world_hint=False)
+
+SPECS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        "context",
+        "Current state of one entity: labels, facts with evidence, relations, and the business rules for "
+        "its type. Use it for what is true about an entity; at gives another date, known_at what was "
+        "known then.",
+        _object({"entity": _ENTITY, "at": _AT, "known_at": _KNOWN_AT}, ["entity"]),
+        _object({"entity": _S, "type": _S, "ref": _SN, "labels": {"type": "object"}, "at": _SN,
+                 "known_at": _SN, "facts": _array(_FACT), "relations": _array(_RELATION),
+                 "rules": {"type": "object"}}),
+        _READER),
+    ToolSpec(
+        "history",
+        "Every version of an entity's facts over time, closed and corrected ones included, by predicate "
+        "then valid_from. Use it to explain how a value changed or why it was corrected.",
+        _object({"entity": _ENTITY, "predicate": _arg("Only this predicate"), "known_at": _KNOWN_AT},
+                ["entity"]),
+        _object({"entity": _S, "versions": _array(_FACT)}),
+        _READER),
+    ToolSpec(
+        "search",
+        "Find entity ids by words in their ids, labels or type (BM25). Use it first when you lack the "
+        "exact id; no match gives empty results and a message suggesting broader words.",
+        _object({"query": _arg("Words: a name, product, label or entity type"),
+                 "type": _arg("Only entities of this type"),
+                 "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,
+                           "description": "At most this many results"}}, ["query"]),
+        _object({"query": _S, "results": _array({"type": "object", "properties": {
+            "entity": _S, "type": _S, "labels": {"type": "object"}, "score": {"type": "number"}}}),
+                 "message": _S}),
+        _READER),
+    ToolSpec(
+        "annotate",
+        "Save a note (agent memory) on an entity; later context and history calls show it. Use it to record "
+        "a conclusion or next step, citing as evidence the id of the event it rests on.",
+        _object({"entity": _ENTITY,
+                 "predicate": _arg("Note name, e.g. next_step"),
+                 "value": {"description": "The note: text, number or JSON"},
+                 "scope": _arg("Who sees it: tenant (every agent), task (this task), agent (only you), "
+                               "global (all tenants; operator-enabled)",
+                               enum=["tenant", "task", "agent", "global"]),
+                 "evidence": _arg("Event id behind the note (a fact's evidence); some scopes require it"),
+                 "task": _arg("Task id for task scope; default your own")},
+                ["entity", "predicate", "value", "scope"]),
+        _object({"fact": _FACT}),
+        _WRITER),
+    ToolSpec(
+        "related",
+        "Relations of one entity in either direction, with their validity. Use it to move from an entity to "
+        "the entities linked to it, then call context on them.",
+        _object({"entity": _ENTITY, "relation": _arg("Only this relation"), "at": _AT}, ["entity"]),
+        _object({"entity": _S, "relations": _array(_RELATION)}),
+        _READER),
+)
+
+
+def mcp_tools() -> list[MCPTool]:
+    """The five tools as tools/list returns them, in the fixed order."""
+    return [MCPTool(name=s.name, description=s.description, input_schema=s.input_schema,
+                    output_schema=s.output_schema, annotations=s.annotations) for s in SPECS]
+
+
+def tools_json(tools: list[MCPTool] | None = None, *, indent: int | None = 2) -> str:
+    """Canonical JSON of a tools list (the golden file's form with indent=2; compact with None)."""
+    data = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in (tools or mcp_tools())]
+    separators = (",", ":") if indent is None else None
+    return json.dumps(data, indent=indent, ensure_ascii=False, separators=separators)
+
+
+def approx_tokens(text: str) -> int:
+    """A rough token count (characters / 4), enough to watch the surface's size."""
+    return (len(text) + 3) // 4

@@ -1,0 +1,105 @@
+"""The tokens file: sha256 hashes of bearer tokens, each bound to one caller identity (no MCP SDK here).
+
+JSON lines `{"token_sha256": "<64 hex>", "tenant": "T", "agent": "A", "task": "K"}` (agent and task
+optional; blank lines and `#` comments allowed). The file never holds a token itself; `keel token` (or
+`new_token` + `token_entry`) makes a token and its line.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+from keel.errors import KeelError, UsageError
+
+from .config import Identity
+
+TOKENS_ENV = "KEEL_TOKENS_FILE"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_FIELDS = {"token_sha256", "tenant", "agent", "task"}
+
+
+def hash_token(token: str) -> str:
+    """The sha256 hex digest a tokens file stores for `token`."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def new_token() -> str:
+    """A fresh random bearer token (256 bits, URL-safe)."""
+    return secrets.token_urlsafe(32)
+
+
+def token_entry(token: str, identity: Identity) -> dict[str, str]:
+    """The tokens-file line (as a dict) that binds `token` to `identity`."""
+    entry = {"token_sha256": hash_token(token), "tenant": identity.tenant}
+    if identity.agent:
+        entry["agent"] = identity.agent
+    if identity.task:
+        entry["task"] = identity.task
+    return entry
+
+
+class TokenTable:
+    """sha256(token) → identity."""
+
+    def __init__(self, entries: dict[str, Identity]) -> None:
+        self._by_hash = dict(entries)
+
+    def __len__(self) -> int:
+        return len(self._by_hash)
+
+    def lookup(self, token: str) -> tuple[str, Identity] | None:
+        """(hash, identity) of a presented token, None when unknown."""
+        digest = hash_token(token)
+        identity = self._by_hash.get(digest)
+        return None if identity is None else (digest, identity)
+
+    @classmethod
+    def load(cls, path: str | Path, *, tenant: str | None = None) -> TokenTable:
+        """Read a tokens file; with `tenant`, keep only that tenant's tokens. Raises UsageError on a bad line."""
+        entries: dict[str, Identity] = {}
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise UsageError(f"tokens file {path}: {e.strerror or e}") from None
+        for number, line in enumerate(lines, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            digest, identity = _parse_line(line, f"{path}:{number}")
+            if digest in entries:
+                raise UsageError(f"{path}:{number}: the same token hash appears twice")
+            if tenant is None or identity.tenant == tenant:
+                entries[digest] = identity
+        if not entries:
+            which = f" for tenant {tenant!r}" if tenant else ""
+            raise UsageError(f"tokens file {path} holds no token{which}; make one with `keel token`")
+        return cls(entries)
+
+
+def _parse_line(line: str, where: str) -> tuple[str, Identity]:
+    try:
+        data: Any = json.loads(line)
+    except ValueError:
+        raise UsageError(f"{where}: not a JSON object") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: not a JSON object")
+    unknown = sorted(set(data) - _FIELDS)
+    if unknown:
+        raise UsageError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    digest = data.get("token_sha256")
+    if not isinstance(digest, str) or not _HEX64.match(digest):
+        raise UsageError(f"{where}: token_sha256 must be 64 lowercase hex digits (never the token itself)")
+    try:
+        identity = Identity(data.get("tenant"), data.get("agent"), data.get("task"))
+    except KeelError as e:
+        raise UsageError(f"{where}: {e}") from None
+    return digest, identity
+
+
+def tokens_path(flag: str | None) -> str | None:
+    """The tokens file from the flag, else from KEEL_TOKENS_FILE."""
+    return flag or os.environ.get(TOKENS_ENV) or None
