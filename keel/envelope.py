@@ -15,8 +15,9 @@ ANNOTATED = "keel.annotated"
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 ENTITY_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}"
 ENTITY_PATTERN = rf"^[a-z][a-z0-9_]*:{ENTITY_ID_PATTERN}$"
-ENTITY = re.compile(ENTITY_PATTERN)
-TENANT = re.compile(TENANT_PATTERN)
+# Python's `$` also matches before a trailing newline; `\Z` does not (pydantic's Rust regex needs no change).
+ENTITY = re.compile(ENTITY_PATTERN.removesuffix("$") + r"\Z")
+TENANT = re.compile(TENANT_PATTERN.removesuffix("$") + r"\Z")
 
 Tenant = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
 EntityRef = Annotated[str, StringConstraints(pattern=ENTITY_PATTERN)]

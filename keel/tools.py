@@ -2,13 +2,14 @@
 tool → store; annotate goes tool → policy → log → projector → store, and returns what the store shows."""
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable
 from typing import Any
 
 from .cartridge import Cartridge
 from .envelope import ANNOTATED, ENTITY, TENANT
-from .errors import UnknownEntity, UsageError
+from .errors import NoteRefused, UnknownEntity, UsageError
 from .eventlog import EventLog
 from .notes import NotePolicy
 from .search import BM25Index
@@ -25,7 +26,7 @@ class Tools:
     def __init__(self, cartridge: Cartridge, store: Store, tenant: str, agent: str | None = None,
                  task: str | None = None, *, log: EventLog | None = None, allow_global_notes: bool = False,
                  clock: Callable[[], Micros] = now_micros) -> None:
-        if not isinstance(tenant, str) or not TENANT.match(tenant):
+        if not isinstance(tenant, str) or not TENANT.fullmatch(tenant):
             raise UsageError(f"bad tenant {tenant!r}")
         self.cartridge = cartridge
         self.store = store
@@ -43,18 +44,17 @@ class Tools:
         """An entity as of `at` (world time) and `known_at` (Keel's knowledge): labels, facts, relations, rules."""
         entity = _entity_arg(entity)
         t, k = _time_arg(at, "at"), _time_arg(known_at, "known_at")
-        info = self.store.entity(self.tenant, entity, at=t if t is not None else self.clock(), known_at=k)
-        if info is None:
-            raise UnknownEntity(self.tenant, entity)
         at_now = t if t is not None else self.clock()
-        facts = self.store.facts(self.tenant, entity, at=at_now, known_at=k,
-                                 scopes=self.policy.visible_scopes(task=self.task, agent=self.agent))
+        view = self.store.view(self.tenant, entity, at=at_now, known_at=k,
+                               scopes=self.policy.visible_scopes(task=self.task, agent=self.agent))
+        if view is None:
+            raise UnknownEntity(self.tenant, entity)
+        info = view.info
         rules = self.cartridge.rules_for(info.type)
-        facts += self.policy.global_notes(info.type, list(rules), at=at_now, known_at=k)
+        facts = view.facts + self.policy.global_notes(info.type, list(rules), at=at_now, known_at=k)
         return {"entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels,
                 "at": format_time(t), "known_at": format_time(k), "facts": facts,
-                "relations": self.store.relations(self.tenant, entity, at=at_now, known_at=k),
-                "rules": rules}
+                "relations": view.relations, "rules": rules}
 
     def history(self, entity: str, predicate: str | None = None, known_at: str | None = None) -> dict[str, Any]:
         """Every version of an entity's facts, closed and corrected ones included, by predicate then valid_from."""
@@ -102,6 +102,10 @@ class Tools:
         predicate = _opt_text(predicate, "predicate") or ""
         evidence = _opt_text(evidence, "evidence")
         task = _opt_text(task, "task") or self.task
+        if self.task and task != self.task:
+            raise NoteRefused(f"this caller is bound to task {self.task!r}", tenant=self.tenant, entity=entity,
+                              scope=scope)
+        _check_note_value(value)
         if self.log is None:
             raise UsageError("this Tools instance has no event log to write notes to")
         self.policy.check(self.tenant, entity, scope, evidence, task=task, agent=self.agent)
@@ -141,10 +145,25 @@ class Tools:
 
 
 def _entity_arg(entity: object) -> str:
-    if not isinstance(entity, str) or len(entity) > 300 or not ENTITY.match(entity):
-        shown = entity[:60] + "…" if isinstance(entity, str) and len(entity) > 60 else entity
-        raise UsageError(f"entity {shown!r}: use '<entity type>:<id>', e.g. from search results")
+    if not isinstance(entity, str) or len(entity) > 300 or not ENTITY.fullmatch(entity):
+        raise UsageError(f"entity {_clip(entity)}: use '<entity type>:<id>', e.g. from search results")
     return entity
+
+
+def _check_note_value(value: Any) -> None:
+    """A note's value: any JSON, at most MAX_TEXT characters once serialized."""
+    try:
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    except (TypeError, ValueError, RecursionError):
+        raise UsageError("value: give text, a number or a JSON object") from None
+    if size > MAX_TEXT:
+        raise UsageError(f"value: at most {MAX_TEXT} characters of JSON (got {size}); keep notes short")
+
+
+def _clip(value: object, limit: int = 60) -> str:
+    """A repr short enough for an error message an agent reads."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _time_arg(value: object, name: str) -> Micros | None:
@@ -153,12 +172,13 @@ def _time_arg(value: object, name: str) -> Micros | None:
     try:
         return parse_time(value if isinstance(value, str) else str(value))
     except UsageError:
-        raise UsageError(f"{name}: {value!r} is neither RFC 3339 (2026-09-15T00:00:00Z) nor a date (2026-09-15)") from None
+        raise UsageError(f"{name}: {_clip(value)} is neither RFC 3339 (2026-09-15T00:00:00Z) nor a date "
+                         f"(2026-09-15)") from None
 
 
 def _opt_text(value: object, name: str) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str) or len(value) > 256:
-        raise UsageError(f"{name}: expected a short string")
+        raise UsageError(f"{name}: expected a string of at most 256 characters, got {_clip(value)}")
     return value

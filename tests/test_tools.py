@@ -182,3 +182,20 @@ def test_related_returns_the_list_either_direction(env) -> None:
     assert [r["relation"] for r in t.related("debt:visa")] == ["for_debt"] * 3 + ["owed_by"]
     assert [r["subject"] for r in t.related("household:hogar-demo")] == ["debt:libranza", "debt:visa"]
     assert t.related("debt:visa", "owed_by", at="2026-08-01") == []
+
+
+def test_a_caller_bound_to_a_task_cannot_write_into_another_task(env) -> None:
+    make, _, _ = env
+    with pytest.raises(NoteRefused, match="bound to task"):
+        make("a1", "t1").annotate("debt:visa", "p", 1, "task", task="t2")
+    assert make("a1", None).annotate("debt:visa", "p", 1, "task", task="t2")["fact"]["scope"] == "task"
+
+
+def test_oversized_note_values_and_trailing_newlines_are_refused(env) -> None:
+    make, _, _ = env
+    with pytest.raises(UsageError, match="at most"):
+        make().annotate("debt:visa", "p", "x" * 5000, "agent")
+    with pytest.raises(UsageError):
+        make().context("debt:visa\n")
+    with pytest.raises(UsageError):
+        make(tenant="hogar-demo\n")

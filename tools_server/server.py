@@ -23,7 +23,6 @@ from keel.tools import Tools
 from .auth import TokenFileVerifier, auth_settings, authenticated_identity
 from .calls import CallRunner
 from .config import Identity, ServerConfig
-from .guards import check_note_value
 from .http import add_metrics_route
 from .observe import Observer
 from .surface import LIST_TOOLS_TTL_MS, SPECS, ToolSpec
@@ -92,7 +91,7 @@ def _handlers(run: CallRunner) -> dict[str, Handler]:
     async def annotate(entity: Any = None, predicate: Any = None, value: Any = missing, scope: Any = None,
                        evidence: Any = None, task: Any = None) -> CallToolResult:
         def write(t: Tools) -> dict[str, Any]:
-            check_note_value(required("value", value))
+            required("value", value)
             return t.annotate(entity, predicate, value, scope, evidence=evidence, task=task)
         return await run.call("annotate", write, write=True)
 

@@ -41,6 +41,13 @@ class EntityInfo(NamedTuple):
     labels: dict[str, Any]
 
 
+class EntityView(NamedTuple):
+    """What `context` shows of an entity: identity and labels, facts, relations (result objects)."""
+    info: EntityInfo
+    facts: list[dict[str, Any]]
+    relations: list[dict[str, Any]]
+
+
 def entities_of(key: Key) -> tuple[str, ...]:
     """The entities a timeline key involves (both ends for a relation)."""
     return (key[1], key[3]) if key[0] == "r" else (key[1],)
@@ -62,7 +69,7 @@ def scope_of(key_scope: str) -> str | None:
 
 
 def _entity(entity: str) -> str:
-    if not isinstance(entity, str) or not ENTITY.match(entity):
+    if not isinstance(entity, str) or not ENTITY.fullmatch(entity):
         raise UsageError(f"bad entity {entity!r}: use '<entity type>:<id>' with id matching "
                          f"[A-Za-z0-9][A-Za-z0-9._@-]{{0,127}}")
     return entity
@@ -212,49 +219,67 @@ class Store(ABC):
         k = _when(known_at, None)
         return k is None or first <= k
 
-    def entity(self, tenant: str, entity: str, *, at: object | None = None,
-               known_at: object | None = None) -> EntityInfo | None:
-        """Type, ref and labels valid at `at` (None if the entity is unknown at `known_at`)."""
+    def view(self, tenant: str, entity: str, *, at: object | None = None, known_at: object | None = None,
+             scopes: Iterable[str] | None = None, parts: str = "lfr") -> EntityView | None:
+        """Labels (l), facts (f) and relations (r) of an entity valid at `at` as believed at `known_at`,
+        from one key listing and one batched read per kind; None if the entity is unknown at `known_at`.
+        Backends with a round trip per primitive may override this with a single request."""
         _entity(entity)
-        if not self.exists(tenant, entity, known_at=known_at):
+        k = _when(known_at, None)
+        first = self.entity_recorded_at(tenant, entity)
+        if first is None or (k is not None and first > k):
             return None
-        t, k = _when(at, now_micros()), _when(known_at, None)
-        keys = [key for key in self.keys(tenant, entity) if key[0] == "l"]
+        t = _when(at, now_micros())
+        allowed = None if scopes is None else set(scopes)
+        point_keys, rel_keys = [], []
+        for key in self.keys(tenant, entity):
+            kind = key[0]
+            if (kind == "l" and "l" in parts) or (kind == "f" and "f" in parts and (allowed is None or key[3] in allowed)):
+                point_keys.append(key)
+            elif kind == "r" and "r" in parts:
+                rel_keys.append(key)
         labels: dict[str, Any] = {}
         ref = None
-        for key, v in zip(keys, self.as_of_many(tenant, keys, t, k)):
+        facts: list[tuple[Key, Version]] = []
+        for key, v in zip(point_keys, self.as_of_many(tenant, point_keys, t, k) if point_keys else []):
             if v is None:
                 continue
-            if key[2] == REF_LABEL:
+            if key[0] == "f":
+                facts.append((key, v))
+            elif key[2] == REF_LABEL:
                 ref = v.assertion.value
             else:
                 labels[key[2]] = v.assertion.value
-        return EntityInfo(entity, entity.partition(":")[0], ref, dict(sorted(labels.items())))
+        facts.sort(key=lambda kv: _fact_order(kv[0]))
+        rel_keys.sort(key=lambda key: (key[2], key[1], key[3]))
+        relations = []
+        for key, runs in zip(rel_keys, self.runs_many(tenant, rel_keys, k) if rel_keys else []):
+            v = covering(runs, t) if runs else None
+            if v is not None:
+                relations.append(relation_result(key, v))
+        info = EntityInfo(entity, entity.partition(":")[0], ref, dict(sorted(labels.items())))
+        return EntityView(info, [fact_result(key, v) for key, v in facts], relations)
+
+    def entity(self, tenant: str, entity: str, *, at: object | None = None,
+               known_at: object | None = None) -> EntityInfo | None:
+        """Type, ref and labels valid at `at` (None if the entity is unknown at `known_at`)."""
+        v = self.view(tenant, entity, at=at, known_at=known_at, parts="l")
+        return None if v is None else v.info
 
     def facts(self, tenant: str, entity: str, *, at: object | None = None, known_at: object | None = None,
               scopes: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """Fact versions valid at `at`; `scopes` limits notes to those scope keys ("" = domain facts)."""
-        _entity(entity)
-        allowed = None if scopes is None else set(scopes)
-        keys = sorted((key for key in self.keys(tenant, entity)
-                       if key[0] == "f" and (allowed is None or key[3] in allowed)), key=_fact_order)
-        t, k = _when(at, now_micros()), _when(known_at, None)
-        return [fact_result(key, v) for key, v in zip(keys, self.as_of_many(tenant, keys, t, k)) if v]
+        v = self.view(tenant, entity, at=at, known_at=known_at, scopes=scopes, parts="f")
+        return [] if v is None else v.facts
 
     def relations(self, tenant: str, entity: str, *, rel: str | None = None, at: object | None = None,
                   known_at: object | None = None) -> list[dict[str, Any]]:
         """Relation versions valid at `at` with the entity at either end, by (relation, subject, object).
         Adjacent versions of one triple are coalesced: linking again while linked changes nothing visible."""
-        _entity(entity)
-        keys = sorted((key for key in self.keys(tenant, entity)
-                       if key[0] == "r" and (rel is None or key[2] == rel)), key=lambda k: (k[2], k[1], k[3]))
-        t, k = _when(at, now_micros()), _when(known_at, None)
-        out = []
-        for key, runs in zip(keys, self.runs_many(tenant, keys, k)):
-            v = covering(runs, t) if runs else None
-            if v is not None:
-                out.append(relation_result(key, v))
-        return out
+        v = self.view(tenant, entity, at=at, known_at=known_at, parts="r")
+        if v is None:
+            return []
+        return v.relations if rel is None else [r for r in v.relations if r["relation"] == rel]
 
     def history(self, tenant: str, entity: str, *, predicate: str | None = None,
                 known_at: object | None = None, scopes: Iterable[str] | None = None) -> list[dict[str, Any]]:
