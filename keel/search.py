@@ -27,22 +27,21 @@ def _label_text(value: Any) -> str:
 
 
 class BM25Index:
-    """An immutable BM25 index over (entity, type, labels) documents."""
+    """An immutable BM25 index over (entity, type, labels) documents, with postings lists so a query
+    scores only the documents that contain one of its words."""
 
     def __init__(self, documents: Iterable[tuple[str, str, dict[str, Any]]]) -> None:
         self.docs: list[tuple[str, str, dict[str, Any]]] = []
-        self.tfs: list[Counter[str]] = []
         self.lengths: list[int] = []
-        self.df: Counter[str] = Counter()
-        for entity, etype, labels in documents:
+        self.postings: dict[str, list[tuple[int, int]]] = {}
+        for i, (entity, etype, labels) in enumerate(documents):
             words = tokens(entity.replace(":", " ")) + tokens(etype)
             for value in labels.values():
                 words += tokens(_label_text(value))
-            tf = Counter(words)
             self.docs.append((entity, etype, labels))
-            self.tfs.append(tf)
             self.lengths.append(len(words))
-            self.df.update(tf.keys())
+            for term, tf in Counter(words).items():
+                self.postings.setdefault(term, []).append((i, tf))
         self.avg = (sum(self.lengths) / len(self.lengths)) if self.lengths else 0.0
 
     def search(self, query: str, *, type: str | None = None, limit: int = 10) -> list[dict[str, Any]]:
@@ -50,19 +49,17 @@ class BM25Index:
         n = len(self.docs)
         if not terms or not n:
             return []
-        idf = {t: math.log(1 + (n - self.df[t] + 0.5) / (self.df[t] + 0.5)) for t in terms if self.df[t]}
-        scored = []
-        for i, tf in enumerate(self.tfs):
-            entity, etype, labels = self.docs[i]
-            if type is not None and etype != type:
+        scores: dict[int, float] = {}
+        for term in terms:
+            posting = self.postings.get(term)
+            if not posting:
                 continue
-            score = 0.0
-            norm = K1 * (1 - B + B * self.lengths[i] / self.avg) if self.avg else K1
-            for t, w in idf.items():
-                f = tf.get(t)
-                if f:
-                    score += w * f * (K1 + 1) / (f + norm)
-            if score > 0:
-                scored.append((-round(score, 6), entity, etype, labels))
-        scored.sort(key=lambda r: (r[0], r[1]))
-        return [{"entity": e, "type": t, "labels": labels, "score": -s} for s, e, t, labels in scored[:limit]]
+            df = len(posting)
+            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+            for i, tf in posting:
+                norm = K1 * (1 - B + B * self.lengths[i] / self.avg) if self.avg else K1
+                scores[i] = scores.get(i, 0.0) + idf * tf * (K1 + 1) / (tf + norm)
+        ranked = sorted((-round(score, 6), self.docs[i][0], i) for i, score in scores.items()
+                        if score > 0 and (type is None or self.docs[i][1] == type))
+        return [{"entity": self.docs[i][0], "type": self.docs[i][1], "labels": self.docs[i][2], "score": -s}
+                for s, _, i in ranked[:limit]]
