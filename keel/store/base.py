@@ -143,6 +143,11 @@ class Store(ABC):
     def event_ids(self, tenant: str) -> list[str]:
         """Applied event ids of a tenant, sorted."""
 
+    def index(self, tenant: str, entity: str) -> tuple[Micros, list[Key]] | None:
+        """(first recorded_at, timeline keys) of an entity, or None when unknown; one request where possible."""
+        first = self.entity_recorded_at(tenant, entity)
+        return None if first is None else (first, self.keys(tenant, entity))
+
     def runs_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
         """Coalesced versions of each key (relations); backends may cache them."""
         return [coalesce(v) for v in self.versions_many(tenant, keys, known_at)]
@@ -226,13 +231,13 @@ class Store(ABC):
         Backends with a round trip per primitive may override this with a single request."""
         _entity(entity)
         k = _when(known_at, None)
-        first = self.entity_recorded_at(tenant, entity)
-        if first is None or (k is not None and first > k):
+        index = self.index(tenant, entity)
+        if index is None or (k is not None and index[0] > k):
             return None
         t = _when(at, now_micros())
         allowed = None if scopes is None else set(scopes)
         point_keys, rel_keys = [], []
-        for key in self.keys(tenant, entity):
+        for key in index[1]:
             kind = key[0]
             if (kind == "l" and "l" in parts) or (kind == "f" and "f" in parts and (allowed is None or key[3] in allowed)):
                 point_keys.append(key)

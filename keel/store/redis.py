@@ -574,6 +574,14 @@ class RedisStore(Store):
             raw = self._tx(tenant, lambda p, d: p.lrange(d + "x:" + _escape(entity), 1, -1))[0]
         return [_index_key(entity, element) for element in raw]
 
+    def index(self, tenant: str, entity: str) -> tuple[Micros, list[Key]] | None:
+        """First recorded_at and keys from the entity's index list in one LRANGE."""
+        with self._guard("index", tenant):
+            raw = self._tx(tenant, lambda p, d: p.lrange(d + "x:" + _escape(entity), 0, -1))[0]
+        if not raw:
+            return None
+        return int(raw[0]), [_index_key(entity, element) for element in raw[1:]]
+
     def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
                    known_at: Micros | None) -> list[Version | None]:
         if not keys:
