@@ -22,7 +22,7 @@ from .store.memory import MemoryStore
 from .tools import Tools
 
 # Subsystems that add their own subcommands: each module has `register(subparsers)`.
-EXTENSION_MODULES: tuple[str, ...] = ("workers.cli", "tools_server.cli")
+EXTENSION_MODULES: tuple[str, ...] = ("workers.cli", "tools_server.cli", "keel.ingress.cli")
 
 QUERY_HELP = {
     "context": "an entity as of a world time and a knowledge time: labels, facts, relations, rules",

@@ -1,0 +1,120 @@
+"""The Kafka boundary of the ingress paths: an idempotent acks=all producer, topic creation, and the
+translation of aiokafka errors into KafkaUnavailable (nothing above this module sees an aiokafka exception)."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+
+from .errors import KafkaUnavailable
+from .records import OutRecord
+
+TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}     # as the stream workers create them
+MAX_RECORD_BYTES = 1_000_000      # below the broker's default message.max.bytes (1,048,588)
+_ALREADY_EXISTS = 36
+
+
+@dataclass(frozen=True)
+class Acks:
+    """The pending acknowledgements of records handed to the producer."""
+    topic: str
+    futures: list[asyncio.Future]
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """How a missing topic is created."""
+    partitions: int = 8
+    replication_factor: int = 1
+
+
+def bootstrap_list(bootstrap: str) -> list[str]:
+    return [b.strip().removeprefix("kafka://") for b in bootstrap.split(",") if b.strip()]
+
+
+@asynccontextmanager
+async def kafka_guard(what: str, bootstrap: str) -> AsyncIterator[None]:
+    """Translate aiokafka and network errors into KafkaUnavailable naming the operation and the bootstrap."""
+    try:
+        yield
+    except (KafkaError, TimeoutError, OSError) as e:
+        raise KafkaUnavailable(f"Kafka {what} failed at {bootstrap}: {type(e).__name__}: {e}") from e
+
+
+class KafkaSink:
+    """Produces records with acks=all and idempotence (retries neither reorder nor duplicate a partition's
+    records) and returns only once Kafka acknowledged every record of a call."""
+
+    def __init__(self, bootstrap: str, *, linger_ms: int = 5, max_record_bytes: int = MAX_RECORD_BYTES,
+                 client_id: str = "keel-ingress") -> None:
+        self.bootstrap = bootstrap
+        self.max_record_bytes = max_record_bytes
+        self._options = {"linger_ms": linger_ms, "client_id": client_id}
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap_list(self.bootstrap), acks="all",
+                                    enable_idempotence=True, max_batch_size=512 * 1024,
+                                    max_request_size=self.max_record_bytes + 48_576,
+                                    **self._options)  # type: ignore[arg-type]
+        async with kafka_guard("connect", self.bootstrap):
+            await producer.start()
+        self._producer = producer
+
+    async def stop(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            async with kafka_guard("close", self.bootstrap):
+                await producer.stop()
+
+    def fits(self, record: OutRecord) -> bool:
+        """Whether a record is small enough for the broker (callers dead-letter or reject the others)."""
+        return record.size() <= self.max_record_bytes
+
+    async def send_all(self, records: Sequence[OutRecord]) -> None:
+        """Produce records in order; return once every one is acknowledged by all in-sync replicas."""
+        await self.confirm(await self.enqueue(records))
+
+    async def enqueue(self, records: Sequence[OutRecord]) -> Acks:
+        """Hand records to the producer in order (it batches and sends them); `confirm` waits for the acks."""
+        if self._producer is None:
+            raise KafkaUnavailable("Kafka producer used before start()")
+        if not records:
+            return Acks("", [])
+        topic = records[0].topic
+        async with kafka_guard(f"produce to {topic}", self.bootstrap):
+            return Acks(topic, [await self._producer.send(r.topic, value=r.value, key=r.key,
+                                                          headers=list(r.headers) or None) for r in records])
+
+    async def confirm(self, acks: Acks) -> None:
+        """Wait until Kafka acknowledged every record of an `enqueue`."""
+        if acks.futures:
+            async with kafka_guard(f"produce to {acks.topic}", self.bootstrap):
+                await asyncio.gather(*acks.futures)
+
+    async def ensure_topics(self, topics: Sequence[str], spec: TopicSpec) -> None:
+        """Create missing topics (LogAppendTime, `spec` partitions) the way the stream workers do."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_list(self.bootstrap), client_id="keel-ingress-admin")
+        async with kafka_guard("connect (admin)", self.bootstrap):
+            await admin.start()
+        try:
+            async with kafka_guard("list topics", self.bootstrap):
+                existing = set(await admin.list_topics())
+            missing = [t for t in topics if t not in existing]
+            if not missing:
+                return
+            async with kafka_guard("create topics", self.bootstrap):
+                response = await admin.create_topics(
+                    [NewTopic(t, spec.partitions, spec.replication_factor, topic_configs=dict(TOPIC_CONFIG))
+                     for t in missing])
+            for err in response.to_object().get("topic_errors", []):
+                if err["error_code"] not in (0, _ALREADY_EXISTS):
+                    raise KafkaUnavailable(f"cannot create topic {err['topic']}: error {err['error_code']} "
+                                           f"{err.get('error_message') or ''}".rstrip())
+        finally:
+            await admin.close()

@@ -1,0 +1,203 @@
+"""`keel outbox relay`: outbox rows → the cartridge's topic, at least once, in (xid, position) order.
+
+One step: read up to `batch` rows past the cursor from finished transactions (see source.py), check each
+envelope with the catalog, produce valid ones (canonical form, key = tenant) and invalid ones (dead-letter
+topic, the row's text and the reason in headers; see encode.py), wait for Kafka's acknowledgement of all of
+them, then store the cursor. A crash between the acknowledgement and the cursor write re-sends that batch:
+duplicates are harmless downstream because envelope ids are idempotency keys. A bad row never blocks the
+relay. Order on the topic: (xid, position), i.e. per tenant the order of the outbox.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from keel.cartridge import Cartridge
+
+from .encode import Encoded, RowEncoder
+from .errors import KafkaUnavailable, OutboxUnavailable
+from .producer import Acks, KafkaSink, TopicSpec
+from .source import START, Cursor, OutboxSource
+from .xmin import XminWatch
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RelayOptions:
+    name: str                       # the cursor's name (default: the cartridge name)
+    batch: int = 2000               # rows per step
+    interval_s: float = 0.2         # idle wait between polls
+    xmin_warn_s: float = 30.0       # log when committed rows waited this long on the same xmin
+    progress_s: float = 10.0        # progress line period
+    prune: bool = False             # delete rows every relay of the table has relayed
+    once: bool = False              # relay what is relayable now, then exit
+
+
+@dataclass
+class RelayStats:
+    relayed: int = 0
+    dead_lettered: int = 0
+    steps: int = 0
+    cursor: Cursor = START
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self) -> str:
+        """Totals since start (the closing line)."""
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return (f"relayed {self.relayed} event(s), {self.dead_lettered} dead letter(s) in {elapsed:.1f}s "
+                f"({(self.relayed + self.dead_lettered) / elapsed:,.0f} rows/s); cursor {self.cursor}")
+
+    def since(self, before: tuple[int, float]) -> str:
+        """Progress since `before` = (rows, monotonic time) (the periodic line)."""
+        rows = self.relayed + self.dead_lettered - before[0]
+        elapsed = max(time.monotonic() - before[1], 1e-9)
+        return (f"relayed {self.relayed} event(s), {self.dead_lettered} dead letter(s) so far; "
+                f"{rows} row(s) in the last {elapsed:.0f}s ({rows / elapsed:,.0f}/s); cursor {self.cursor}")
+
+    def mark(self) -> tuple[int, float]:
+        return self.relayed + self.dead_lettered, time.monotonic()
+
+
+class Relay:
+    """The relay loop of one cartridge over one outbox table."""
+
+    def __init__(self, cartridge: Cartridge, source: OutboxSource, sink: KafkaSink, options: RelayOptions,
+                 log: Log, stats: RelayStats | None = None) -> None:
+        self.cartridge = cartridge
+        self.source = source
+        self.sink = sink
+        self.options = options
+        self.log = log
+        self.encoder = RowEncoder(cartridge, sink, str(source.tables))
+        self.watch = XminWatch(source, options.xmin_warn_s, log)
+        self.stats = stats if stats is not None else RelayStats()
+        self._pruned = START
+
+    async def run(self, stop: asyncio.Event) -> RelayStats:
+        """Relay until `stop` is set (or, with `once`, until nothing is relayable). Steps overlap: while
+        Kafka acknowledges step n (then its cursor is stored), step n+1 is read and encoded. The steps in
+        flight are always finished, so a stop leaves no acknowledged step without its cursor."""
+        opts = self.options
+        cursor = await self.source.load_cursor(opts.name)
+        self.stats.cursor = cursor
+        self.log(f"relaying {self.source.tables} -> {self.cartridge.topic} as {opts.name!r} from cursor {cursor}")
+        inflight: asyncio.Task[None] | None = None
+        last_progress = self.stats.mark()
+        try:
+            while not stop.is_set():
+                rows = await self.source.read(cursor, opts.batch)
+                if rows:
+                    encoded = self.encoder.encode(rows)
+                    acks = await self.sink.enqueue(encoded.records)
+                    cursor = rows[-1].cursor
+                    previous, inflight = inflight, None
+                    if previous is not None:
+                        await previous                      # at most two steps in flight
+                    inflight = asyncio.create_task(self._confirm(acks, cursor, encoded))
+                if time.monotonic() - last_progress[1] >= opts.progress_s:
+                    self.log(self.stats.since(last_progress))
+                    last_progress = self.stats.mark()
+                if len(rows) == opts.batch:
+                    continue
+                if inflight is not None:
+                    previous, inflight = inflight, None
+                    await previous
+                held = await self.watch.check(cursor, force=opts.once)
+                if opts.once:
+                    if held is not None and held.rows:
+                        self.log(f"{held.rows} committed row(s) wait for transactions older than them to finish "
+                                 f"(xmin {held.xmin}); they are relayed by a later run")
+                    break
+                await _sleep_unless(stop, opts.interval_s)
+            if inflight is not None:
+                previous, inflight = inflight, None
+                await previous
+        finally:
+            if inflight is not None:                        # an error elsewhere: never leave the task behind
+                inflight.cancel()
+                await asyncio.gather(inflight, return_exceptions=True)
+        return self.stats
+
+    async def _confirm(self, acks: Acks, cursor: Cursor, encoded: Encoded) -> None:
+        """Wait for Kafka's acknowledgement of a step, then store its cursor (and prune)."""
+        await self.sink.confirm(acks)
+        await self.source.store_cursor(self.options.name, cursor, encoded.relayed, encoded.dead)
+        self.stats.relayed += encoded.relayed
+        self.stats.dead_lettered += encoded.dead
+        self.stats.steps += 1
+        self.stats.cursor = cursor
+        if self.options.prune:
+            self._pruned = await self.source.prune(self._pruned) or self._pruned
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        return
+
+
+@dataclass(frozen=True)
+class Backoff:
+    first_s: float = 0.5
+    max_s: float = 30.0
+
+
+async def run_relay(cartridge: Cartridge, make_source: Callable[[], OutboxSource],
+                    make_sink: Callable[[], KafkaSink], options: RelayOptions, log: Log,
+                    stop: asyncio.Event, *, topics: TopicSpec | None = None,
+                    backoff: Backoff | None = None) -> RelayStats:
+    """Open the connections, take the relay's lock, create missing topics and run; on a lost database or
+    Kafka, log, wait and start again from the stored cursor (with `once`, fail instead)."""
+    topics = topics or TopicSpec()
+    backoff = backoff or Backoff()
+    stats = RelayStats()
+    delay = backoff.first_s
+    while not stop.is_set():
+        source, sink = make_source(), make_sink()
+        try:
+            await source.open()
+            if not await _lock(source, options, log, stop):
+                break
+            await sink.start()
+            await sink.ensure_topics([cartridge.topic, cartridge.dlq_topic], topics)
+            delay = backoff.first_s
+            await Relay(cartridge, source, sink, options, log, stats).run(stop)
+            break
+        except (OutboxUnavailable, KafkaUnavailable) as e:
+            if options.once:
+                raise
+            log(f"{e}; retrying in {delay:.1f}s from the stored cursor")
+            await _sleep_unless(stop, delay)
+            delay = min(delay * 2, backoff.max_s)
+        finally:
+            await _close(source, sink, log)
+    log(f"stopped: {stats.line()}")
+    return stats
+
+
+async def _lock(source: OutboxSource, options: RelayOptions, log: Log, stop: asyncio.Event) -> bool:
+    waited = False
+    while not await source.try_lock(options.name):
+        if options.once:
+            raise OutboxUnavailable(f"another relay named {options.name!r} is running on {source.tables}")
+        if not waited:
+            log(f"another relay named {options.name!r} holds {source.tables}; standing by")
+            waited = True
+        await _sleep_unless(stop, 2.0)
+        if stop.is_set():
+            return False
+    if waited:
+        log("took over the relay lock")
+    return True
+
+
+async def _close(source: OutboxSource, sink: KafkaSink, log: Log) -> None:
+    try:
+        await sink.stop()
+    except KafkaUnavailable as e:
+        log(f"closing the Kafka producer: {e}")
+    await source.close()

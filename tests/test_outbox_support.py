@@ -1,0 +1,185 @@
+"""Helpers for the ingress tests (no tests here): service variables, a fresh schema and cartridge per test,
+the relay and the webhook as subprocesses, outbox writers, and reading a topic back."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+
+from keel.cartridge import load_cartridge
+
+ROOT = Path(__file__).resolve().parents[1]
+services = pytest.mark.services
+
+
+def ingress_env() -> dict[str, str]:
+    """KEEL_POSTGRES_DSN and KEEL_KAFKA_BOOTSTRAP (skip, or fail under KEEL_REQUIRE_SERVICES=1)."""
+    from conftest import service_env
+    return {"KEEL_POSTGRES_DSN": service_env("KEEL_POSTGRES_DSN"),
+            "KEEL_KAFKA_BOOTSTRAP": service_env("KEEL_KAFKA_BOOTSTRAP")}
+
+
+def unique_cartridge(tmp_path: Path, name: str = "finance") -> Path:
+    """A copy of cartridges/<name> under a unique cartridge name, so its topics are fresh."""
+    folder = tmp_path / f"{name}-{uuid.uuid4().hex[:6]}"
+    folder.mkdir(parents=True)
+    for f in (ROOT / "cartridges" / name).iterdir():
+        if f.is_file():
+            (folder / f.name).write_bytes(f.read_bytes())
+    spec = yaml.safe_load((folder / "cartridge.yaml").read_text())
+    unique = f"ing{uuid.uuid4().hex[:10]}"
+    text = (folder / "cartridge.yaml").read_text().replace(f"name: {spec['name']}", f"name: {unique}", 1)
+    (folder / "cartridge.yaml").write_text(text)
+    assert load_cartridge(folder).name == unique
+    return folder
+
+
+def sample_envelopes(name: str = "finance") -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (ROOT / "cartridges" / name / "events.jsonl").read_text().splitlines()
+            if line.strip()]
+
+
+def fresh_schema(dsn: str) -> Iterator[str]:
+    """A unique schema, dropped afterwards (a generator for fixtures)."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    yield schema
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def ingress_cli(*args: str, env: dict[str, str], check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `python -m keel.ingress.cli ...` (the same commands `keel` gets through EXTENSION_MODULES)."""
+    proc = subprocess.run([sys.executable, "-m", "keel.ingress.cli", *args], check=False, capture_output=True,
+                          text=True, env={**os.environ, **env}, cwd=ROOT, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"keel {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+class Background:
+    """A keel ingress command as a subprocess, logging to a file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._out = open(log, "ab")  # noqa: SIM115 - open for the life of the subprocess
+        self.proc = subprocess.Popen([sys.executable, "-m", "keel.ingress.cli", *args], stdout=self._out,
+                                     stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=ROOT)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        self._out.close()
+
+    def terminate(self, timeout: float = 60) -> int:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"did not stop on SIGTERM within {timeout}s; log:\n{self.text()}") from None
+        finally:
+            self._out.close()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for_line(self, pattern: str, timeout: float = 60) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.text())
+            if found:
+                return found
+            if not self.alive():
+                raise AssertionError(f"exited {self.proc.returncode} before logging {pattern!r}:\n{self.text()}")
+            time.sleep(0.1)
+        raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n{self.text()}")
+
+
+def relay_process(folder: Path, schema: str, env: dict[str, str], log: Path, *extra: str) -> Background:
+    return Background(["outbox", "relay", str(folder), "--schema", schema, "--interval", "0.05", *extra], env, log)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
+               on_timeout: Callable[[], str] = lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{on_timeout()}")
+
+
+def insert(conn: psycopg.Connection, schema: str, envelope: dict[str, Any] | str) -> None:
+    text = envelope if isinstance(envelope, str) else json.dumps(envelope)
+    conn.execute(f"INSERT INTO {schema}.keel_outbox (envelope) VALUES (%s::jsonb)", (text,))
+
+
+def committed_rows(dsn: str, schema: str) -> list[dict[str, Any]]:
+    """Every envelope in the outbox in relay order, (xid, position)."""
+    with psycopg.connect(dsn) as conn:
+        return [row[0] for row in conn.execute(
+            f"SELECT envelope FROM {schema}.keel_outbox ORDER BY xid, position").fetchall()]
+
+
+def relay_caught_up(dsn: str, schema: str, relay: str) -> bool:
+    """The relay's stored cursor is the last row of the outbox."""
+    with psycopg.connect(dsn) as conn:
+        last = conn.execute(f"SELECT xid::text::bigint, position FROM {schema}.keel_outbox "
+                            f"ORDER BY xid DESC, position DESC LIMIT 1").fetchone()
+        cursor = conn.execute(f"SELECT xid::text::bigint, position FROM {schema}.keel_outbox_cursor "
+                              f"WHERE relay = %s", (relay,)).fetchone()
+    return last is None or (cursor is not None and tuple(cursor) >= tuple(last))
+
+
+def read_topic(bootstrap: str, topic: str, *, until: Callable[[list[Any]], bool], timeout: float = 60) -> list[Any]:
+    """Records of a topic from the beginning, until `until(records)` holds or the timeout passes."""
+    from aiokafka import AIOKafkaConsumer
+
+    async def go() -> list[Any]:
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
+                                    auto_offset_reset="earliest", enable_auto_commit=False)
+        await consumer.start()
+        out: list[Any] = []
+        try:
+            deadline = time.monotonic() + timeout
+            while not until(out) and time.monotonic() < deadline:
+                for records in (await consumer.getmany(timeout_ms=300)).values():
+                    out += records
+        finally:
+            await consumer.stop()
+        return out
+    return asyncio.run(go())
+
+
+def ids_of(records: list[Any]) -> list[str]:
+    return [json.loads(r.value)["id"] for r in records]
+
+
+def first_occurrences_by_tenant(envelopes: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """tenant → ids in order of first appearance (duplicates dropped)."""
+    out: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for e in envelopes:
+        if e["id"] not in seen:
+            seen.add(e["id"])
+            out.setdefault(e["tenant"], []).append(e["id"])
+    return out
