@@ -74,6 +74,17 @@ _ARITY = {"e": 0, "l": 1, "f": 2, "r": 2}
 
 # ---- encodings -------------------------------------------------------------------------------
 
+class GenerationChanged(StoreUnavailable):
+    """A strict writer's batch met a new current generation (a replay cut over): drop what was computed
+    from the old one and plan again from the new generation."""
+
+    def __init__(self, tenant: str, old: int, new: int) -> None:
+        super().__init__(f"tenant {tenant!r} moved from generation {old} to {new} (a replay cut over); "
+                         f"the batch must be planned again", tenant=tenant)
+        self.old = old
+        self.new = new
+
+
 def _escape(part: str) -> str:
     return part.replace("%", "%25").replace("|", "%7C") if ("%" in part or "|" in part) else part
 
@@ -353,8 +364,9 @@ class RedisStore(Store):
     """A Store over Redis (single node or Cluster); one namespace (a cartridge) per instance."""
 
     def __init__(self, client: Client, *, namespace: str, pins: dict[str, int] | None = None,
-                 owns_client: bool = True) -> None:
+                 owns_client: bool = True, strict_generations: bool = False) -> None:
         self._client = client
+        self.strict_generations = strict_generations   # writers raise GenerationChanged instead of following
         self.namespace = _check_name("namespace", namespace)
         self._registry = f"keel:{{{namespace}}}:tenants"
         self._pins: dict[str, int] = dict(pins or {})
@@ -368,9 +380,11 @@ class RedisStore(Store):
         self._read = client.register_script(redis_scripts.READ)
         self._switch = client.register_script(redis_scripts.SWITCH)
         self._new_gen = client.register_script(redis_scripts.NEW_GENERATION)
+        self._switch_if = client.register_script(redis_scripts.SWITCH_IF_CAUGHT_UP)
 
     @classmethod
-    def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None, **options: Any) -> RedisStore:
+    def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None,
+                 strict_generations: bool = False, **options: Any) -> RedisStore:
         """Connect to `redis://…`; `cluster=None` asks the server (`INFO cluster`) whether it is a Cluster node."""
         options.setdefault("socket_connect_timeout", 5)
         options.setdefault("socket_timeout", 30)
@@ -388,7 +402,7 @@ class RedisStore(Store):
                 client = redis.Redis.from_url(url, decode_responses=True, **options)
         except RedisError as e:
             raise StoreUnavailable(f"cannot connect to Redis at {url}: {type(e).__name__}: {e}") from e
-        return cls(client, namespace=namespace)
+        return cls(client, namespace=namespace, strict_generations=strict_generations)
 
     @property
     def client(self) -> Client:
@@ -543,7 +557,10 @@ class RedisStore(Store):
             self._pv_len[d] = int(result[1])
             return True
         if code == 0:
+            old = self._gens.get(p.tenant, 1)
             self._gens[p.tenant] = int(result[1])
+            if self.strict_generations and p.tenant not in self._pins:
+                raise GenerationChanged(p.tenant, old, int(result[1]))
         elif code == 2:
             self._pv_len[d] = int(result[1])
         else:
@@ -760,6 +777,22 @@ class RedisStore(Store):
             self._register(tenant)
             self._switch(keys=[n.gen, n.gseq], args=[int(gen)])
         self._gens[tenant] = int(gen)
+
+    def switch_when_caught_up(self, tenant: str, expected: int, gen: int,
+                              positions: Sequence[tuple[str, int]]) -> bool | str:
+        """Cut over to `gen` atomically if the current generation is still `expected` and `gen` has applied
+        at least as far as the current one on every (topic, partition). True when switched; False when the
+        current generation moved; else the lagging offset field (read further and try again)."""
+        n = self._n(tenant)
+        with self._guard("switch_when_caught_up", tenant):
+            self._register(tenant)
+            result = self._switch_if(keys=[n.gen, n.gseq, n.data(int(expected)) + "m", n.data(int(gen)) + "m"],
+                                     args=[str(int(expected)), int(gen),
+                                           *(_offset_field(t, p) for t, p in positions)])
+        if int(result[0]) == 1:
+            self._gens[tenant] = int(gen)
+            return True
+        return False if int(result[0]) == 0 else str(result[1])
 
     def drop_generation(self, tenant: str, gen: int) -> int:
         """Delete a generation that is not current, through its entity index; returns keys deleted."""

@@ -206,6 +206,24 @@ if tonumber(ARGV[1]) > s then redis.call('SET', KEYS[2], ARGV[1]) end
 return 1
 """
 
+# KEYS: 1 gen, 2 gen sequence, 3 meta hash of the current generation, 4 meta hash of the new one.
+# ARGV: 1 expected current generation, 2 new generation, 3.. offset fields that must have caught up.
+# Switches only when the current generation is still ARGV[1] and, for every field, the new generation's
+# offset is at least the current one's: {1} switched, {0, current} moved meanwhile, {-1, field} behind.
+SWITCH_IF_CAUGHT_UP = """
+local cur = redis.call('GET', KEYS[1]) or '1'
+if cur ~= ARGV[1] then return {0, cur} end
+for i = 3, #ARGV do
+  local live = tonumber(redis.call('HGET', KEYS[3], ARGV[i]) or '-1')
+  local new = tonumber(redis.call('HGET', KEYS[4], ARGV[i]) or '-1')
+  if new < live then return {-1, ARGV[i]} end
+end
+redis.call('SET', KEYS[1], ARGV[2])
+local s = tonumber(redis.call('GET', KEYS[2]) or '1')
+if tonumber(ARGV[2]) > s then redis.call('SET', KEYS[2], ARGV[2]) end
+return {1}
+"""
+
 # KEYS: 1 gen, 2 gen sequence. Hands out a generation number never used before.
 NEW_GENERATION = """
 local cur = tonumber(redis.call('GET', KEYS[1]) or '1')
