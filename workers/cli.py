@@ -1,8 +1,179 @@
-"""Subcommands this package adds to `keel` (see keel.cli.EXTENSION_MODULES)."""
+"""Subcommands this package adds to `keel` (see keel.cli.EXTENSION_MODULES): publish, worker, status, replay.
+
+Heavy imports (faust, aiokafka, redis) happen inside the commands, so `keel --help` stays fast.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+
+from keel.config import Settings, resolve
+
+LOG_LEVELS = ("crit", "error", "warn", "info", "debug")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this package's subcommands to the `keel` parser."""
+    kafka = argparse.ArgumentParser(add_help=False)
+    kafka.add_argument("--kafka", metavar="BOOTSTRAP", help="Kafka bootstrap servers, comma-separated "
+                       "(env KEEL_KAFKA_BOOTSTRAP, default 127.0.0.1:9092)")
+    topics = argparse.ArgumentParser(add_help=False)
+    topics.add_argument("--partitions", type=_positive, default=8,
+                        help="partitions of topics created when missing (default 8)")
+    topics.add_argument("--replication-factor", type=_positive, default=1,
+                        help="replication factor of topics created when missing (default 1)")
+    redis = argparse.ArgumentParser(add_help=False)
+    redis.add_argument("--redis", metavar="URL", help="Redis URL, redis://host:port/db (env KEEL_REDIS_URL)")
+
+    p = sub.add_parser("publish", parents=[kafka, topics], help="send an events file to the cartridge's topic",
+                       description="Check each line of an events file with the cartridge's catalog and send "
+                                   "each valid envelope (canonical form, as file mode reads it) to "
+                                   "keel.<cartridge>.events keyed by tenant, acks=all. Bad lines are reported "
+                                   "with their line numbers and not sent. Exit 0 when every line was sent, "
+                                   "2 when some were rejected (the valid ones are sent).")
+    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("events", help="JSONL events file")
+    p.add_argument("--quiet", action="store_true", help="no progress and no summary")
+    p.set_defaults(run=cmd_publish)
+
+    p = sub.add_parser("worker", parents=[kafka, redis, topics], help="run the stream worker of one or more cartridges",
+                       description="Consume keel.<cartridge>.events (consumer group keel.<cartridge>.worker), apply "
+                                   "the cartridge's handlers and write each batch to Redis atomically per tenant "
+                                   "with the tenant's applied offset; rejected records go to keel.<cartridge>.dlq. "
+                                   "Runs until SIGTERM/SIGINT (the in-flight batch is finished first).")
+    p.add_argument("cartridges", nargs="+", metavar="cartridge", help="cartridge folder(s)")
+    p.add_argument("--batch", type=_positive, default=5000, help="records per batch (default 5000)")
+    p.add_argument("--within", type=float, default=0.5, metavar="SECONDS",
+                   help="how long a fetch waits to fill a batch (default 0.5)")
+    p.add_argument("--max-mirrored-tenants", type=_positive, default=100_000,
+                   help="tenants kept in the in-process mirror (least recently used are dropped; default 100000)")
+    p.add_argument("--allow-global-notes", action="store_true", default=None,
+                   help="apply global-scope notes (env KEEL_ALLOW_GLOBAL_NOTES)")
+    p.add_argument("-l", "--loglevel", choices=LOG_LEVELS, default="info", help="log level (default info)")
+    p.add_argument("--quiet", action="store_true", help="no startup banner")
+    p.set_defaults(run=cmd_worker)
+
+    p = sub.add_parser("status", parents=[kafka, redis], help="lag, offsets and dead letters of a cartridge's workers",
+                       description="Per partition: log end, the worker group's committed offset and lag; per tenant "
+                                   "(from Redis): the applied offset; dead letters.")
+    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("--tenant", help="only this tenant's applied offsets")
+    p.add_argument("--json", action="store_true", help="print {lag, partitions, tenants, dead_letters} as JSON")
+    p.set_defaults(run=cmd_status)
+
+    p = sub.add_parser("replay", parents=[kafka, redis], help="rebuild tenants from the topic, no downtime",
+                       description="Rebuild a tenant (or every tenant) from its partition of keel.<cartridge>.events "
+                                   "into a shadow generation while live ingestion continues, cut over atomically "
+                                   "once caught up, then delete the old generation. Interrupted, the served graph "
+                                   "is untouched and a rerun completes.")
+    p.add_argument("cartridge", help="cartridge folder")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--tenant", action="append", help="tenant to rebuild (repeatable)")
+    which.add_argument("--all", action="store_true", help="every tenant keyed in the topic")
+    p.add_argument("--batch", type=_positive, default=5000, help="events per commit to the shadow (default 5000)")
+    p.add_argument("--allow-global-notes", action="store_true", default=None,
+                   help="as the worker runs (env KEEL_ALLOW_GLOBAL_NOTES): judge global notes the same way")
+    p.add_argument("--quiet", action="store_true", help="no progress and no summary")
+    p.set_defaults(run=cmd_replay)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    return resolve(vars(args))
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from keel.cartridge import load_cartridge
+    from keel.embedded import print_reject
+    from keel.errors import UsageError
+
+    from .kafka import TopicSpec
+    from .publish import publish_file
+
+    cartridge = load_cartridge(args.cartridge)
+    try:
+        open(args.events, "rb").close()
+    except OSError as e:
+        raise UsageError(f"events file {args.events}: {e.strerror}") from None
+    settings = settings_of(args)
+    progress = None if args.quiet or not sys.stderr.isatty() else _progress_printer()
+    report = publish_file(cartridge, args.events, settings.kafka_bootstrap,
+                          topics=TopicSpec(args.partitions, args.replication_factor),
+                          on_reject=print_reject(args.events), progress=progress)
+    if progress is not None:
+        print(file=sys.stderr)
+    if not args.quiet:
+        print(report.summary())
+    return 2 if report.rejected else 0
+
+
+def _progress_printer() -> Callable[[int, int], None]:
+    last = [0.0]
+
+    def show(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.2 or done == total:
+            last[0] = now
+            print(f"\rpublishing: {done}/{total} acknowledged", end="", file=sys.stderr, flush=True)
+    return show
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from keel.cartridge import load_cartridge
+    from keel.errors import UsageError
+
+    from .app import run_worker
+    from .ingest import WorkerOptions
+    from .kafka import TopicSpec
+
+    cartridges = [load_cartridge(c) for c in args.cartridges]
+    names = [c.name for c in cartridges]
+    if len(set(names)) != len(names):
+        raise UsageError(f"the same cartridge is named twice: {', '.join(names)}")
+    settings = settings_of(args)
+    if not settings.redis_url:
+        raise UsageError("the worker writes to Redis: pass --redis URL or set KEEL_REDIS_URL")
+    options = WorkerOptions(batch=args.batch, within_s=args.within,
+                            topics=TopicSpec(args.partitions, args.replication_factor),
+                            max_mirrored_tenants=args.max_mirrored_tenants)
+    return run_worker(cartridges, settings, options, loglevel=args.loglevel, quiet=args.quiet)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from keel.cartridge import load_cartridge
+
+    from .status import gather_status, render_status
+
+    cartridge = load_cartridge(args.cartridge)
+    doc = gather_status(cartridge, settings_of(args), tenant=args.tenant)
+    print(json.dumps(doc, indent=2) if args.json else render_status(doc))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from keel.cartridge import load_cartridge
+
+    from .replay import ReplayOptions, replay
+    from .replay_progress import Progress
+
+    cartridge = load_cartridge(args.cartridge)
+    progress = Progress(f"replay {cartridge.name}", quiet=args.quiet)
+    report = replay(cartridge, settings_of(args), tenants=None if args.all else list(dict.fromkeys(args.tenant)),
+                    options=ReplayOptions(batch=args.batch), progress=progress)
+    if not args.quiet:
+        print(report.summary())
+    return 0

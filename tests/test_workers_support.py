@@ -1,0 +1,261 @@
+"""Helpers for the worker tests (no tests here): a durable fake with RedisStore's batch API, records as a
+topic would hold them, cartridge copies with unique names, and the real-services plumbing (subprocess
+workers, waiting for lag 0, digests)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from keel.cartridge import Cartridge, load_cartridge
+from keel.digest import digest
+from keel.embedded import build_embedded
+from keel.errors import StoreUnavailable
+from keel.store.base import Write
+from keel.store.memory import MemoryStore
+from workers.publish import prepare
+from workers.records import Record
+from workers.status import partition_for
+
+ROOT = Path(__file__).resolve().parents[1]
+CARTRIDGES = ("finance", "fleet", "salon")
+T0_MS = 1_790_000_000_000          # a fixed LogAppendTime for records built in tests
+
+
+class FakeDurable(MemoryStore):
+    """MemoryStore + RedisStore's batch API (commit_batch, applied_offset), with failure injection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offsets: dict[tuple[str, str, int], int] = {}
+        self.commits = 0
+        self.fail_after: int | None = None      # raise StoreUnavailable on the commit after this many
+
+    def commit_batch(self, tenant: str, events: list[tuple[list[Write], str]],
+                     position: tuple[str, int, int] | None) -> None:
+        if self.fail_after is not None and self.commits >= self.fail_after:
+            self.fail_after = None
+            raise StoreUnavailable("injected failure", tenant=tenant)
+        self.commits += 1
+        for writes, event_id in events:
+            if event_id and self.has_event(tenant, event_id):
+                continue
+            self.apply_writes(tenant, writes, event_id)
+        if position is not None:
+            key = (tenant, position[0], position[1])
+            self.offsets[key] = max(self.offsets.get(key, -1), position[2])
+
+    def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
+        return self.offsets.get((tenant, topic, partition))
+
+
+class FakeDurableMany(FakeDurable):
+    """FakeDurable that also pipelines steps of several tenants (RedisStore.commit_many)."""
+
+    def commit_many(self, steps: list[tuple[str, list[tuple[list[Write], str]], tuple[str, int, int] | None]]) -> None:
+        for tenant, events, position in steps:
+            self.commit_batch(tenant, events, position)
+
+
+def topic_records(values: Iterable[tuple[bytes | None, bytes | None]], *, topic: str = "keel.t.events",
+                  partitions: int = 4, timestamp_ms: int = T0_MS) -> list[Record]:
+    """(key, value) pairs laid out on partitions the way Kafka's default partitioner would, with offsets."""
+    next_offset = [0] * partitions
+    out = []
+    for i, (key, value) in enumerate(values):
+        p = partition_for(key.decode(), partitions) if key else i % partitions
+        out.append(Record(topic, p, next_offset[p], timestamp_ms + i, key, value))
+        next_offset[p] += 1
+    return out
+
+
+def by_partition_batches(records: list[Record], size: int) -> list[list[Record]]:
+    """Batches as a consumer fetches them: each partition's records in order, interleaved across partitions."""
+    queues: dict[int, list[Record]] = {}
+    for r in records:
+        queues.setdefault(r.partition, []).append(r)
+    batches, batch = [], []
+    while any(queues.values()):
+        for p in sorted(queues):
+            take = queues[p][:max(1, size // 4)]
+            queues[p] = queues[p][len(take):]
+            batch += take
+            if len(batch) >= size:
+                batches.append(batch)
+                batch = []
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def sample_records(name: str, **kwargs: Any) -> list[Record]:
+    """A cartridge's sample stream as `keel publish` sends it (canonical envelopes, key = tenant)."""
+    cartridge = load_cartridge(ROOT / "cartridges" / name)
+    return topic_records(prepare(cartridge, ROOT / "cartridges" / name / "events.jsonl").records, **kwargs)
+
+
+def embedded_digests(cartridge: Cartridge, events: Path) -> dict[str, str]:
+    """{tenant: digest} of the embedded build of an events file."""
+    with open(os.devnull, "w") as quiet:
+        projector, report = build_embedded(cartridge, events, stream=quiet)
+    return {t: digest(projector.store, t) for t in sorted(report.tenants)}
+
+
+def write_jsonl(path: Path, envelopes: Iterable[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in envelopes))
+    return path
+
+
+# ---- real services ------------------------------------------------------------------------------
+
+def services_env() -> dict[str, str]:
+    """KEEL_KAFKA_BOOTSTRAP and KEEL_REDIS_URL from the environment (skip, or fail under KEEL_REQUIRE_SERVICES)."""
+    from conftest import service_env
+    return {"KEEL_KAFKA_BOOTSTRAP": service_env("KEEL_KAFKA_BOOTSTRAP"),
+            "KEEL_REDIS_URL": service_env("KEEL_REDIS_URL")}
+
+
+def unique_cartridge(tmp_path: Path, name: str, prefix: str = "t") -> Path:
+    """A copy of cartridges/<name> under a unique cartridge name, so topics and Redis namespaces are fresh."""
+    folder = tmp_path / name
+    if folder.exists():
+        folder = tmp_path / f"{name}-{uuid.uuid4().hex[:6]}"
+    src = ROOT / "cartridges" / name
+    folder.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file():
+            (folder / f.name).write_bytes(f.read_bytes())
+    spec = yaml.safe_load((folder / "cartridge.yaml").read_text())
+    unique = f"{prefix}{uuid.uuid4().hex[:10]}"
+    text = (folder / "cartridge.yaml").read_text().replace(f"name: {spec['name']}", f"name: {unique}", 1)
+    (folder / "cartridge.yaml").write_text(text)
+    assert load_cartridge(folder).name == unique
+    return folder
+
+
+def keel(*args: str, env: dict[str, str], check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the keel CLI in a subprocess."""
+    proc = subprocess.run([sys.executable, "-m", "keel.cli", *args], check=False, capture_output=True,
+                          text=True, env={**os.environ, **env}, cwd=ROOT, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"keel {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+class WorkerProcess:
+    """`keel worker` as a subprocess, logging to a file."""
+
+    def __init__(self, cartridges: list[Path], env: dict[str, str], log: Path, *extra: str) -> None:
+        self.log = log
+        self._out = open(log, "ab")  # noqa: SIM115 - open for the life of the subprocess
+        self.proc = subprocess.Popen([sys.executable, "-m", "keel.cli", "worker", *map(str, cartridges),
+                                      "--quiet", *extra], stdout=self._out, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **env}, cwd=ROOT)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def terminate(self, timeout: float = 60) -> int:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"worker did not stop on SIGTERM within {timeout}s; log:\n{self.text()}") from None
+        finally:
+            self._out.close()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.3,
+               on_timeout: Callable[[], str] = lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{on_timeout()}")
+
+
+def status(cartridge: Path, env: dict[str, str]) -> dict[str, Any]:
+    from keel.config import resolve
+    from workers.status import gather_status
+    settings = resolve({"kafka": env["KEEL_KAFKA_BOOTSTRAP"], "redis": env["KEEL_REDIS_URL"]})
+    return gather_status(load_cartridge(cartridge), settings, per_tenant=False)
+
+
+def wait_applied(cartridge: Path, env: dict[str, str], expected: int, worker: WorkerProcess | None = None,
+                 timeout: float = 180) -> None:
+    """Wait until the worker group committed every one of `expected` records (lag 0)."""
+    def done() -> bool:
+        doc = status(cartridge, env)
+        ends = sum(p["end"] for p in doc["partitions"])
+        if worker is not None and not worker.alive():
+            raise AssertionError(f"worker exited with {worker.proc.returncode}:\n{worker.text()}")
+        return ends >= expected and doc["lag"] == 0
+    wait_until(done, timeout, f"lag 0 over {expected} records",
+               on_timeout=lambda: worker.text() if worker is not None else "")
+
+
+def redis_digests(cartridge: Path, env: dict[str, str], tenants: Iterable[str]) -> dict[str, str]:
+    from keel.store.redis import RedisStore
+    store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=load_cartridge(cartridge).name)
+    try:
+        return {t: digest(store, t) for t in sorted(tenants)}
+    finally:
+        store.close()
+
+
+def produce_raw(env: dict[str, str], topic: str, records: list[tuple[bytes | None, bytes | None]],
+                partitions: int = 8) -> None:
+    """Produce records exactly as given (bytes a product could send), creating the topic like Keel does."""
+    from workers.kafka import TopicSpec, ensure_topics
+    from workers.publish import send_records
+
+    async def go() -> None:
+        await ensure_topics(env["KEEL_KAFKA_BOOTSTRAP"], [topic], TopicSpec(partitions))
+        await send_records(env["KEEL_KAFKA_BOOTSTRAP"], topic, records)  # type: ignore[arg-type]
+    asyncio.run(go())
+
+
+def read_topic(env: dict[str, str], topic: str, expected: int, timeout: float = 60) -> list[Any]:
+    """Every record of a topic (from the beginning), waiting until at least `expected` are there."""
+    from aiokafka import AIOKafkaConsumer
+
+    async def go() -> list[Any]:
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=env["KEEL_KAFKA_BOOTSTRAP"], group_id=None,
+                                    auto_offset_reset="earliest", enable_auto_commit=False)
+        await consumer.start()
+        out: list[Any] = []
+        try:
+            deadline = time.monotonic() + timeout
+            while len(out) < expected and time.monotonic() < deadline:
+                fetched = await consumer.getmany(timeout_ms=500)
+                for recs in fetched.values():
+                    out += recs
+        finally:
+            await consumer.stop()
+        return out
+    return asyncio.run(go())
+
+
+services = pytest.mark.services

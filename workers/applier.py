@@ -1,0 +1,233 @@
+"""Batch logic of a worker, without Kafka: records → events → handlers on the mirror → one commit per tenant.
+
+`plan(records)` parses each record, skips what the durable store already holds (offset <= the tenant's
+applied offset for that partition, or an event id already applied), runs the cartridge handler through
+the Projector on the tenant's mirror and collects each event's writes. Rejected envelopes and handler
+failures become dead letters; they never stop the batch. `write(plan)` then writes each tenant's events,
+event ids and last offset in one atomic `commit_batch` step (several tenants' steps per round trip with
+`commit_many`); `settle`/`discard` follow with the mirrors. Nothing here is async: the worker runs planning
+on one thread and writing on another (see pipeline.py); the record key must be the envelope's tenant.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from keel.cartridge import Cartridge
+from keel.envelope import TENANT
+from keel.errors import EnvelopeRejected, HandlerFailed, KeelError, StoreUnavailable
+from keel.projector import Projector
+from keel.store.base import GLOBAL_TENANT, Write
+
+from .mirror import BatchStore, Mirrors, Position, TopicPartition
+from .records import Record
+
+Event = tuple[list[Write], str]
+Step = tuple[str, list[Event], Position | None]     # one commit_batch call: tenant, events, position
+COMMIT_CHUNK = 256          # tenant steps per round trip when the store can pipeline them
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A record that cannot be applied, with why; it goes to the dead-letter topic as it came."""
+    record: Record
+    reason: str
+    event_id: str | None = None
+    tenant: str | None = None
+
+
+@dataclass
+class TenantBatch:
+    """One tenant's share of a batch from one partition: what one `commit_batch` call writes."""
+    tenant: str
+    topic: str
+    partition: int
+    events: list[Event] = field(default_factory=list)
+    last_offset: int | None = None
+
+    @property
+    def position(self) -> Position | None:
+        return None if self.last_offset is None else (self.topic, self.partition, self.last_offset)
+
+
+@dataclass
+class BatchPlan:
+    """Everything a batch will write, computed before anything is written."""
+    tenants: dict[tuple[str, str, int], TenantBatch] = field(default_factory=dict)
+    global_notes: list[Event] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    records: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    skipped: int = 0
+    touched: set[str] = field(default_factory=set)
+
+    def batch_of(self, tenant: str, record: Record) -> TenantBatch:
+        key = (tenant, record.topic, record.partition)
+        batch = self.tenants.get(key)
+        if batch is None:
+            batch = self.tenants[key] = TenantBatch(tenant, record.topic, record.partition)
+        return batch
+
+
+class BatchApplier:
+    """Plans and commits batches of one cartridge's records against a durable store, through mirrors."""
+
+    def __init__(self, cartridge: Cartridge, durable: BatchStore, *, writer: BatchStore | None = None,
+                 allow_global_notes: bool = False, max_mirrored_tenants: int = 100_000) -> None:
+        self.cartridge = cartridge
+        self.durable = durable                          # mirrors load from it (the planning thread)
+        self.writer = writer if writer is not None else durable     # commits go through it (maybe another thread)
+        self.mirrors = Mirrors(durable, max_tenants=max_mirrored_tenants)
+        self.recorder = self.mirrors.memory
+        self.projector = Projector(cartridge, self.recorder, allow_global_notes=allow_global_notes)
+
+    # ---- planning -------------------------------------------------------------------------------
+
+    def plan(self, records: list[Record]) -> BatchPlan:
+        """Run the handlers of a batch on the mirrors; nothing durable is written. On any error the
+        mirrors this batch touched are dropped (they hold writes that were never committed)."""
+        plan = BatchPlan()
+        try:
+            self.mirrors.prefetch(_tenants_by_key(records))
+            for record in records:
+                plan.records += 1
+                self._plan_record(plan, record)
+        except BaseException:
+            self.mirrors.drop(plan.touched)
+            raise
+        self.mirrors.pin(plan.touched)
+        return plan
+
+    def _plan_record(self, plan: BatchPlan, record: Record) -> None:
+        try:
+            if record.value is None:
+                raise EnvelopeRejected("empty record: the value must be an event envelope")
+            event = self.projector.parse(record.value, default_recorded_at=record.timestamp_micros)
+        except EnvelopeRejected as e:
+            tenant = e.tenant if e.tenant and TENANT.match(e.tenant) else None
+            if tenant is not None and self._already_applied(plan, tenant, record):
+                return
+            self._dead(plan, record, e.reason, e.event_id, tenant)
+            return
+        tenant = event.tenant
+        if self._already_applied(plan, tenant, record):
+            return
+        if record.key != tenant.encode():
+            shown = None if record.key is None else record.key.decode("utf-8", "replace")
+            self._dead(plan, record, f"record key {shown!r} is not the envelope's tenant {tenant!r} "
+                                     f"(Keel's topics are keyed by tenant)", event.id, tenant)
+            return
+        batch = plan.batch_of(tenant, record)
+        batch.last_offset = record.offset
+        self.recorder.take()
+        self.recorder.recording = True
+        try:
+            outcome = self.projector.apply(event)
+        except StoreUnavailable:
+            raise
+        except EnvelopeRejected as e:
+            self._dead(plan, record, e.reason, event.id, tenant)
+            return
+        except HandlerFailed as e:
+            self._dead(plan, record, str(e), event.id, tenant)
+            return
+        except KeelError as e:
+            self._dead(plan, record, f"{type(e).__name__}: {e}", event.id, tenant)
+            return
+        finally:
+            self.recorder.recording = False
+            applied = self.recorder.take()
+        if outcome == "duplicate":
+            plan.duplicates += 1
+            return
+        plan.applied += 1
+        for where, writes, event_id in applied:
+            if where == GLOBAL_TENANT:     # a global note: marked with a tenant-qualified id, so it is idempotent too
+                plan.global_notes.append((writes, f"{tenant}/{event.id}"))
+            else:
+                batch.events.append((writes, event_id or event.id))
+
+    def _already_applied(self, plan: BatchPlan, tenant: str, record: Record) -> bool:
+        plan.touched.add(tenant)
+        applied = self.mirrors.applied_offset(tenant, record.topic, record.partition)
+        if applied is not None and record.offset <= applied:
+            plan.skipped += 1
+            return True
+        return False
+
+    def _dead(self, plan: BatchPlan, record: Record, reason: str, event_id: str | None, tenant: str | None) -> None:
+        plan.dead_letters.append(DeadLetter(record, reason, event_id, tenant))
+        if tenant is not None:     # its offset counts as handled: a redelivery does not dead-letter it again
+            plan.batch_of(tenant, record).last_offset = record.offset
+
+    # ---- committing -----------------------------------------------------------------------------
+
+    @staticmethod
+    def steps(plan: BatchPlan) -> list[Step]:
+        """The plan's commit steps: global notes first, then one atomic step per tenant (and partition)."""
+        steps: list[Step] = []
+        if plan.global_notes:
+            steps.append((GLOBAL_TENANT, plan.global_notes, None))
+        steps += [(b.tenant, b.events, b.position) for b in plan.tenants.values() if b.position is not None]
+        return steps
+
+    def write(self, plan: BatchPlan) -> None:
+        """Commit a plan to the durable store: each tenant's events + ids + offset in one atomic step (steps
+        of several tenants share round trips when the store has `commit_many`). Touches no mirror, so it may
+        run on another thread while the next batch is planned."""
+        steps = self.steps(plan)
+        commit_many = getattr(self.writer, "commit_many", None)
+        for i in range(0, len(steps), COMMIT_CHUNK):
+            chunk = steps[i:i + COMMIT_CHUNK]
+            if commit_many is not None:
+                commit_many(chunk)
+            else:
+                for tenant, events, position in chunk:
+                    self.writer.commit_batch(tenant, events, position)
+
+    def settle(self, plan: BatchPlan) -> None:
+        """After `write`: the mirrors' applied offsets follow what the durable store now holds."""
+        for tenant, _, position in self.steps(plan):
+            if position is not None:
+                self.mirrors.committed(tenant, position)
+        self.mirrors.unpin(plan.touched)
+        self.mirrors.trim()
+
+    def discard(self, plan: BatchPlan | None) -> None:
+        """A plan that will not be written as computed: drop the mirrors it changed."""
+        if plan is not None:
+            self.mirrors.unpin(plan.touched)
+            self.mirrors.drop(plan.touched)
+
+    def commit(self, plan: BatchPlan) -> None:
+        """write + settle; on failure the plan's mirrors are dropped (Redis may hold part of it)."""
+        try:
+            self.write(plan)
+        except BaseException:
+            self.discard(plan)
+            raise
+        self.settle(plan)
+
+    # ---- ownership ------------------------------------------------------------------------------
+
+    def forget(self, partitions: set[TopicPartition] | None = None) -> int:
+        """Drop the mirrors of tenants seen on these partitions (all when None); returns how many."""
+        if partitions is None:
+            n = len(self.mirrors)
+            self.mirrors.clear()
+            return n
+        return self.mirrors.drop_partitions(partitions)
+
+
+def _tenants_by_key(records: list[Record]) -> dict[str, set[TopicPartition]]:
+    """Tenants the records' keys name (key = tenant on Keel's topics), with the partitions they came from."""
+    by_key: dict[bytes, set[TopicPartition]] = {}
+    for r in records:
+        if r.key:
+            by_key.setdefault(r.key, set()).add((r.topic, r.partition))
+    out: dict[str, set[TopicPartition]] = {}
+    for key, tps in by_key.items():
+        tenant = key.decode("utf-8", "replace")
+        if TENANT.match(tenant):
+            out[tenant] = tps
+    return out

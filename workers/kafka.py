@@ -1,0 +1,140 @@
+"""The Kafka boundary: aiokafka clients configured the way Keel needs them, topics, offsets, and the
+translation of client errors into KeelError (nothing above this module sees an aiokafka exception)."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+
+from keel.errors import KeelError
+
+TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}   # recorded_at of envelopes without one
+_ALREADY_EXISTS = 36
+
+
+class KafkaUnavailable(KeelError):
+    """Kafka could not be reached or refused a request."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """How Keel creates a missing topic."""
+    partitions: int = 8
+    replication_factor: int = 1
+
+
+@dataclass(frozen=True)
+class PartitionOffsets:
+    """One partition of a topic: log end, the group's committed offset (None: never committed), lag."""
+    partition: int
+    end: int
+    committed: int | None
+    lag: int
+
+
+@asynccontextmanager
+async def kafka_guard(what: str, bootstrap: str) -> AsyncIterator[None]:
+    """Translate aiokafka/network errors into KafkaUnavailable, naming the operation and the bootstrap."""
+    try:
+        yield
+    except KafkaError as e:
+        raise KafkaUnavailable(f"Kafka {what} failed at {bootstrap}: {type(e).__name__}: {e}") from e
+    except (TimeoutError, OSError) as e:
+        raise KafkaUnavailable(f"Kafka {what} failed at {bootstrap}: {type(e).__name__}: {e}") from e
+
+
+def bootstrap_list(bootstrap: str) -> list[str]:
+    return [b.strip().removeprefix("kafka://") for b in bootstrap.split(",") if b.strip()]
+
+
+def new_producer(bootstrap: str, **options: object) -> AIOKafkaProducer:
+    """An idempotent producer with acks=all: a record is acknowledged once every in-sync replica has it,
+    and retries never reorder or duplicate records of one partition."""
+    options.setdefault("linger_ms", 5)
+    options.setdefault("max_batch_size", 512 * 1024)
+    return AIOKafkaProducer(bootstrap_servers=bootstrap_list(bootstrap), acks="all", enable_idempotence=True,
+                            client_id="keel", **options)  # type: ignore[arg-type]
+
+
+def new_consumer(bootstrap: str, topic: str, group: str, **options: object) -> AIOKafkaConsumer:
+    """A group consumer without auto-commit: the worker commits offsets itself, after the Redis write."""
+    options.setdefault("max_partition_fetch_bytes", 4 << 20)
+    options.setdefault("fetch_max_bytes", 64 << 20)
+    return AIOKafkaConsumer(bootstrap_servers=bootstrap_list(bootstrap), group_id=group, client_id="keel-worker",
+                            enable_auto_commit=False, auto_offset_reset="earliest",
+                            isolation_level="read_committed", **options)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def admin_client(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_list(bootstrap), client_id="keel-admin")
+    async with kafka_guard("connect", bootstrap):
+        await admin.start()
+    try:
+        yield admin
+    finally:
+        await admin.close()
+
+
+async def ensure_topics(bootstrap: str, topics: list[str], spec: TopicSpec) -> dict[str, int]:
+    """Create the topics that are missing (LogAppendTime); returns every topic's partition count."""
+    async with admin_client(bootstrap) as admin:
+        async with kafka_guard("list topics", bootstrap):
+            existing = set(await admin.list_topics())    # a metadata request naming a topic may auto-create it
+        missing = [t for t in topics if t not in existing]
+        if missing:
+            async with kafka_guard("create topics", bootstrap):
+                response = await admin.create_topics(
+                    [NewTopic(t, spec.partitions, spec.replication_factor, topic_configs=dict(TOPIC_CONFIG))
+                     for t in missing])
+            for err in response.to_object().get("topic_errors", []):
+                if err["error_code"] not in (0, _ALREADY_EXISTS):
+                    raise KafkaUnavailable(f"cannot create topic {err['topic']}: error {err['error_code']} "
+                                           f"{err.get('error_message') or ''}".rstrip())
+        return await _partition_counts(admin, bootstrap, topics)
+
+
+async def _partition_counts(admin: AIOKafkaAdminClient, bootstrap: str, topics: list[str]) -> dict[str, int]:
+    for _ in range(50):                                   # a new topic's metadata takes a moment to spread
+        async with kafka_guard("describe topics", bootstrap):
+            described = await admin.describe_topics(topics)
+        counts = {d["topic"]: len(d["partitions"]) for d in described if d["error_code"] == 0 and d["partitions"]
+                  and all(p["leader"] >= 0 for p in d["partitions"])}
+        if len(counts) == len(topics):
+            return counts
+        await asyncio.sleep(0.1)
+    raise KafkaUnavailable(f"topics {', '.join(t for t in topics if t not in counts)} have no partition leaders")
+
+
+async def topic_exists(bootstrap: str, topic: str) -> bool:
+    async with admin_client(bootstrap) as admin, kafka_guard("list topics", bootstrap):
+        return topic in set(await admin.list_topics())
+
+
+async def group_offsets(bootstrap: str, topic: str, group: str) -> list[PartitionOffsets]:
+    """End and committed offsets of every partition of a topic for one consumer group."""
+    async with admin_client(bootstrap) as admin:
+        async with kafka_guard("describe topic", bootstrap):
+            [described] = await admin.describe_topics([topic])
+            committed = await admin.list_consumer_group_offsets(group)
+        tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_list(bootstrap), enable_auto_commit=False,
+                                client_id="keel-status")
+    async with kafka_guard("read offsets", bootstrap):
+        await consumer.start()
+        try:
+            ends = await consumer.end_offsets(tps)
+            starts = await consumer.beginning_offsets(tps)
+        finally:
+            await consumer.stop()
+    out = []
+    for tp in sorted(tps, key=lambda t: t.partition):
+        meta = committed.get(tp)
+        done = meta.offset if meta is not None and meta.offset >= 0 else None
+        out.append(PartitionOffsets(tp.partition, ends[tp], done, ends[tp] - (starts[tp] if done is None else done)))
+    return out

@@ -1,0 +1,166 @@
+"""Batches, start to finish: plan on the mirrors → dead letters to Kafka → counts and commit to Redis.
+
+The order is what makes a crash anywhere harmless: a batch's dead letters are acknowledged by Kafka
+before Redis holds the batch, and the caller commits Kafka offsets only after the batch is written.
+
+Two threads: planning (handlers on the mirrors; the only thread that touches them) and writing (Redis).
+While batch k is written, batch k+1 may be planned; it is written only after k, and when k's write fails
+both plans are discarded with the mirrors they touched, and the batches are redone in order.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from keel.errors import StoreUnavailable
+from keel.store.redis import GenerationChanged
+
+from .applier import BatchApplier, BatchPlan
+from .dlq import DeadLetterCounts, DeadLetterQueue
+from .kafka import KafkaUnavailable
+from .mirror import TopicPartition
+from .records import Record
+
+T = TypeVar("T")
+Outage = (StoreUnavailable, KafkaUnavailable)     # worth retrying; anything else is a bug
+
+
+class BatchPipeline:
+    """Runs the batches of one cartridge on a planning thread and a writing thread."""
+
+    def __init__(self, applier: BatchApplier, dlq: DeadLetterQueue, counts: DeadLetterCounts, *,
+                 log: logging.Logger, backoff: tuple[float, float] = (0.2, 10.0)) -> None:
+        self.applier = applier
+        self.dlq = dlq
+        self.counts = counts
+        self.log = log
+        self.backoff = backoff
+        self.timings = (0.0, 0.0)      # seconds of the last batch: plan, write (dead letters + commit)
+        self.cpu = {"plan": 0.0, "write": 0.0}     # CPU seconds spent by each thread so far
+        name = applier.cartridge.name
+        self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"keel-{name}-plan")
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"keel-{name}-write")
+
+    async def _on(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    # ---- steps --------------------------------------------------------------------------------
+
+    async def plan(self, records: list[Record]) -> BatchPlan:
+        """Handlers on the mirrors (raises StoreUnavailable when a mirror cannot be loaded)."""
+        started = time.perf_counter()
+        plan = await self._on(self._planner, self._cpu, "plan", self.applier.plan, records)
+        self.timings = (time.perf_counter() - started, self.timings[1])
+        return plan
+
+    async def write(self, plan: BatchPlan) -> None:
+        """Dead letters to Kafka (acknowledged), then counts and the plan to Redis. Raises on an outage."""
+        started = time.perf_counter()
+        await self.dlq.send(plan.dead_letters)
+        await self._on(self._writer, self._cpu, "write", self._write, plan)
+        self.timings = (self.timings[0], time.perf_counter() - started)
+
+    def _cpu(self, what: str, fn: Callable[..., T], *args: object) -> T:
+        started = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            self.cpu[what] += time.thread_time() - started
+
+    def _write(self, plan: BatchPlan) -> None:
+        self.counts.record(plan.dead_letters)
+        self.applier.write(plan)
+
+    async def settle(self, plan: BatchPlan) -> None:
+        """After a successful write: mirrors' applied offsets follow Redis."""
+        await self._on(self._planner, self.applier.settle, plan)
+
+    async def discard(self, *plans: BatchPlan | None) -> None:
+        """Plans that will not be written as computed: drop the mirrors they changed."""
+        for plan in plans:
+            await asyncio.shield(self._on(self._planner, self.applier.discard, plan))
+
+    async def forget(self, partitions: set[TopicPartition] | None) -> int:
+        """Drop mirrors of tenants of these partitions (all when None)."""
+        return await self._on(self._planner, self.applier.forget, partitions)
+
+    # ---- with retries -------------------------------------------------------------------------
+
+    async def plan_until_done(self, records: list[Record], *, stopping: Callable[[], bool]) -> BatchPlan | None:
+        """`plan`, retried through outages; None when the worker started stopping first."""
+        delay = self.backoff[0]
+        while True:
+            try:
+                return await self.plan(records)
+            except Outage as e:
+                if stopping():
+                    return None
+                self.log.warning("batch of %d records not planned, retrying in %.1fs: %s", len(records), delay, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff[1])
+
+    async def process(self, records: list[Record], *, stopping: Callable[[], bool],
+                      plan: BatchPlan | None = None) -> BatchPlan | None:
+        """Plan (unless given) and write one batch, redoing it from the mirrors' reload through outages;
+        None when the worker started stopping before the batch could be written."""
+        delay = self.backoff[0]
+        while True:
+            if plan is None:
+                plan = await self.plan_until_done(records, stopping=stopping)
+                if plan is None:
+                    return None
+            try:
+                await self.write(plan)
+            except Outage as e:
+                await self.discard(plan)
+                plan = None
+                if stopping():
+                    self.log.warning("stopping with a batch of %d records not written (%s); it will be "
+                                     "redelivered", len(records), e)
+                    return None
+                if isinstance(e, GenerationChanged):        # a replay cut over: plan again at once, from
+                    self.log.info("%s; planning the batch of %d records again", e, len(records))  # the new one
+                    continue
+                self.log.warning("batch of %d records not written, retrying in %.1fs: %s", len(records), delay, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff[1])
+                continue
+            except BaseException:
+                await self.discard(plan)
+                raise
+            await self.settle(plan)
+            return plan
+
+    async def process_overlapped(self, previous: tuple[list[Record], BatchPlan], records: list[Record], *,
+                                 stopping: Callable[[], bool]) -> tuple[BatchPlan | None, BatchPlan | None]:
+        """Write the previous batch while planning the next one. Returns (previous plan as written, or None
+        when stopping before it was; next batch's plan, or None when it must be planned again)."""
+        prev_records, prev_plan = previous
+        writing = asyncio.ensure_future(self.write(prev_plan))
+        try:
+            plan: BatchPlan | None = await self.plan(records)
+        except Outage:
+            plan = None                                # plan() already dropped what it touched
+        except BaseException:
+            await asyncio.gather(writing, return_exceptions=True)
+            raise
+        try:
+            await writing
+        except Outage as e:
+            self.log.warning("batch of %d records not written (%s); redoing it", len(prev_records), e)
+            await self.discard(prev_plan, plan)        # the next plan was built on the failed one
+            return await self.process(prev_records, stopping=stopping), None
+        except BaseException:
+            await self.discard(prev_plan, plan)
+            raise
+        await self.settle(prev_plan)
+        return prev_plan, plan
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+        self._planner.shutdown(wait=True)
+        self.applier.mirrors.close()
