@@ -115,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.run(args) or 0)
+    except BrokenPipeError:                      # output piped into `head` and closed: not an error
+        sys.stderr.close()
+        return 0
     except CartridgeInvalid as e:
         for problem in e.problems:
             print(f"{e.path}: {problem}" if not problem.startswith(e.path) else problem, file=sys.stderr)
@@ -170,6 +173,15 @@ class Session:
             self.log = redis_mode_log(self.cartridge, self.store, settings)
         self.tools = Tools(self.cartridge, self.store, self.tenant, agent=args.agent, task=args.task, log=self.log,
                            allow_global_notes=settings.allow_global_notes)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        close_log = getattr(self.log, "close", None)      # the Kafka log of Redis mode holds a producer
+        if close_log is not None:
+            close_log()
+        self.store.close()
 
 
 def redis_mode_log(cartridge: Cartridge, store: Store, settings: Settings) -> Any:
@@ -227,35 +239,35 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_context(args: argparse.Namespace) -> int:
-    s = Session(args)
-    (entity,) = take(s.rest, "ENTITY")
-    return emit(args, s.tools.context(entity, at=args.at, known_at=args.known_at), render.context)
+    with Session(args) as s:
+        (entity,) = take(s.rest, "ENTITY")
+        return emit(args, s.tools.context(entity, at=args.at, known_at=args.known_at), render.context)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    s = Session(args)
-    (entity,) = take(s.rest, "ENTITY")
-    return emit(args, s.tools.history(entity, predicate=args.predicate, known_at=args.known_at), render.history)
+    with Session(args) as s:
+        (entity,) = take(s.rest, "ENTITY")
+        return emit(args, s.tools.history(entity, predicate=args.predicate, known_at=args.known_at), render.history)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    s = Session(args)
-    query = " ".join(s.rest)
-    return emit(args, s.tools.search(query, type=args.type, limit=args.limit), render.search)
+    with Session(args) as s:
+        query = " ".join(s.rest)
+        return emit(args, s.tools.search(query, type=args.type, limit=args.limit), render.search)
 
 
 def cmd_related(args: argparse.Namespace) -> int:
-    s = Session(args)
-    entity, relation = take(s.rest, "ENTITY RELATION", optional=1)
-    relations = s.tools.related(entity, relation=relation, at=args.at)
-    return emit(args, {"entity": entity, "relations": relations}, render.related)
+    with Session(args) as s:
+        entity, relation = take(s.rest, "ENTITY RELATION", optional=1)
+        relations = s.tools.related(entity, relation=relation, at=args.at)
+        return emit(args, {"entity": entity, "relations": relations}, render.related)
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
-    s = Session(args)
-    entity, predicate, value = take(s.rest, "ENTITY PREDICATE VALUE")
-    result = s.tools.annotate(entity, predicate, parse_value(value), args.scope, evidence=args.evidence)
-    return emit(args, result, render.note)
+    with Session(args) as s:
+        entity, predicate, value = take(s.rest, "ENTITY PREDICATE VALUE")
+        result = s.tools.annotate(entity, predicate, parse_value(value), args.scope, evidence=args.evidence)
+        return emit(args, result, render.note)
 
 
 def parse_value(text: str | None) -> Any:
