@@ -1,0 +1,325 @@
+"""`keel replay`: rebuild tenants from their partition of `keel.<cartridge>.events` without downtime.
+
+For each tenant: claim a new (shadow) generation (workers/replay_state.py), read the tenant's partition from
+its first offset (workers/replay_scan.py, no consumer group), apply its records with the cartridge's handlers
+on an in-memory mirror (workers/replay_build.py) and commit each tenant's events to the shadow in big atomic
+batches, each with the last offset scanned. Readers and the live worker keep using the current generation
+meanwhile. At the partition's end, `switch_when_caught_up` cuts over atomically if the shadow has applied at
+least as far as the live generation (else read further and try again); then the old generation is dropped.
+
+The live worker's writes are strict (GenerationChanged): a batch it planned on the old generation is not
+written into the new one; it reloads the tenant from the new generation, where records up to the replay's
+offset count as applied, and plans again. With `--all`, every tenant keyed in a partition is rebuilt in one
+scan of it. Interrupted (Ctrl-C: the shadow is dropped at once; kill -9: by the next run) the served
+generation is untouched.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from keel.cartridge import Cartridge
+from keel.config import Settings
+from keel.envelope import TENANT
+from keel.errors import KeelError, StoreUnavailable, UsageError
+from keel.store.redis import RedisStore
+
+from .kafka import KafkaUnavailable
+from .names import events_topic
+from .replay_build import Event, PartitionBuild
+from .replay_progress import Progress
+from .replay_scan import PartitionScan, partition_count, tenant_partition
+from .replay_state import ReplayState
+
+T = TypeVar("T")
+log = logging.getLogger("keel.replay")
+HEARTBEAT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """Tuning of `keel replay` (flags)."""
+    batch: int = 5000               # events per commit to the shadow generation
+    fetch: int = 20_000             # records per Kafka fetch
+    retry_for_s: float = 120.0      # how long a Kafka or Redis outage is retried before giving up
+    max_switch_tries: int = 100
+
+
+@dataclass
+class TenantResult:
+    """One tenant's replay."""
+    tenant: str
+    partition: int
+    old_gen: int
+    new_gen: int
+    applied: int = 0
+    skipped: int = 0
+    duplicates: int = 0
+    global_notes: int = 0
+    dropped_keys: int = 0
+    switched: bool = False
+
+
+@dataclass
+class ReplayReport:
+    cartridge: str
+    topic: str
+    results: list[TenantResult] = field(default_factory=list)
+    scanned: int = 0
+    seconds: float = 0.0
+
+    @property
+    def applied(self) -> int:
+        return sum(r.applied for r in self.results)
+
+    @property
+    def skipped(self) -> int:
+        return sum(r.skipped for r in self.results)
+
+    def summary(self) -> str:
+        rate = self.applied / self.seconds if self.seconds > 0 else 0.0
+        head = (f"replayed {len(self.results)} tenant(s) of {self.cartridge} from {self.topic}: "
+                f"{self.applied:,} event(s) applied, {self.skipped:,} skipped (rejected or handler failed; "
+                f"already dead-lettered), {sum(r.duplicates for r in self.results):,} duplicate(s); "
+                f"{self.scanned:,} record(s) scanned in {self.seconds:.1f}s, {rate:,.0f} events/s")
+        lines = [head]
+        for r in self.results[:20]:
+            lines.append(f"  {r.tenant}: partition {r.partition}, generation {r.old_gen} -> {r.new_gen}"
+                         f"{' (switched)' if r.switched else ' (NOT switched)'}, {r.applied:,} applied, "
+                         f"{r.skipped:,} skipped, old generation dropped ({r.dropped_keys:,} keys)")
+        if len(self.results) > 20:
+            lines.append(f"  … {len(self.results) - 20} more tenant(s)")
+        return "\n".join(lines)
+
+
+def replay(cartridge: Cartridge, settings: Settings, *, tenants: list[str] | None,
+           options: ReplayOptions | None = None, progress: Progress | None = None) -> ReplayReport:
+    """Rebuild `tenants` (None: every tenant keyed in the topic) and cut each over; returns the report."""
+    if not settings.redis_url:
+        raise UsageError("replay writes to Redis: pass --redis URL or set KEEL_REDIS_URL")
+    for t in tenants or ():
+        if not TENANT.match(t):
+            raise UsageError(f"bad tenant {t!r}: use [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
+    replayer = Replayer(cartridge, settings, options or ReplayOptions(),
+                        progress or Progress(f"replay {cartridge.name}", quiet=True))
+    try:
+        return asyncio.run(replayer.run(tenants))
+    finally:
+        replayer.close()
+
+
+class Replayer:
+    """One `keel replay` run over one cartridge."""
+
+    def __init__(self, cartridge: Cartridge, settings: Settings, options: ReplayOptions, progress: Progress) -> None:
+        self.cartridge = cartridge
+        self.settings = settings
+        self.options = options
+        self.progress = progress
+        self.topic = events_topic(cartridge.name)
+        self.store = RedisStore.from_url(settings.redis_url or "", namespace=cartridge.name)
+        self.state = ReplayState(self.store)
+        self.report = ReplayReport(cartridge.name, self.topic)
+        self.claimed: dict[str, TenantResult] = {}          # shadows written and not switched yet
+        self._planner = ThreadPoolExecutor(1, thread_name_prefix="keel-replay-plan")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="keel-replay-write")
+        self._view: RedisStore | None = None                 # pinned to every claimed shadow
+        self._heartbeat = 0.0
+        self._total = 0
+
+    async def run(self, tenants: list[str] | None) -> ReplayReport:
+        started = time.monotonic()
+        bootstrap = self.settings.kafka_bootstrap
+        partitions = await self._retry("read topic metadata", partition_count, bootstrap, self.topic)
+        if tenants is None:
+            plan: dict[int, set[str] | None] = {p: None for p in range(partitions)}
+        else:
+            plan = {}
+            for t in tenants:
+                wanted = plan.setdefault(tenant_partition(t, partitions), set())
+                assert wanted is not None
+                wanted.add(t)
+        try:
+            for partition in sorted(plan):
+                await self._partition(partition, plan[partition])
+        finally:
+            self.report.seconds = time.monotonic() - started
+            self.progress.end()
+            await asyncio.shield(self._run(self._writer, self._abandon))
+        return self.report
+
+    # ---- one partition ----------------------------------------------------------------------------
+
+    async def _partition(self, partition: int, wanted: set[str] | None) -> None:
+        scan = PartitionScan(self.settings.kafka_bootstrap, self.topic, partition, max_records=self.options.fetch)
+        build = PartitionBuild(self.cartridge, (lambda t: t in wanted) if wanted is not None else
+                               (lambda t: TENANT.match(t) is not None),
+                               allow_global_notes=self.settings.allow_global_notes)
+        for t in sorted(wanted or ()):
+            build.add_tenant(t)
+            await self._run(self._writer, self._claim, t, partition)
+        await self._retry("start the replay consumer", scan.start)
+        try:
+            await self._scan(scan, build, partition, explicit=wanted is not None)
+        finally:
+            await scan.stop()
+
+    async def _scan(self, scan: PartitionScan, build: PartitionBuild, partition: int, *, explicit: bool) -> None:
+        end = await self._retry("read the end offset", scan.end)
+        self._total += end
+        position: int | None = None             # last offset scanned
+        committed: int | None = None            # last offset committed to the shadows
+        writing: asyncio.Future[None] | None = None
+        tries = 0
+        while True:
+            caught_up = end == 0 or (position is not None and position + 1 >= end)
+            if not caught_up:
+                records = await self._retry("fetch", scan.fetch)
+                if records:
+                    await self._run(self._planner, build.feed, records)
+                    position = records[-1].offset
+                    self.report.scanned += len(records)
+                    self._show(build)
+                    caught_up = position + 1 >= end
+            if build.pending >= self.options.batch or (caught_up and position != committed):
+                steps = build.take()
+                if writing is not None:
+                    await writing
+                writing = asyncio.ensure_future(self._run(self._writer, self._commit, steps, partition, position))
+                committed = position
+            if not caught_up:
+                continue
+            if writing is not None:
+                await writing
+                writing = None
+            if explicit and tries == 0:
+                self._check_found(build, partition)
+            if await self._run(self._writer, self._switch_all, build, partition):
+                return
+            tries += 1
+            if tries > self.options.max_switch_tries:
+                raise KeelError(f"partition {partition}: the live worker kept getting ahead of the replay; "
+                                f"{len(build.tenants)} tenant(s) not switched")
+            new_end = await self._retry("read the end offset", scan.end)
+            self._total += new_end - end
+            if new_end == end:
+                await asyncio.sleep(0.2)
+            end = new_end
+
+    def _show(self, build: PartitionBuild) -> None:
+        applied = self.report.applied + sum(p.applied for p in build.tenants.values())
+        self.progress.update(self.report.scanned, self._total, applied)
+
+    def _check_found(self, build: PartitionBuild, partition: int) -> None:
+        for tenant, p in build.tenants.items():
+            if p.applied + p.skipped + p.duplicates == 0:
+                raise UsageError(f"no records of tenant {tenant!r} in partition {partition} of {self.topic}; "
+                                 f"nothing to replay (check the tenant name)")
+
+    # ---- Redis side (the writer thread) ----------------------------------------------------------
+
+    def _claim(self, tenant: str, partition: int) -> TenantResult:
+        result = self.claimed.get(tenant)
+        if result is not None:
+            return result
+        dropped = self.state.recover(tenant)
+        if dropped:
+            self.progress.note(f"{tenant}: dropped {dropped:,} key(s) left by an interrupted replay")
+        old = self.store.current_generation(tenant)
+        new = self.store.new_generation(tenant)
+        self.state.put(tenant, new, old)
+        result = self.claimed[tenant] = TenantResult(tenant, partition, old, new)
+        view = self._view or self.store
+        self._view = view.for_generation(tenant, new)
+        return result
+
+    def _commit(self, steps: dict[str, list[Event]], partition: int, position: int | None) -> None:
+        for tenant in steps:
+            self._claim(tenant, partition)
+        assert self._view is not None
+        pos = None if position is None else (self.topic, partition, position)
+        batch = [(t, events, pos) for t, events in steps.items()]
+        self._retry_sync("commit to the shadow generation", self._view.commit_many, batch)
+        now = time.monotonic()
+        if now - self._heartbeat >= HEARTBEAT_S:
+            self._heartbeat = now
+            for tenant in steps:
+                r = self.claimed[tenant]
+                self.state.put(tenant, r.new_gen, r.old_gen)
+
+    def _switch_all(self, build: PartitionBuild, partition: int) -> bool:
+        """Try to cut every unswitched tenant of the partition over; True when none is left."""
+        for tenant in sorted(build.tenants):
+            r = self.claimed[tenant]
+            outcome = self._retry_sync("switch generations", self.store.switch_when_caught_up, tenant, r.old_gen,
+                                       r.new_gen, [(self.topic, partition)])
+            if outcome is False:
+                raise KeelError(f"tenant {tenant!r}: the current generation is no longer {r.old_gen} (another "
+                                f"replay cut over meanwhile); the shadow generation {r.new_gen} is dropped")
+            if outcome is not True:
+                continue                                    # lagging: the live worker is ahead, read further
+            p = build.tenants[tenant]
+            r.applied, r.skipped, r.duplicates, r.global_notes = p.applied, p.skipped, p.duplicates, p.global_notes
+            r.switched = True
+            del self.claimed[tenant]
+            build.finish(tenant)
+            self.report.results.append(r)
+            r.dropped_keys = self._retry_sync("drop the old generation", self.store.drop_generation, tenant,
+                                              r.old_gen)
+            self.state.clear(tenant)
+            self.progress.note(f"{tenant}: switched generation {r.old_gen} -> {r.new_gen} "
+                               f"({r.applied:,} events); old generation dropped")
+        return not build.tenants
+
+    def _abandon(self) -> None:
+        """After an error or Ctrl-C: drop the shadows not switched (the served generations never changed)."""
+        for tenant, r in list(self.claimed.items()):
+            try:
+                self.store.drop_generation(tenant, r.new_gen)
+                self.state.clear(tenant)
+            except KeelError as e:
+                log.warning("could not drop the shadow generation %d of tenant %r (%s); the next replay of "
+                            "the tenant drops it", r.new_gen, tenant, e)
+            del self.claimed[tenant]
+
+    # ---- plumbing ---------------------------------------------------------------------------------
+
+    @staticmethod
+    async def _run(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    async def _retry(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        deadline = time.monotonic() + self.options.retry_for_s
+        delay = 0.2
+        while True:
+            try:
+                return await fn(*args)
+            except (KafkaUnavailable, StoreUnavailable) as e:
+                if time.monotonic() + delay > deadline:
+                    raise
+                self.progress.note(f"{what} failed, retrying in {delay:.1f}s: {e}")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _retry_sync(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        deadline = time.monotonic() + self.options.retry_for_s
+        delay = 0.2
+        while True:
+            try:
+                return fn(*args)
+            except StoreUnavailable as e:
+                if time.monotonic() + delay > deadline:
+                    raise
+                self.progress.note(f"{what} failed, retrying in {delay:.1f}s: {e}")
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def close(self) -> None:
+        self._planner.shutdown(wait=True)
+        self._writer.shutdown(wait=True)
+        self.store.close()
