@@ -12,11 +12,13 @@ from .cartridge import Cartridge
 from .envelope import ANNOTATED, ENTITY, Catalog, Event, Instant
 from .errors import EnvelopeRejected, HandlerFailed, KeelError
 from .notes import NotePolicy
-from .store.base import Store, Write, fact_write, label_writes
+from .registry import Handler
+from .store.base import Key, Store, Write, checked_label_writes, fact_write
 from .timeline import Assertion
 from .times import Micros, parse_time
 
 Outcome = Literal["applied", "duplicate"]
+_tuple_new = tuple.__new__
 
 
 class EventStore:
@@ -24,13 +26,22 @@ class EventStore:
 
     Writes are buffered in `writes` (applied by the projector with the event id, all or nothing); reads see
     the graph as it was before this event. Entity and relation names are checked against the catalog.
+    The event's provenance is unpacked once here: a handler makes several writes per event.
     """
-    __slots__ = ("_checks", "_event", "_store", "writes")
+    __slots__ = ("_by", "_checks", "_event", "_id", "_known", "_occurred", "_occurred_at", "_recorded", "_source",
+                 "_store", "writes")
 
     def __init__(self, store: Store, event: Event, checks: CatalogChecks) -> None:
         self._store = store
         self._event = event
         self._checks = checks
+        self._known = checks.known          # entity -> type of every entity that passed the checks
+        self._occurred_at = event.occurred_at
+        self._occurred = int(event.occurred_at)
+        self._recorded = int(event.recorded_at)
+        self._source = event.source
+        self._id = event.id
+        self._by = event.by
         self.writes: list[Write] = []
 
     def _tenant(self, tenant: str) -> str:
@@ -39,45 +50,56 @@ class EventStore:
                             f"{self._event.tenant!r}")
         return tenant
 
-    def _assertion(self, point: object, value: Any, closed: bool, source: str | None,
-                   evidence: str | None) -> Assertion:
-        e = self._event
-        return Assertion(int(point) if type(point) is Instant else parse_time(point), value, closed,
-                         e.source if source is None else source, e.id if evidence is None else evidence,
-                         int(e.recorded_at), e.by)
+    def _add(self, key: Key, when: object, value: Any, closed: bool, source: str | None,
+             evidence: str | None) -> None:
+        """Buffer one write with the event's provenance; `when` is most often the event's own occurred_at.
+        The Write and Assertion are built by tuple.__new__ (their NamedTuple __new__ is a Python function)."""
+        if when is self._occurred_at:
+            point = self._occurred
+        else:
+            point = int(when) if type(when) is Instant else parse_time(when)
+        self.writes.append(_tuple_new(Write, (key, _tuple_new(Assertion, (
+            point, value, closed, self._source if source is None else source,
+            self._id if evidence is None else evidence, self._recorded, self._by, None)))))
 
     def upsert_entity(self, tenant: str, type: str, id: str, *, ref: str | None = None, **labels: Any) -> None:
-        self._tenant(tenant)
-        entity = self._checks.entity(f"{type}:{id}")
-        e = self._event
-        self.writes += label_writes(entity, ref, labels, valid_from=int(e.occurred_at), source=e.source,
-                                    evidence=e.id, recorded_at=int(e.recorded_at), by=e.by)
+        if tenant != self._event.tenant:
+            self._tenant(tenant)
+        entity = f"{type}:{id}"
+        if entity not in self._known:
+            self._checks.entity(entity)
+        self.writes += checked_label_writes(entity, ref, labels, self._occurred, self._source, self._id,
+                                            self._recorded, self._by)
 
     def link(self, tenant: str, subject: str, relation: str, object: str, valid_from: object, *,
              source: str | None = None, evidence: str | None = None) -> None:
-        self._tenant(tenant)
+        if tenant != self._event.tenant:
+            self._tenant(tenant)
         self._checks.relation(subject, relation, object)
-        self.writes.append(Write(("r", subject, relation, object),
-                                 self._assertion(valid_from, True, False, source, evidence)))
+        self._add(("r", subject, relation, object), valid_from, True, False, source, evidence)
 
     def unlink(self, tenant: str, subject: str, relation: str, object: str, valid_to: object, *,
                source: str | None = None, evidence: str | None = None) -> None:
-        self._tenant(tenant)
+        if tenant != self._event.tenant:
+            self._tenant(tenant)
         self._checks.relation(subject, relation, object)
-        self.writes.append(Write(("r", subject, relation, object),
-                                 self._assertion(valid_to, None, True, source, evidence)))
+        self._add(("r", subject, relation, object), valid_to, None, True, source, evidence)
 
     def open_fact(self, tenant: str, subject: str, predicate: str, value: Any, *, valid_from: object,
                   source: str | None = None, evidence: str | None = None) -> None:
-        self._tenant(tenant)
-        self.writes.append(Write(("f", self._checks.entity(subject), predicate, ""),
-                                 self._assertion(valid_from, value, False, source, evidence)))
+        if tenant != self._event.tenant:
+            self._tenant(tenant)
+        if subject not in self._known:
+            self._checks.entity(subject)
+        self._add(("f", subject, predicate, ""), valid_from, value, False, source, evidence)
 
     def close_fact(self, tenant: str, subject: str, predicate: str, *, valid_to: object,
                    source: str | None = None, evidence: str | None = None) -> None:
-        self._tenant(tenant)
-        self.writes.append(Write(("f", self._checks.entity(subject), predicate, ""),
-                                 self._assertion(valid_to, None, True, source, evidence)))
+        if tenant != self._event.tenant:
+            self._tenant(tenant)
+        if subject not in self._known:
+            self._checks.entity(subject)
+        self._add(("f", subject, predicate, ""), valid_to, None, True, source, evidence)
 
     def relations(self, tenant: str, entity: str, *, rel: str | None = None, at: object | None = None
                   ) -> list[dict[str, Any]]:
@@ -96,22 +118,28 @@ class CatalogChecks:
 
     def __init__(self, cartridge: Cartridge) -> None:
         self.spec = cartridge.spec
-        self._entities: set[str] = set()
+        self.known: dict[str, str] = {}      # entity -> its type, for entities that passed (bounded)
         self._relations: set[tuple[str, str, str]] = set()
 
     def entity(self, entity: str) -> str:
-        if entity in self._entities:
+        if entity in self.known:
             return entity
         if not isinstance(entity, str) or not ENTITY.match(entity):
             raise KeelError(f"bad entity {entity!r}: use '<entity type>:<id>'")
         kind = entity.partition(":")[0]
         if kind not in self.spec.entities:
             raise KeelError(f"{entity!r}: {kind!r} is not an entity type of the cartridge")
-        if len(self._entities) < 100_000:
-            self._entities.add(entity)
+        if len(self.known) < 100_000:
+            self.known[entity] = kind
         return entity
 
     def relation(self, subject: str, relation: str, object: str) -> None:
+        known = self.known
+        try:
+            if (known.get(subject), relation, known.get(object)) in self._relations:
+                return                              # both ends checked before, and this kind of triple too
+        except TypeError:                           # an unhashable name: the checks below say what is wrong
+            pass
         kinds = (subject.partition(":")[0], relation, object.partition(":")[0])
         if kinds in self._relations:
             self.entity(subject), self.entity(object)
@@ -134,6 +162,7 @@ class Projector:
         self.catalog = Catalog(cartridge)
         self.checks = CatalogChecks(cartridge)
         self.notes = NotePolicy(cartridge, store, allow_global=allow_global_notes)
+        self._handlers: dict[str, Handler] = {}
 
     def parse(self, raw: bytes | str | dict[str, Any], *, default_recorded_at: Micros | None = None) -> Event:
         return self.catalog.parse(raw, default_recorded_at=default_recorded_at)
@@ -145,7 +174,11 @@ class Projector:
         if event.type == ANNOTATED:
             self._apply_note(event)
             return "applied"
-        handler = self.cartridge.registry.handler(event.type)
+        handler = self._handlers.get(event.type)
+        if handler is None:
+            handler = self.cartridge.registry.handler(event.type)
+            if handler is not None:
+                self._handlers[event.type] = handler    # a registry keeps the first handler of a type
         if handler is None:
             raise EnvelopeRejected(f"no handler for {event.type!r}", event_id=event.id, tenant=event.tenant)
         view = EventStore(self.store, event, self.checks)
@@ -158,7 +191,7 @@ class Projector:
 
     def apply_raw(self, raw: bytes | str | dict[str, Any], *, default_recorded_at: Micros | None = None
                   ) -> tuple[Event, Outcome]:
-        event = self.parse(raw, default_recorded_at=default_recorded_at)
+        event = self.catalog.parse(raw, default_recorded_at=default_recorded_at)
         return event, self.apply(event)
 
     def _apply_note(self, event: Event) -> None:

@@ -10,8 +10,9 @@ answer for `known_at=K` is the same fold over only the assertions recorded by `K
 """
 from __future__ import annotations
 
-from bisect import bisect_right, insort
+from bisect import bisect_right, insort_right
 from collections.abc import Iterator
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from .times import Micros
@@ -29,6 +30,16 @@ class Assertion(NamedTuple):
     expires_at: Micros | None = None
 
 
+_tuple_new = tuple.__new__
+
+
+def new_assertion(point: Micros, value: Any, closed: bool, source: str | None, evidence: str | None,
+                  recorded_at: Micros, by: str | None = None, expires_at: Micros | None = None) -> Assertion:
+    """`Assertion(...)` built by tuple.__new__: the NamedTuple's own __new__ is a Python function, and the write
+    path makes millions of these."""
+    return _tuple_new(Assertion, (point, value, closed, source, evidence, recorded_at, by, expires_at))
+
+
 class Version(NamedTuple):
     """A version as believed at some knowledge time: the winning assertion and its derived interval."""
     assertion: Assertion
@@ -37,78 +48,96 @@ class Version(NamedTuple):
 
 
 class Timeline:
-    """Assertions of one key, indexed by point; as-of lookups are a bisect (O(log n))."""
-    __slots__ = ("_runs", "at", "points")
+    """Assertions of one key, kept in one list sorted by point, then log order; as-of lookups are a
+    bisect (O(log n)). Most timelines hold a single assertion, so this is one object and one list."""
+    __slots__ = ("_runs", "entries")
 
-    def __init__(self) -> None:
-        self.points: list[Micros] = []
-        self.at: dict[Micros, list[Assertion]] = {}
+    def __init__(self, first: Assertion | None = None) -> None:
+        self.entries: list[Assertion] = [] if first is None else [first]
         self._runs: list[Version] | None = None
 
     def add(self, a: Assertion) -> None:
         self._runs = None
-        same = self.at.get(a.point)
-        if same is not None:
-            same.append(a)
-            return
-        self.at[a.point] = [a]
-        points = self.points
-        if not points or points[-1] < a.point:
-            points.append(a.point)
+        entries = self.entries
+        if not entries or entries[-1].point <= a.point:
+            entries.append(a)               # the common case: in valid-time order (or a same-point correction)
         else:
-            insort(points, a.point)
+            insort_right(entries, a, key=_point)   # after any assertion at the same point: log order kept
 
     def assertions(self) -> Iterator[Assertion]:
         """Every assertion, by point, then log order."""
-        for p in self.points:
-            yield from self.at[p]
+        return iter(self.entries)
 
     def latest_value(self) -> Any:
         """The value at the last point in valid time (current belief), or None when ended."""
-        if not self.points:
+        if not self.entries:
             return None
-        w = self.at[self.points[-1]][-1]
+        w = self.entries[-1]
         return None if w.closed else w.value
 
     # --- the fold ---------------------------------------------------------------------------
+    # A *group* is the slice entries[start:end] of the assertions at one point.
 
-    def _winner(self, point: Micros, known_at: Micros | None) -> tuple[Assertion | None, int]:
-        """The winning assertion at a point and how many are visible there."""
-        same = self.at[point]
+    def _group_end(self, start: int) -> int:
+        entries = self.entries
+        point, end = entries[start].point, start + 1
+        while end < len(entries) and entries[end].point == point:
+            end += 1
+        return end
+
+    def _group_start(self, end: int) -> int:
+        entries = self.entries
+        point, start = entries[end - 1].point, end - 1
+        while start > 0 and entries[start - 1].point == point:
+            start -= 1
+        return start
+
+    def _winner(self, start: int, end: int, known_at: Micros | None) -> tuple[Assertion | None, int]:
+        """The winning assertion of a group and how many of its assertions are visible."""
         if known_at is None:
-            return same[-1], len(same)
-        visible = [a for a in same if a.recorded_at <= known_at]
+            return self.entries[end - 1], end - start
+        visible = [a for a in self.entries[start:end] if a.recorded_at <= known_at]
         return (visible[-1] if visible else None), len(visible)
 
-    def _next_point(self, index: int, known_at: Micros | None) -> Micros | None:
-        points = self.points
-        for j in range(index + 1, len(points)):
-            if known_at is None or self._winner(points[j], known_at)[0] is not None:
-                return points[j]
+    def _next_point(self, start: int, known_at: Micros | None) -> Micros | None:
+        """The first point at or after entries[start] with a visible assertion."""
+        entries = self.entries
+        while start < len(entries):
+            if known_at is None:
+                return entries[start].point
+            end = self._group_end(start)
+            if self._winner(start, end, known_at)[0] is not None:
+                return entries[start].point
+            start = end
         return None
 
     def as_of(self, t: Micros, known_at: Micros | None = None) -> Version | None:
         """The version valid at world time t, as believed at known_at (None = now)."""
-        i = bisect_right(self.points, t) - 1
-        while i >= 0:
-            winner, seen = self._winner(self.points[i], known_at)
+        entries = self.entries
+        end = bisect_right(entries, t, key=_point)
+        while end > 0:
+            start = self._group_start(end)
+            winner, seen = self._winner(start, end, known_at)
             if winner is not None:
                 if winner.closed:
                     return None
-                version = _version(winner, seen, self._next_point(i, known_at))
+                version = _version(winner, seen, self._next_point(end, known_at))
                 if version.valid_to is not None and version.valid_to <= t:
                     return None
                 return version
-            i -= 1
+            end = start
         return None
 
     def versions(self, known_at: Micros | None = None) -> list[Version]:
         """Every version (closed ones included) believed at known_at, by valid_from."""
         visible: list[tuple[Assertion, int]] = []
-        for p in self.points:
-            winner, seen = self._winner(p, known_at)
+        start = 0
+        while start < len(self.entries):
+            end = self._group_end(start)
+            winner, seen = self._winner(start, end, known_at)
             if winner is not None:
                 visible.append((winner, seen))
+            start = end
         out = []
         for k, (winner, seen) in enumerate(visible):
             if winner.closed:
@@ -126,7 +155,10 @@ class Timeline:
         return self._runs
 
     def first_recorded(self) -> Micros:
-        return min(a.recorded_at for a in self.assertions())
+        return min(a.recorded_at for a in self.entries)
+
+
+_point = itemgetter(0)     # Assertion.point, as a C-level key for bisect
 
 
 def coalesce(versions: list[Version]) -> list[Version]:

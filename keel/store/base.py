@@ -15,9 +15,10 @@ from typing import Any, NamedTuple
 
 from ..envelope import ENTITY
 from ..errors import UsageError
-from ..timeline import Assertion, Version, coalesce, covering
+from ..timeline import Assertion, Version, coalesce, covering, new_assertion
 from ..times import Micros, format_time, now_micros, parse_time
 
+_tuple_new = tuple.__new__
 GLOBAL_TENANT = "_global"   # where cross-tenant (global) notes live; not a valid tenant name
 REF_LABEL = "ref"           # the entity's pointer is kept as a label timeline under this name
 
@@ -32,6 +33,11 @@ Key = tuple[str, ...]
 class Write(NamedTuple):
     key: Key
     assertion: Assertion
+
+
+def new_write(key: Key, assertion: Assertion) -> Write:
+    """`Write(key, assertion)` without the NamedTuple's Python-level __new__ (hot path: a write per call)."""
+    return _tuple_new(Write, (key, assertion))
 
 
 class EntityInfo(NamedTuple):
@@ -310,13 +316,20 @@ def label_writes(entity: str, ref: str | None, labels: dict[str, Any], *, valid_
     """Writes of upsert_entity: one label timeline per label (and the ref)."""
     _entity(entity)
     point = parse_time(valid_from)
-    rec = _recorded(recorded_at, point)
+    return checked_label_writes(entity, ref, labels, point, source, evidence, _recorded(recorded_at, point), by)
+
+
+def checked_label_writes(entity: str, ref: str | None, labels: dict[str, Any], point: Micros,
+                         source: str | None, evidence: str | None, recorded_at: Micros,
+                         by: str | None) -> list[Write]:
+    """`label_writes` for an entity already checked and times already parsed (the projector's hot path)."""
     items = sorted(labels.items()) if len(labels) > 1 else list(labels.items())
     if ref is not None:
         items.insert(0, (REF_LABEL, ref))
     if not items:   # an upsert without labels still makes the entity exist
-        return [Write(("e", entity), Assertion(point, True, False, source, evidence, rec, by))]
-    return [Write(("l", entity, name), Assertion(point, value, False, source, evidence, rec, by))
+        return [new_write(("e", entity), new_assertion(point, True, False, source, evidence, recorded_at, by))]
+    return [_tuple_new(Write, (("l", entity, name), _tuple_new(Assertion, (
+                point, value, False, source, evidence, recorded_at, by, None))))
             for name, value in items]
 
 
@@ -326,9 +339,9 @@ def relation_write(subject: str, relation: str, object: str, when: object, close
     _entity(subject)
     _entity(object)
     point = parse_time(when)
-    return Write(("r", subject, relation, object),
-                 Assertion(point, None if closed else True, closed, source, evidence,
-                           _recorded(recorded_at, point), by))
+    return new_write(("r", subject, relation, object),
+                     new_assertion(point, None if closed else True, closed, source, evidence,
+                                   _recorded(recorded_at, point), by))
 
 
 def fact_write(subject: str, predicate: str, value: Any, when: object, closed: bool, *,
@@ -336,7 +349,7 @@ def fact_write(subject: str, predicate: str, value: Any, when: object, closed: b
                scope: str | None = None, owner: str | None = None, expires_at: object | None = None) -> Write:
     _entity(subject)
     point = parse_time(when)
-    return Write(("f", subject, predicate, scope_key(scope, owner)),
-                 Assertion(point, None if closed else value, closed, source, evidence,
-                           _recorded(recorded_at, point), by,
-                           None if expires_at is None else parse_time(expires_at)))
+    return new_write(("f", subject, predicate, scope_key(scope, owner)),
+                     new_assertion(point, None if closed else value, closed, source, evidence,
+                                   _recorded(recorded_at, point), by,
+                                   None if expires_at is None else parse_time(expires_at)))

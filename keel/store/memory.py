@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 from ..timeline import Assertion, Timeline, Version
 from ..times import Micros
-from .base import Key, Store, Write, entities_of
+from .base import Key, Store, Write
 
 _NEVER = 1 << 62
 
@@ -41,17 +41,15 @@ class MemoryStore(Store):
         for key, a in writes:
             tl = timelines.get(key)
             if tl is None:
-                tl = timelines[key] = Timeline()
-                for e in entities_of(key):
-                    keys = by_entity.get(e)
-                    if keys is None:
-                        keys = by_entity[e] = {}
-                    keys[key] = None
-            tl.add(a)
+                timelines[key] = Timeline(a)
+                by_entity.setdefault(key[1], {})[key] = None
+                if key[0] == "r":
+                    by_entity.setdefault(key[3], {})[key] = None
+            else:
+                tl.add(a)
             rec = a.recorded_at
-            e = key[1]
-            if first.get(e, _NEVER) > rec:
-                first[e] = rec
+            if first.get(key[1], _NEVER) > rec:
+                first[key[1]] = rec
             if key[0] == "r" and first.get(key[3], _NEVER) > rec:
                 first[key[3]] = rec
         if event_id is not None:
