@@ -42,7 +42,7 @@ from common import finance_events
 from keel.cartridge import load_cartridge
 from keel.config import resolve
 from keel.embedded import build_embedded
-from workers.kafka import TopicSpec, admin_client, bootstrap_list, group_offsets
+from keel.kafka import TopicSpec, admin_client, bootstrap_list, group_offsets
 from workers.names import dlq_topic, events_topic, group_id
 from workers.publish import prepare, publish_prepared
 

@@ -135,6 +135,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # ---- helpers ---------------------------------------------------------------------------------
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
 def settings_of(args: argparse.Namespace) -> Settings:
     return resolve(vars(args))
 

@@ -80,6 +80,10 @@ class StoreUnavailable(KeelError):
         self.tenant = tenant
 
 
+class KafkaUnavailable(KeelError):
+    """Kafka could not be reached, refused a request, or did not acknowledge records in time."""
+
+
 class WriteTimeout(KeelError):
     """A write was sent to the log but the projection did not show it in time."""
 

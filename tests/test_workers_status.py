@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from workers.kafka import PartitionOffsets
+from keel.kafka import PartitionOffsets
 from workers.status import partition_for, render_status, shape_status
 
 

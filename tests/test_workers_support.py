@@ -228,7 +228,7 @@ def redis_digests(cartridge: Path, env: dict[str, str], tenants: Iterable[str]) 
 def produce_raw(env: dict[str, str], topic: str, records: list[tuple[bytes | None, bytes | None]],
                 partitions: int = 8) -> None:
     """Produce records exactly as given (bytes a product could send), creating the topic like Keel does."""
-    from workers.kafka import TopicSpec, ensure_topics
+    from keel.kafka import TopicSpec, ensure_topics
     from workers.publish import send_records
 
     async def go() -> None:

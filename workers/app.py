@@ -17,9 +17,9 @@ from faust.app.base import BootStrategy
 
 from keel.cartridge import Cartridge
 from keel.config import Settings
+from keel.kafka import bootstrap_list, ensure_topics
 
 from .ingest import CartridgeIngest, WorkerOptions
-from .kafka import bootstrap_list, ensure_topics
 from .names import dlq_topic, events_topic
 
 

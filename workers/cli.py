@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from keel.cli import positive_int
 from keel.config import Settings, resolve
 
 LOG_LEVELS = ("crit", "error", "warn", "info", "debug")
@@ -21,9 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     kafka.add_argument("--kafka", metavar="BOOTSTRAP", help="Kafka bootstrap servers, comma-separated "
                        "(env KEEL_KAFKA_BOOTSTRAP, default 127.0.0.1:9092)")
     topics = argparse.ArgumentParser(add_help=False)
-    topics.add_argument("--partitions", type=_positive, default=8,
+    topics.add_argument("--partitions", type=positive_int, default=8,
                         help="partitions of topics created when missing (default 8)")
-    topics.add_argument("--replication-factor", type=_positive, default=1,
+    topics.add_argument("--replication-factor", type=positive_int, default=1,
                         help="replication factor of topics created when missing (default 1)")
     redis = argparse.ArgumentParser(add_help=False)
     redis.add_argument("--redis", metavar="URL", help="Redis URL, redis://host:port/db (env KEEL_REDIS_URL)")
@@ -45,10 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "with the tenant's applied offset; rejected records go to keel.<cartridge>.dlq. "
                                    "Runs until SIGTERM/SIGINT (the in-flight batch is finished first).")
     p.add_argument("cartridges", nargs="+", metavar="cartridge", help="cartridge folder(s)")
-    p.add_argument("--batch", type=_positive, default=5000, help="records per batch (default 5000)")
+    p.add_argument("--batch", type=positive_int, default=5000, help="records per batch (default 5000)")
     p.add_argument("--within", type=float, default=0.5, metavar="SECONDS",
                    help="how long a fetch waits to fill a batch (default 0.5)")
-    p.add_argument("--max-mirrored-tenants", type=_positive, default=100_000,
+    p.add_argument("--max-mirrored-tenants", type=positive_int, default=100_000,
                    help="tenants kept in the in-process mirror (least recently used are dropped; default 100000)")
     p.add_argument("--allow-global-notes", action="store_true", default=None,
                    help="apply global-scope notes (env KEEL_ALLOW_GLOBAL_NOTES)")
@@ -73,21 +74,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--tenant", action="append", help="tenant to rebuild (repeatable)")
     which.add_argument("--all", action="store_true", help="every tenant keyed in the topic")
-    p.add_argument("--batch", type=_positive, default=5000, help="events per commit to the shadow (default 5000)")
+    p.add_argument("--batch", type=positive_int, default=5000, help="events per commit to the shadow (default 5000)")
     p.add_argument("--allow-global-notes", action="store_true", default=None,
                    help="as the worker runs (env KEEL_ALLOW_GLOBAL_NOTES): judge global notes the same way")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
     p.set_defaults(run=cmd_replay)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -100,8 +93,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from keel.cartridge import load_cartridge
     from keel.embedded import print_reject
     from keel.errors import UsageError
+    from keel.kafka import TopicSpec
 
-    from .kafka import TopicSpec
     from .publish import publish_file
 
     cartridge = load_cartridge(args.cartridge)
@@ -135,10 +128,10 @@ def _progress_printer() -> Callable[[int, int], None]:
 def cmd_worker(args: argparse.Namespace) -> int:
     from keel.cartridge import load_cartridge
     from keel.errors import UsageError
+    from keel.kafka import TopicSpec
 
     from .app import run_worker
     from .ingest import WorkerOptions
-    from .kafka import TopicSpec
 
     cartridges = [load_cartridge(c) for c in args.cartridges]
     names = [c.name for c in cartridges]

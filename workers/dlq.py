@@ -16,9 +16,9 @@ from aiokafka import AIOKafkaProducer
 from redis.exceptions import RedisError
 
 from keel.errors import StoreUnavailable
+from keel.kafka import kafka_guard
 
 from .applier import DeadLetter
-from .kafka import kafka_guard
 
 REASON = "keel.reason"
 SOURCE_TOPIC = "keel.source.topic"

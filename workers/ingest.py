@@ -29,11 +29,11 @@ from mode import Service
 from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.errors import UsageError
+from keel.kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_consumer, new_producer
 from keel.store.redis import RedisStore
 
 from .applier import BatchApplier, BatchPlan
 from .dlq import DeadLetterCounts, DeadLetterQueue
-from .kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_consumer, new_producer
 from .names import dlq_topic, events_topic, group_id
 from .pipeline import BatchPipeline
 from .records import Record

@@ -15,9 +15,9 @@ from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.envelope import Catalog
 from keel.errors import WriteTimeout
+from keel.kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_producer
 from keel.store.base import Store
 
-from .kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_producer
 from .names import dlq_topic, events_topic
 from .publish import canonical_bytes
 

@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from keel.errors import StoreUnavailable
+from keel.kafka import KafkaUnavailable
 from keel.store.redis import GenerationChanged
 
 from .applier import BatchApplier, BatchPlan
 from .dlq import DeadLetterCounts, DeadLetterQueue
-from .kafka import KafkaUnavailable
 from .mirror import TopicPartition
 from .records import Record
 

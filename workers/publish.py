@@ -18,8 +18,8 @@ from keel.cartridge import Cartridge
 from keel.embedded import Rejected
 from keel.envelope import Catalog, Event
 from keel.errors import EnvelopeRejected
+from keel.kafka import TopicSpec, ensure_topics, kafka_guard, new_producer
 
-from .kafka import TopicSpec, ensure_topics, kafka_guard, new_producer
 from .names import events_topic
 
 Progress = Callable[[int, int], None]

@@ -27,9 +27,9 @@ from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.envelope import TENANT
 from keel.errors import KeelError, StoreUnavailable, UsageError
+from keel.kafka import KafkaUnavailable
 from keel.store.redis import RedisStore
 
-from .kafka import KafkaUnavailable
 from .names import events_topic
 from .replay_build import Event, PartitionBuild
 from .replay_progress import Progress

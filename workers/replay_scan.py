@@ -5,8 +5,8 @@ from __future__ import annotations
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from keel.errors import UsageError
+from keel.kafka import admin_client, bootstrap_list, kafka_guard, topic_exists
 
-from .kafka import admin_client, bootstrap_list, kafka_guard, topic_exists
 from .records import Record
 from .status import partition_for
 

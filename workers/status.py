@@ -10,9 +10,9 @@ from aiokafka.partitioner import murmur2
 
 from keel.cartridge import Cartridge
 from keel.config import Settings
+from keel.kafka import PartitionOffsets, group_offsets, topic_exists
 
 from .dlq import DeadLetterCounts
-from .kafka import PartitionOffsets, group_offsets, topic_exists
 from .names import dlq_topic, events_topic, group_id
 
 NO_TENANT = ""      # dead letters whose tenant could not be read

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from keel.cartridge import load_cartridge
+from keel.cli import positive_int
 from keel.config import resolve
 from keel.errors import UsageError
 
@@ -24,9 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     kafka = argparse.ArgumentParser(add_help=False)
     kafka.add_argument("--kafka", metavar="BOOTSTRAP", help="Kafka bootstrap servers, comma-separated "
                        "(env KEEL_KAFKA_BOOTSTRAP, default 127.0.0.1:9092)")
-    kafka.add_argument("--partitions", type=_positive, default=8,
+    kafka.add_argument("--partitions", type=positive_int, default=8,
                        help="partitions of topics created when missing (default 8)")
-    kafka.add_argument("--replication-factor", type=_positive, default=1,
+    kafka.add_argument("--replication-factor", type=positive_int, default=1,
                        help="replication factor of topics created when missing (default 1)")
     table = argparse.ArgumentParser(add_help=False)
     table.add_argument("--dsn", help="PostgreSQL connection string (env KEEL_POSTGRES_DSN)")
@@ -50,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("cartridge", help="cartridge folder")
     p.add_argument("--name", help="relay (cursor) name (default: the cartridge name)")
     p.add_argument("--once", action="store_true", help="relay what is relayable now, then exit")
-    p.add_argument("--batch", type=_positive, default=2000, help="rows per step (default 2000)")
+    p.add_argument("--batch", type=positive_int, default=2000, help="rows per step (default 2000)")
     p.add_argument("--interval", type=float, default=0.2, metavar="SECONDS",
                    help="wait between polls when idle (default 0.2)")
     p.add_argument("--xmin-warn", type=float, default=30.0, metavar="SECONDS",
@@ -70,22 +71,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--secrets", required=True, metavar="FILE",
                    help="YAML/JSON mapping tenant -> secret (or a list of secrets); SIGHUP reloads it")
-    p.add_argument("--max-body", type=_positive, default=1 << 20, metavar="BYTES",
+    p.add_argument("--max-body", type=positive_int, default=1 << 20, metavar="BYTES",
                    help="largest request body (default 1048576)")
-    p.add_argument("--max-batch", type=_positive, default=1000, metavar="N",
+    p.add_argument("--max-batch", type=positive_int, default=1000, metavar="N",
                    help="most envelopes per request (default 1000)")
     p.add_argument("--progress", type=float, default=10.0, metavar="SECONDS", help="counters line period (default 10)")
     p.set_defaults(run=cmd_webhook)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -1,7 +1,9 @@
 """Errors raised by the ingress paths; every client-library error is translated at its boundary."""
 from __future__ import annotations
 
-from keel.errors import KeelError, StoreUnavailable, UsageError
+from keel.errors import KafkaUnavailable, KeelError, StoreUnavailable, UsageError
+
+__all__ = ["KafkaUnavailable", "ListenFailed", "OutboxMissing", "OutboxUnavailable", "SecretsInvalid"]
 
 
 class OutboxUnavailable(StoreUnavailable):
@@ -10,10 +12,6 @@ class OutboxUnavailable(StoreUnavailable):
 
 class OutboxMissing(UsageError):
     """The outbox or its cursor table does not exist: run `keel outbox init` first."""
-
-
-class KafkaUnavailable(KeelError):
-    """Kafka could not be reached, or did not acknowledge records in time."""
 
 
 class SecretsInvalid(UsageError):

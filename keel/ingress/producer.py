@@ -1,22 +1,21 @@
-"""The Kafka boundary of the ingress paths: an idempotent acks=all producer, topic creation, and the
-translation of aiokafka errors into KafkaUnavailable (nothing above this module sees an aiokafka exception)."""
+"""The producer of the ingress paths: idempotent, acks=all, returning once Kafka acknowledged; topics and
+error translation come from keel.kafka, shared with the stream workers."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
 
-from .errors import KafkaUnavailable
+from keel.errors import KafkaUnavailable
+from keel.kafka import TopicSpec, bootstrap_list, ensure_topics, kafka_guard
+
 from .records import OutRecord
 
-TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}     # as the stream workers create them
+__all__ = ["Acks", "KafkaSink", "TopicSpec"]
+
 MAX_RECORD_BYTES = 1_000_000      # below the broker's default message.max.bytes (1,048,588)
-_ALREADY_EXISTS = 36
 
 
 @dataclass(frozen=True)
@@ -24,26 +23,6 @@ class Acks:
     """The pending acknowledgements of records handed to the producer."""
     topic: str
     futures: list[asyncio.Future]
-
-
-@dataclass(frozen=True)
-class TopicSpec:
-    """How a missing topic is created."""
-    partitions: int = 8
-    replication_factor: int = 1
-
-
-def bootstrap_list(bootstrap: str) -> list[str]:
-    return [b.strip().removeprefix("kafka://") for b in bootstrap.split(",") if b.strip()]
-
-
-@asynccontextmanager
-async def kafka_guard(what: str, bootstrap: str) -> AsyncIterator[None]:
-    """Translate aiokafka and network errors into KafkaUnavailable naming the operation and the bootstrap."""
-    try:
-        yield
-    except (KafkaError, TimeoutError, OSError) as e:
-        raise KafkaUnavailable(f"Kafka {what} failed at {bootstrap}: {type(e).__name__}: {e}") from e
 
 
 class KafkaSink:
@@ -99,22 +78,4 @@ class KafkaSink:
 
     async def ensure_topics(self, topics: Sequence[str], spec: TopicSpec) -> None:
         """Create missing topics (LogAppendTime, `spec` partitions) the way the stream workers do."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_list(self.bootstrap), client_id="keel-ingress-admin")
-        async with kafka_guard("connect (admin)", self.bootstrap):
-            await admin.start()
-        try:
-            async with kafka_guard("list topics", self.bootstrap):
-                existing = set(await admin.list_topics())
-            missing = [t for t in topics if t not in existing]
-            if not missing:
-                return
-            async with kafka_guard("create topics", self.bootstrap):
-                response = await admin.create_topics(
-                    [NewTopic(t, spec.partitions, spec.replication_factor, topic_configs=dict(TOPIC_CONFIG))
-                     for t in missing])
-            for err in response.to_object().get("topic_errors", []):
-                if err["error_code"] not in (0, _ALREADY_EXISTS):
-                    raise KafkaUnavailable(f"cannot create topic {err['topic']}: error {err['error_code']} "
-                                           f"{err.get('error_message') or ''}".rstrip())
-        finally:
-            await admin.close()
+        await ensure_topics(self.bootstrap, topics, spec)

@@ -22,7 +22,7 @@ from test_workers_support import (
 )
 
 from keel.cartridge import load_cartridge
-from workers.kafka import KafkaUnavailable
+from keel.kafka import KafkaUnavailable
 
 from .conftest import PrivateServices
 

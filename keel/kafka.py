@@ -1,9 +1,9 @@
-"""The Kafka boundary: aiokafka clients configured the way Keel needs them, topics, offsets, and the
+"""The Kafka boundary shared by workers, publishing and ingress: aiokafka clients configured the way Keel needs them, topics, offsets, and the
 translation of client errors into KeelError (nothing above this module sees an aiokafka exception)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -11,14 +11,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from keel.errors import KeelError
+from .errors import KafkaUnavailable
 
 TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}   # recorded_at of envelopes without one
 _ALREADY_EXISTS = 36
-
-
-class KafkaUnavailable(KeelError):
-    """Kafka could not be reached or refused a request."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +77,7 @@ async def admin_client(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
         await admin.close()
 
 
-async def ensure_topics(bootstrap: str, topics: list[str], spec: TopicSpec) -> dict[str, int]:
+async def ensure_topics(bootstrap: str, topics: Sequence[str], spec: TopicSpec) -> dict[str, int]:
     """Create the topics that are missing (LogAppendTime); returns every topic's partition count."""
     async with admin_client(bootstrap) as admin:
         async with kafka_guard("list topics", bootstrap):
@@ -99,7 +95,7 @@ async def ensure_topics(bootstrap: str, topics: list[str], spec: TopicSpec) -> d
         return await _partition_counts(admin, bootstrap, topics)
 
 
-async def _partition_counts(admin: AIOKafkaAdminClient, bootstrap: str, topics: list[str]) -> dict[str, int]:
+async def _partition_counts(admin: AIOKafkaAdminClient, bootstrap: str, topics: Sequence[str]) -> dict[str, int]:
     for _ in range(50):                                   # a new topic's metadata takes a moment to spread
         async with kafka_guard("describe topics", bootstrap):
             described = await admin.describe_topics(topics)
