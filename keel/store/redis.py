@@ -275,76 +275,96 @@ class _Batch:
 
     Members are complete strings: the provenance base `b` of each event is `base` plus the entries of
     the events before it. When the server answers that the guess was wrong, the batch is encoded again.
+    Encoding is the worker's hot path: one loop over the writes, with process-wide caches of prefixes and
+    points, and a shortcut for writes sharing their event's single provenance entry.
     """
     __slots__ = ("args", "entities", "events")
 
     def __init__(self, events: list[Event], base: int, field: str, offset: str) -> None:
         self.events = events
-        ents: dict[str, int] = {}
-        min_recorded: list[int] = []
-        tls: dict[Key, tuple[int, str, tuple[int, ...]]] = {}
-        timelines: list[Any] = []
-        groups: dict[int, list[str]] = {}
-        points: dict[int, str] = {}
+        tls: dict[Key, list[Any]] = {}      # key -> [members, min recorded_at, header, P]
         provs: list[str] = []
-        ids = [event_id for _, event_id in events if event_id]
+        points = _POINTS
+        if len(points) > _CACHE:
+            points.clear()
+        wtext = _W
+        n = sum(len(writes) for writes, _ in events)
+        if len(wtext) <= n:
+            _grow_w(n)
         w = 0
         for writes, _ in events:
             text = str(base + len(provs))
             bb = f"{len(text)}{text}"
             seen: dict[tuple[Any, ...], str] = {}
+            ps = pe = pr = pb = pks = None      # the last provenance met: most events have a single one
             for key, a in writes:
                 point, value, closed, source, evidence, rec, by, expires = a
-                rec = int(rec)
-                t = tls.get(key)
-                if t is None:
-                    p = prefix_of(key)
-                    owner = key[1]
-                    o = ents.get(owner)
-                    if o is None:
-                        o = ents[owner] = len(ents) + 1
-                        min_recorded.append(rec)
-                    if key[0] == "r" and key[3] != owner:
-                        other = ents.get(key[3])
-                        if other is None:
-                            other = ents[key[3]] = len(ents) + 1
-                            min_recorded.append(rec)
-                        timelines += (o, p, other)
-                        t = tls[key] = (o, p, (o, other))
-                    else:
-                        timelines += (o, p, 0)
-                        t = tls[key] = (o, p, (o,))
-                o, p, involved = t
-                for i in involved:
-                    if rec < min_recorded[i - 1]:   # noqa: PLR1730 - the common case is a comparison only
-                        min_recorded[i - 1] = rec
-                prov = (source, evidence, rec, by)
-                ks = seen.get(prov)
-                if ks is None:
-                    ks = seen[prov] = f"1{len(seen)}" if len(seen) < 10 else f"{len(str(len(seen)))}{len(seen)}"
-                    provs.append(encode_provenance(source, evidence, rec, by))
+                if source is ps and evidence is pe and rec == pr and by is pb:
+                    ks = pks
+                    rec = pr
+                else:
+                    rec = int(rec)
+                    prov = (source, evidence, rec, by)
+                    ks = seen.get(prov)
+                    if ks is None:
+                        n = len(seen)
+                        ks = seen[prov] = f"1{n}" if n < 10 else f"{len(str(n))}{n}"
+                        provs.append(encode_provenance(source, evidence, rec, by))
+                    ps, pe, pr, pb, pks = source, evidence, rec, by, ks
                 pt = points.get(point)
                 if pt is None:
                     pt = points[point] = encode_point(point)
-                w += 1
                 if closed or expires is not None:
                     body = encode_body(a)
                 else:
-                    body = "=" + _json(value)
-                ws = str(w)
-                group = groups.get(o)
-                if group is None:
-                    group = groups[o] = []
-                group.append(f"{p}{pt}{bb}{len(ws)}{ws}{ks}{body}")
+                    tv = value.__class__
+                    if tv is str:
+                        body = "=" + _STR(value)
+                    elif tv is int:
+                        body = "=" + int.__repr__(value)
+                    elif value is True:
+                        body = "=true"
+                    else:
+                        body = "=" + _json(value)
+                w += 1
+                t = tls.get(key)
+                if t is None:
+                    p = _PREFIXES.get(key)
+                    if p is None:
+                        p = _prefix(key)
+                    tls[key] = [[f"{p}{pt}{bb}{wtext[w]}{ks}{body}"], rec, "", p]
+                else:
+                    t[0].append(f"{t[3]}{pt}{bb}{wtext[w]}{ks}{body}")
+                    if rec < t[1]:   # noqa: PLR1730 - the common case is a comparison only
+                        t[1] = rec
+        ents: dict[str, int] = {}
+        min_recorded: list[int] = []
+        for key, t in tls.items():     # entity indexes in order of first appearance, as the script wants
+            owner, rec = key[1], t[1]
+            o = ents.get(owner)
+            if o is None:
+                o = ents[owner] = len(ents)
+                min_recorded.append(rec)
+            elif rec < min_recorded[o]:
+                min_recorded[o] = rec
+            if key[0] == "r" and key[3] != owner:
+                x = ents.get(key[3])
+                if x is None:
+                    x = ents[key[3]] = len(ents)
+                    min_recorded.append(rec)
+                elif rec < min_recorded[x]:
+                    min_recorded[x] = rec
+                t[2] = f"{o + 1},{x + 1},"
+            else:
+                t[2] = f"{o + 1},0,"
         self.entities = list(ents)
+        ids = [event_id for _, event_id in events if event_id]
         args: list[Any] = [str(base), field, offset, len(ids), *ids, len(ents)]
         for name, rec in zip(ents, min_recorded):
             args += (name, rec)
         args.append(len(tls))
-        args += timelines
-        args.append(len(groups))
-        for owner, members in groups.items():
-            args += (owner, len(members))
+        for members, _, header, p in tls.values():
+            args.append(f"{header}{len(members)},{p}")
             args += members
         args.append(len(provs))
         args += provs
@@ -356,6 +376,25 @@ class _Batch:
             e = _escape(e)
             keys += (d + "z:" + e, d + "x:" + e)
         return keys
+
+
+_CACHE = 100_000                  # entries of the process-wide encoding caches before they are cleared
+_POINTS: dict[Any, str] = {}      # point -> its 9 characters
+_PREFIXES: dict[Key, str] = {}   # key -> P
+_W: list[str] = ["10"]            # w -> `<#w><w>`
+
+
+def _grow_w(n: int) -> None:
+    while len(_W) <= n:
+        ws = str(len(_W))
+        _W.append(f"{len(ws)}{ws}")
+
+
+def _prefix(key: Key) -> str:
+    if len(_PREFIXES) > _CACHE:
+        _PREFIXES.clear()
+    p = _PREFIXES[key] = prefix_of(key)
+    return p
 
 
 # ---- the store -------------------------------------------------------------------------------

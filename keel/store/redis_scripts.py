@@ -52,12 +52,15 @@ end
 #       then for entity i (1-based): 4 + 2i its sorted set, 5 + 2i its index list.
 # ARGV: 1 expected gen, 2 expected provenance length, 3 offset field ("" = none), 4 offset,
 #       nI, event ids; nE, per entity: name, min recorded_at of its writes;
-#       nT, per timeline: owner, P, the other entity of a relation (0 if none);
-#       nZ, per owner: owner, n, n members; nP, provenance entries.
+#       nT, per timeline: `<owner>,<other entity of a relation or 0>,<n>,<P>` then its n members;
+#       nP, provenance entries.
 # The client builds complete members: it knows the provenance length from its last call. Answers
 # {2, length} when that guess is wrong and {3, id, ...} when some event ids are already applied;
 # nothing is written then, and the client rebuilds and retries. An index list holds the entity's
 # first recorded_at at index 0, then one element per timeline involving it, in creation order.
+# A timeline is new when its owner's sorted set has no member starting with P; an owner with several
+# of the batch's timelines and a short index list answers that from its index list in one LRANGE
+# (the list holds P exactly when the sorted set holds members of P: both change only here).
 APPLY = _GEN_CHECK + _MULTI + """
 local base = redis.call('LLEN', KEYS[5])
 if tostring(base) ~= ARGV[2] then return {2, base} end
@@ -83,41 +86,67 @@ local E = a + 1
 a = E + 2 * nE
 local nT = tonumber(ARGV[a])
 a = a + 1
-local first = {}
-for e = 1, nE do first[e] = redis.call('LINDEX', KEYS[5 + 2 * e], 0) end
-local push = {}
+local match = string.match
+local TO, TX, TP, TA, TN, owns = {}, {}, {}, {}, {}, {}
+for t = 1, nT do
+  local o, x, n, P = match(ARGV[a], '^(%d+),(%d+),(%d+),(.*)$')
+  o, n = tonumber(o), tonumber(n)
+  TO[t], TX[t], TP[t], TA[t], TN[t] = o, tonumber(x), P, a + 1, n
+  owns[o] = (owns[o] or 0) + 1
+  a = a + 1 + n
+end
+local first, have = {}, {}
+for e = 1, nE do
+  local k = owns[e]
+  if not k or k < 2 then
+    first[e] = redis.call('LINDEX', KEYS[5 + 2 * e], 0)
+  else
+    local limit = 8 + 4 * k
+    local r = redis.call('LRANGE', KEYS[5 + 2 * e], 0, limit)
+    first[e] = r[1]
+    if #r <= limit then
+      local s = {}
+      for y = 2, #r do s[r[y]] = true end
+      have[e] = s
+    end
+  end
+end
+local push, zs = {}, {}
 local function add(e, element)
   local q = push[e]
   if not q then q = {}; push[e] = q end
   q[#q + 1] = element
 end
-for _ = 1, nT do
-  local owner, P, other = tonumber(ARGV[a]), ARGV[a + 1], tonumber(ARGV[a + 2])
-  a = a + 3
-  if not first[owner] or
-      #redis.call('ZRANGEBYLEX', KEYS[4 + 2 * owner], '[' .. P, '(' .. P .. '~', 'LIMIT', 0, 1) == 0 then
+for t = 1, nT do
+  local owner, P = TO[t], TP[t]
+  local new
+  if not first[owner] then
+    new = true
+  elseif have[owner] then
+    new = not have[owner][P]
+  else
+    new = #redis.call('ZRANGEBYLEX', KEYS[4 + 2 * owner], '[' .. P, '(' .. P .. '~', 'LIMIT', 0, 1) == 0
+  end
+  if new then
     add(owner, P)
+    local other = TX[t]
     if other > 0 then
       local name = string.gsub(string.gsub(ARGV[E + 2 * owner - 2], '%%', '%%25'), '|', '%%7C')
       add(other, '>' .. name .. '|' .. P)
     end
   end
-end
-local nZ = tonumber(ARGV[a])
-a = a + 1
-for _ = 1, nZ do
-  local owner, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  a = a + 2
-  local z = {}
-  for x = 0, n - 1 do
-    z[2 * x + 1] = 0
-    z[2 * x + 2] = ARGV[a + x]
+  local z = zs[owner]
+  if not z then z = {}; zs[owner] = z end
+  local m = #z
+  for y = TA[t], TA[t] + TN[t] - 1 do
+    z[m + 1] = '0'
+    z[m + 2] = ARGV[y]
+    m = m + 2
   end
-  multi('ZADD', KEYS[4 + 2 * owner], z)
-  a = a + n
 end
 local fresh = {}
 for e = 1, nE do
+  if zs[e] then multi('ZADD', KEYS[4 + 2 * e], zs[e]) end
   local x, rec, f = KEYS[5 + 2 * e], ARGV[E + 2 * e - 1], first[e]
   if not f then
     redis.call('RPUSH', x, rec)
@@ -141,7 +170,7 @@ while i < nI do
   redis.call('SADD', KEYS[2], unpack(ARGV, I + i, I + j))
   i = j + 1
 end
-if nI > 0 or nZ > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
+if nI > 0 or nT > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
 if ARGV[3] ~= '' then
   local cur = redis.call('HGET', KEYS[3], ARGV[3])
   if not cur or tonumber(ARGV[4]) > tonumber(cur) then redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) end
