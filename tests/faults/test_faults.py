@@ -49,6 +49,19 @@ def wait_done(cartridge: Path, env: dict[str, str], expected: int, worker: Worke
     return doc
 
 
+def wait_working(cartridge: Path, env: dict[str, str], worker: WorkerProcess) -> None:
+    """Until the worker has committed a first batch: past its start-up checks, which fail fast by design
+    when a service is down, so a restart before this point would test the preflight, not the recovery."""
+    def committed() -> bool:
+        if not worker.alive():
+            raise AssertionError(f"worker exited with {worker.proc.returncode}:\n{worker.text()}")
+        try:
+            return any(p["committed"] is not None for p in status(cartridge, env)["partitions"])
+        except KafkaUnavailable:
+            return False
+    wait_until(committed, 120, "the worker's first committed batch", interval=0.3, on_timeout=worker.text)
+
+
 def judge(cartridge: Path, env: dict[str, str], events: Path, dead_letters: int) -> None:
     expected = embedded_digests(load_cartridge(cartridge), events)
     assert redis_digests(cartridge, env, expected) == expected
@@ -85,7 +98,7 @@ def test_redis_restarted_mid_stream(tmp_path: Path, private_services: PrivateSer
     worker = WorkerProcess([cartridge], env, tmp_path / "worker.log", "--batch", "300")
     try:
         publisher.start()
-        time.sleep(2.0)
+        wait_working(cartridge, env, worker)
         private_services.restart("redis")
         publisher.join(120)
         assert publisher.error is None, publisher.error
@@ -104,7 +117,7 @@ def test_kafka_broker_restarted_mid_stream(tmp_path: Path, private_services: Pri
     keel("publish", str(cartridge), str(first), "--quiet", env=env)
     worker = WorkerProcess([cartridge], env, tmp_path / "worker.log", "--batch", "200")
     try:
-        time.sleep(2.0)
+        wait_working(cartridge, env, worker)
         private_services.restart("kafka")
         keel("publish", str(cartridge), str(second), "--quiet", env=env)
         wait_done(cartridge, env, count_lines(events), worker)
