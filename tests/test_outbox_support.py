@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
+from test_workers_support import KeelProcess
 
 from keel.cartridge import load_cartridge
 
@@ -69,38 +69,11 @@ def ingress_cli(*args: str, env: dict[str, str], check: bool = True, timeout: fl
     return proc
 
 
-class Background:
+class Background(KeelProcess):
     """A keel ingress command as a subprocess, logging to a file."""
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self._out = open(log, "ab")  # noqa: SIM115 - open for the life of the subprocess
-        self.proc = subprocess.Popen([sys.executable, "-m", "keel.ingress.cli", *args], stdout=self._out,
-                                     stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=ROOT)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup at all."""
-        if self.alive():
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-        self._out.close()
-
-    def terminate(self, timeout: float = 60) -> int:
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"did not stop on SIGTERM within {timeout}s; log:\n{self.text()}") from None
-        finally:
-            self._out.close()
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
+        super().__init__("keel.ingress.cli", args, env, log)
 
     def wait_for_line(self, pattern: str, timeout: float = 60) -> re.Match[str]:
         deadline = time.monotonic() + timeout

@@ -153,23 +153,24 @@ def keel(*args: str, env: dict[str, str], check: bool = True, timeout: float = 3
     return proc
 
 
-class WorkerProcess:
-    """`keel worker` as a subprocess, logging to a file."""
+class KeelProcess:
+    """A `python -m <module> …` subprocess of Keel, logging to a file (workers, relays, webhooks)."""
 
-    def __init__(self, cartridges: list[Path], env: dict[str, str], log: Path, *extra: str) -> None:
+    def __init__(self, module: str, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
         self._out = open(log, "ab")  # noqa: SIM115 - open for the life of the subprocess
-        self.proc = subprocess.Popen([sys.executable, "-m", "keel.cli", "worker", *map(str, cartridges),
-                                      "--quiet", *extra], stdout=self._out, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **env}, cwd=ROOT)
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=self._out,
+                                     stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=ROOT)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def kill(self) -> None:
+        """SIGKILL: no cleanup at all."""
         if self.alive():
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
+        self._out.close()
 
     def terminate(self, timeout: float = 60) -> int:
         if self.alive():
@@ -178,12 +179,23 @@ class WorkerProcess:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"worker did not stop on SIGTERM within {timeout}s; log:\n{self.text()}") from None
+            raise AssertionError(f"did not stop on SIGTERM within {timeout}s; log:\n{self.text()}") from None
         finally:
             self._out.close()
 
     def text(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:]
+        return self.log.read_text(errors="replace")
+
+
+class WorkerProcess(KeelProcess):
+    """`keel worker` as a subprocess, logging to a file."""
+
+    def __init__(self, cartridges: list[Path], env: dict[str, str], log: Path, *extra: str) -> None:
+        super().__init__("keel.cli", ["worker", *map(str, cartridges), "--quiet", *extra], env, log)
+
+    def text(self) -> str:
+        """The end of the log: enough to see why a worker stopped."""
+        return super().text()[-6000:]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.3,
