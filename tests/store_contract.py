@@ -148,6 +148,15 @@ class StoreContract:
         assert not s.exists(T, E, known_at=day(2))
         assert s.entity(T, E, at=day(5), known_at=day(2)) is None
 
+    def test_recorded_many_matches_one_by_one(self) -> None:
+        s = self.make_store()
+        s.upsert_entity(T, "thing", "one", valid_from=day(2), recorded_at=day(3))
+        s.link(T, E, "part_of", "group:g", day(1), recorded_at=day(5))
+        assert s.recorded_many(T, [E, "group:g", "thing:none"]) == [
+            parse_time(day(3)), parse_time(day(5)), None] == [
+            s.entity_recorded_at(T, e) for e in (E, "group:g", "thing:none")]
+        assert s.recorded_many(T, []) == []
+
     # ---- relations -------------------------------------------------------------------------
 
     def test_relations_either_direction_with_filter(self) -> None:

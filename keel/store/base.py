@@ -149,6 +149,10 @@ class Store(ABC):
     def event_ids(self, tenant: str) -> list[str]:
         """Applied event ids of a tenant, sorted."""
 
+    def recorded_many(self, tenant: str, entities: list[str]) -> list[Micros | None]:
+        """`entity_recorded_at` of several entities; one request where possible."""
+        return [self.entity_recorded_at(tenant, e) for e in entities]
+
     def index(self, tenant: str, entity: str) -> tuple[Micros, list[Key]] | None:
         """(first recorded_at, timeline keys) of an entity, or None when unknown; one request where possible."""
         first = self.entity_recorded_at(tenant, entity)

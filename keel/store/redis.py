@@ -625,6 +625,18 @@ class RedisStore(Store):
             value = self._tx(tenant, lambda p, d: p.lindex(d + "x:" + _escape(entity), 0))[0]
         return None if value is None else int(value)
 
+    def recorded_many(self, tenant: str, entities: list[str]) -> list[Micros | None]:
+        """First recorded_at of several entities in one transaction."""
+        if not entities:
+            return []
+
+        def fill(p: Any, d: str) -> None:
+            for e in entities:
+                p.lindex(d + "x:" + _escape(e), 0)
+        with self._guard("recorded_many", tenant):
+            values = self._tx(tenant, fill)
+        return [None if v is None else int(v) for v in values]
+
     def keys(self, tenant: str, entity: str) -> list[Key]:
         with self._guard("keys", tenant):
             raw = self._tx(tenant, lambda p, d: p.lrange(d + "x:" + _escape(entity), 1, -1))[0]
