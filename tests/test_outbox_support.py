@@ -2,7 +2,6 @@
 the relay and the webhook as subprocesses, outbox writers, and reading a topic back."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -10,16 +9,15 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-import yaml
-from test_workers_support import KeelProcess
-
-from keel.cartridge import load_cartridge
+from test_workers_support import KeelProcess, wait_until  # noqa: F401 - shared with the outbox tests
+from test_workers_support import read_until as read_topic  # noqa: F401
+from test_workers_support import unique_cartridge as _unique_cartridge
 
 ROOT = Path(__file__).resolve().parents[1]
 services = pytest.mark.services
@@ -34,17 +32,7 @@ def ingress_env() -> dict[str, str]:
 
 def unique_cartridge(tmp_path: Path, name: str = "finance") -> Path:
     """A copy of cartridges/<name> under a unique cartridge name, so its topics are fresh."""
-    folder = tmp_path / f"{name}-{uuid.uuid4().hex[:6]}"
-    folder.mkdir(parents=True)
-    for f in (ROOT / "cartridges" / name).iterdir():
-        if f.is_file():
-            (folder / f.name).write_bytes(f.read_bytes())
-    spec = yaml.safe_load((folder / "cartridge.yaml").read_text())
-    unique = f"ing{uuid.uuid4().hex[:10]}"
-    text = (folder / "cartridge.yaml").read_text().replace(f"name: {spec['name']}", f"name: {unique}", 1)
-    (folder / "cartridge.yaml").write_text(text)
-    assert load_cartridge(folder).name == unique
-    return folder
+    return _unique_cartridge(tmp_path, name, prefix="ing")
 
 
 def sample_envelopes(name: str = "finance") -> list[dict[str, Any]]:
@@ -91,16 +79,6 @@ def relay_process(folder: Path, schema: str, env: dict[str, str], log: Path, *ex
     return Background(["outbox", "relay", str(folder), "--schema", schema, "--interval", "0.05", *extra], env, log)
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
-               on_timeout: Callable[[], str] = lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{on_timeout()}")
-
-
 def insert(conn: psycopg.Connection, schema: str, envelope: dict[str, Any] | str) -> None:
     text = envelope if isinstance(envelope, str) else json.dumps(envelope)
     conn.execute(f"INSERT INTO {schema}.keel_outbox (envelope) VALUES (%s::jsonb)", (text,))
@@ -121,26 +99,6 @@ def relay_caught_up(dsn: str, schema: str, relay: str) -> bool:
         cursor = conn.execute(f"SELECT xid::text::bigint, position FROM {schema}.keel_outbox_cursor "
                               f"WHERE relay = %s", (relay,)).fetchone()
     return last is None or (cursor is not None and tuple(cursor) >= tuple(last))
-
-
-def read_topic(bootstrap: str, topic: str, *, until: Callable[[list[Any]], bool], timeout: float = 60) -> list[Any]:
-    """Records of a topic from the beginning, until `until(records)` holds or the timeout passes."""
-    from aiokafka import AIOKafkaConsumer
-
-    async def go() -> list[Any]:
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
-                                    auto_offset_reset="earliest", enable_auto_commit=False)
-        await consumer.start()
-        out: list[Any] = []
-        try:
-            deadline = time.monotonic() + timeout
-            while not until(out) and time.monotonic() < deadline:
-                for records in (await consumer.getmany(timeout_ms=300)).values():
-                    out += records
-        finally:
-            await consumer.stop()
-        return out
-    return asyncio.run(go())
 
 
 def ids_of(records: list[Any]) -> list[str]:

@@ -126,7 +126,7 @@ def services_env() -> dict[str, str]:
             "KEEL_REDIS_URL": service_env("KEEL_REDIS_URL")}
 
 
-def unique_cartridge(tmp_path: Path, name: str, prefix: str = "t") -> Path:
+def unique_cartridge(tmp_path: Path, name: str = "finance", prefix: str = "t") -> Path:
     """A copy of cartridges/<name> under a unique cartridge name, so topics and Redis namespaces are fresh."""
     folder = tmp_path / name
     if folder.exists():
@@ -249,25 +249,29 @@ def produce_raw(env: dict[str, str], topic: str, records: list[tuple[bytes | Non
     asyncio.run(go())
 
 
-def read_topic(env: dict[str, str], topic: str, expected: int, timeout: float = 60) -> list[Any]:
-    """Every record of a topic (from the beginning), waiting until at least `expected` are there."""
+def read_until(bootstrap: str, topic: str, *, until: Callable[[list[Any]], bool], timeout: float = 60) -> list[Any]:
+    """Records of a topic from the beginning, until `until(records)` holds or the timeout passes."""
     from aiokafka import AIOKafkaConsumer
 
     async def go() -> list[Any]:
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=env["KEEL_KAFKA_BOOTSTRAP"], group_id=None,
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
                                     auto_offset_reset="earliest", enable_auto_commit=False)
         await consumer.start()
         out: list[Any] = []
         try:
             deadline = time.monotonic() + timeout
-            while len(out) < expected and time.monotonic() < deadline:
-                fetched = await consumer.getmany(timeout_ms=500)
-                for recs in fetched.values():
+            while not until(out) and time.monotonic() < deadline:
+                for recs in (await consumer.getmany(timeout_ms=300)).values():
                     out += recs
         finally:
             await consumer.stop()
         return out
     return asyncio.run(go())
+
+
+def read_topic(env: dict[str, str], topic: str, expected: int, timeout: float = 60) -> list[Any]:
+    """Every record of a topic (from the beginning), waiting until at least `expected` are there."""
+    return read_until(env["KEEL_KAFKA_BOOTSTRAP"], topic, until=lambda out: len(out) >= expected, timeout=timeout)
 
 
 services = pytest.mark.services
