@@ -5,9 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keel import EnvelopeRejected, load_cartridge
-from keel.envelope import Catalog
+from keel.envelope import Catalog, PayloadCheck
 from keel.times import parse_time
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,3 +73,28 @@ def test_annotation_payload_is_checked() -> None:
     env = {**GOOD, "type": "keel.annotated", "subject": "debt:visa", "payload": {"predicate": "n", "value": 1}}
     with pytest.raises(EnvelopeRejected, match="scope"):
         CATALOG.parse(json.dumps(env))
+
+
+_JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=12),
+                         st.sampled_from(["2026-09-05", "2026-09-05T10:00:00Z", "2026-13-01", "2026-09-05T10:00:00"]),
+                         st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+_CHECKS = [check for cartridge in ("finance", "fleet", "salon")
+           for check, _, _ in Catalog(load_cartridge(ROOT / "cartridges" / cartridge))._types.values()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_CHECKS), st.data())
+def test_the_fast_payload_pass_never_accepts_what_the_field_checks_refuse(check: PayloadCheck, data: st.DataObject
+                                                                         ) -> None:
+    """PayloadCheck decides the common payload at C speed; it must agree with the field-by-field reasons."""
+    names = st.sampled_from([*check.names, "extra"])
+    payload = data.draw(st.dictionaries(names, _JSON_VALUES, max_size=len(check.names) + 1))
+    if data.draw(st.booleans()):     # often a payload that is valid but for one drawn value
+        payload = {**{n: _valid_value(kind) for n, kind, *_ in check.fields}, **payload}
+    if check.plainly_valid(payload):
+        assert check.problems(payload) == []
+
+
+def _valid_value(kind: str) -> object:
+    return {"string": "x", "number": 1.5, "integer": 2, "boolean": True, "object": {}, "array": [],
+            "date": "2026-09-05", "datetime": "2026-09-05T10:00:00Z"}[kind]
