@@ -8,6 +8,7 @@ the known_at definition (answer at K == answer of a store built from only the wr
 """
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -306,7 +307,7 @@ class StoreContract:
                 got = s.facts(T, E, at=day(t), known_at=None if k is None else day(k))
                 assert [(f["value"], f["evidence"]) for f in got] == expected, (k, t)
             history = s.history(T, E, known_at=None if k is None else day(k))
-            for a, b in zip(history, history[1:]):
+            for a, b in pairwise(history):
                 assert a["valid_to"] is not None and a["valid_to"] <= b["valid_from"]
 
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
