@@ -948,7 +948,8 @@ def _index_key(entity: str, element: str) -> Key:
 
 
 def _version_at(row: Any, at: Micros) -> Version | None:
-    """The AS_OF script's answer for one key: {winner without P, count at its point, next point9, provenance}."""
+    """The AS_OF script's answer for one key: {winner without P, 2 if its point is shared else 1, next point9,
+    provenance}."""
     rest, count, nxt, prov_text = row
     point, _, value, closed, expires = decode_member(rest)
     return _winner_version(Assertion(point, value, closed, *_provenance(prov_text), expires), int(count), nxt, at)
@@ -956,7 +957,8 @@ def _version_at(row: Any, at: Micros) -> Version | None:
 
 def _winner_version(a: Assertion, count: int, nxt: str, at: Micros) -> Version | None:
     """The version valid at `at` from the winner at or before it (folded like Timeline.as_of, known_at=None):
-    `count` assertions share its point, the next point is `nxt` (point9, "" when none)."""
+    `count` > 1 when other assertions share its point (a correction), the next point is `nxt` (point9, "" when
+    none)."""
     if a.closed:
         return None
     valid_to = decode_point(nxt) if nxt else None

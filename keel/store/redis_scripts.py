@@ -179,15 +179,16 @@ return {1, base + nP}
 """
 
 # The winner at or before t of timeline P in sorted set z: nil when nothing is at or before t, else the
-# winning member, how many assertions share its point, and the next later point9 or "".
+# winning member, 2 when another assertion shares its point (a correction) else 1, and the next later
+# point9 or "" (the winner's point is the greatest at or before t, so the next point is the first after t).
 _WINNER = """
 local function winner_at(z, P, t)
-  local r = redis.call('ZREVRANGEBYLEX', z, '(' .. P .. t .. '~', '[' .. P, 'LIMIT', 0, 1)
+  local r = redis.call('ZREVRANGEBYLEX', z, '(' .. P .. t .. '~', '[' .. P, 'LIMIT', 0, 2)
   if #r == 0 then return nil end
   local m = r[1]
-  local at = P .. string.sub(m, #P + 1, #P + 9)
-  local nx = redis.call('ZRANGEBYLEX', z, '(' .. at .. '~', '(' .. P .. '~', 'LIMIT', 0, 1)
-  return m, redis.call('ZLEXCOUNT', z, '[' .. at, '(' .. at .. '~'), nx[1] and string.sub(nx[1], #P + 1, #P + 9) or ''
+  local shared = r[2] and string.sub(r[2], #P + 1, #P + 9) == string.sub(m, #P + 1, #P + 9)
+  local nx = redis.call('ZRANGEBYLEX', z, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, 1)
+  return m, shared and 2 or 1, nx[1] and string.sub(nx[1], #P + 1, #P + 9) or ''
 end
 """
 
@@ -219,8 +220,8 @@ end
 
 # KEYS: 1 gen, 2 provenance, then one sorted set per asked timeline.
 # ARGV: 1 expected gen, 2 t as point9, then the prefix P of each timeline.
-# Per timeline: 0 when nothing is at or before t, else {winner member without P, how many assertions
-# share its point, the next later point9 or "", the winner's provenance entry}.
+# Per timeline: 0 when nothing is at or before t, else {winner member without P, 2 when another assertion
+# shares its point else 1, the next later point9 or "", the winner's provenance entry}.
 AS_OF = _GEN_CHECK + _PROV_OF + _WINNER + """
 local t = ARGV[2]
 local out = {1}
@@ -256,9 +257,9 @@ return {1, lists, provs}
 #       sorted-set names ("<data prefix>z:"), 6 "1" when ARGV[7..] (escaped scope keys) limit the facts.
 # Answers {1} for an unknown entity, else {1, first recorded_at, winners, timelines, provenance}, with
 # winners: per label or fact with an assertion at or before t, its index element, the winner without P,
-# how many assertions share its point and the next point9 or ""; timelines: per relation (and per label
-# and fact in whole mode), its index element and its members without P; provenance: {index, entry, ...}
-# of every member returned.
+# 2 when another assertion shares its point else 1, and the next point9 or ""; timelines: per relation
+# (and per label and fact in whole mode), its index element and its members without P; provenance:
+# {index, entry, ...} of every member returned.
 # A relation naming the entity as object lives in its subject's sorted set, whose name this script builds
 # from the index element: that key is not in KEYS, but it carries the tenant's hash tag (same slot).
 VIEW = _GEN_CHECK + _PROV_OF + _WINNER + _NOTES + _MEMBERS + """
