@@ -1,7 +1,7 @@
 """Lua scripts of the Redis store. Each runs atomically on the node owning the tenant's hash slot.
 
 Every script declares the keys it touches (they share the tenant's hash tag, so they are legal on
-Redis Cluster) and takes, as ARGV[1], the generation the caller computed those key names for. When
+Redis Cluster; VIEW alone also reads keys named in the data, of the same tenant, see there) and takes, as ARGV[1], the generation the caller computed those key names for. When
 ARGV[1] is not empty and the tenant's current generation (KEYS[1], absent = "1") differs, the script
 changes nothing and answers `{0, <current generation>}`; the caller recomputes its keys and retries.
 An empty ARGV[1] means "this generation, current or not" (a view pinned with `for_generation`).
