@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from . import render
 from .cartridge import Cartridge, load_cartridge
@@ -185,7 +185,7 @@ class Session:
         self.tools = Tools(self.cartridge, self.store, self.tenant, agent=args.agent, task=args.task, log=self.log,
                            allow_global_notes=settings.allow_global_notes)
 
-    def __enter__(self) -> Session:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from .cartridge import Cartridge
+from .envelope import ENTITY
 from .errors import NoteRefused
-from .store.base import GLOBAL_TENANT, Store, Write
+from .store.base import GLOBAL_TENANT, EntityView, Store, ViewRequest, Write
 from .times import Micros
 
 SCOPES = ("global", "tenant", "task", "agent")
@@ -62,12 +63,14 @@ class NotePolicy:
     def write_global(self, writes: list[Write]) -> None:
         self.store.apply_writes(GLOBAL_TENANT, writes)
 
-    def global_notes(self, entity_type: str, rules: list[str], *, at: object | None,
-                     known_at: object | None) -> list[dict]:
-        """Global notes on the entity's type and on the rules that apply to it (one lookup when there are none)."""
+    @staticmethod
+    def global_note_views(entity_type: str, rules: list[str]) -> list[ViewRequest]:
+        """The views of the global graph holding the notes on an entity type and on the rules that apply to
+        it (subjects that are no valid entity name cannot hold notes and are left out)."""
         subjects = [f"type:{entity_type}", *(f"rule:{r}" for r in rules)]
-        out: list[dict] = []
-        for subject, first in zip(subjects, self.store.recorded_many(GLOBAL_TENANT, subjects)):
-            if first is not None:
-                out += self.store.facts(GLOBAL_TENANT, subject, at=at, known_at=known_at, scopes=("global",))
-        return out
+        return [ViewRequest(GLOBAL_TENANT, s, ("global",), "f") for s in subjects if ENTITY.fullmatch(s)]
+
+    @staticmethod
+    def global_notes(views: list[EntityView | None]) -> list[dict]:
+        """The notes (fact objects) of the views `global_note_views` asked for."""
+        return [fact for view in views if view is not None for fact in view.facts]

@@ -13,7 +13,7 @@ from .errors import NoteRefused, UnknownEntity, UsageError
 from .eventlog import EventLog
 from .notes import NotePolicy
 from .search import BM25Index
-from .store.base import GLOBAL_TENANT, Store, scope_key
+from .store.base import GLOBAL_TENANT, Store, ViewRequest, scope_key
 from .times import Micros, format_time, now_micros, parse_time
 
 MAX_LIMIT = 100
@@ -44,14 +44,16 @@ class Tools:
         """An entity as of `at` (world time) and `known_at` (Keel's knowledge): labels, facts, relations, rules."""
         entity = _entity_arg(entity)
         t, k = _time_arg(at, "at"), _time_arg(known_at, "known_at")
-        at_now = t if t is not None else self.clock()
-        view = self.store.view(self.tenant, entity, at=at_now, known_at=k,
-                               scopes=self.policy.visible_scopes(task=self.task, agent=self.agent))
+        entity_type = entity.partition(":")[0]
+        rules = self.cartridge.rules_for(entity_type)
+        scopes = self.policy.visible_scopes(task=self.task, agent=self.agent)
+        view, *notes = self.store.views([ViewRequest(self.tenant, entity, scopes),   # one request with the notes
+                                         *self.policy.global_note_views(entity_type, list(rules))],
+                                        at=t if t is not None else self.clock(), known_at=k)
         if view is None:
             raise UnknownEntity(self.tenant, entity)
         info = view.info
-        rules = self.cartridge.rules_for(info.type)
-        facts = view.facts + self.policy.global_notes(info.type, list(rules), at=at_now, known_at=k)
+        facts = view.facts + self.policy.global_notes(notes)
         return {"entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels,
                 "at": format_time(t), "known_at": format_time(k), "facts": facts,
                 "relations": view.relations, "rules": rules}

@@ -8,13 +8,14 @@ the known_at definition (answer at K == answer of a store built from only the wr
 """
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keel.digest import digest
-from keel.store.base import Store
+from keel.store.base import EntityInfo, Store, ViewRequest
 from keel.store.memory import MemoryStore
 from keel.times import format_time, parse_time
 
@@ -157,6 +158,35 @@ class StoreContract:
             s.entity_recorded_at(T, e) for e in (E, "group:g", "thing:none")]
         assert s.recorded_many(T, []) == []
 
+    def test_views_answer_several_entities_and_tenants_at_once(self) -> None:
+        s = self.make_store()
+        s.upsert_entity(T, "thing", "one", ref="r1", name="One", valid_from=day(1), recorded_at=day(2))
+        s.open_fact(T, E, "p", 1, valid_from=day(1), recorded_at=day(2))
+        s.open_fact(T, E, "n", "mine", valid_from=day(1), recorded_at=day(2), scope="agent", owner="a|1")
+        s.open_fact(T, E, "n", "theirs", valid_from=day(1), recorded_at=day(2), scope="agent", owner="a2")
+        s.link(T, "group:g", "has", E, day(1), recorded_at=day(3))           # E only as the object
+        s.upsert_entity(T, "thing", "two", name="Two", valid_from=day(1))     # no facts, no relations
+        s.open_fact("other", "type:thing", "tip", "x", valid_from=day(1), scope="global")
+        reqs = [ViewRequest(T, E, ["", "agent:a|1"]), ViewRequest(T, "thing:none"),
+                ViewRequest("other", "type:thing", ["global"], "f"), ViewRequest("nobody", E),
+                ViewRequest(T, E, None, "r"), ViewRequest(T, "thing:two"), ViewRequest(T, E, [], "lf")]
+        one, none, tip, nobody, rels, two, no_notes = s.views(reqs, at=day(5))
+        assert none is None and nobody is None
+        assert one is not None and one.info == EntityInfo(E, "thing", "r1", {"name": "One"})
+        assert [(f["predicate"], f["value"], f["scope"]) for f in one.facts] == [("n", "mine", "agent"), ("p", 1, None)]
+        assert [(r["subject"], r["relation"], r["object"]) for r in one.relations] == [("group:g", "has", E)]
+        assert rels is not None and (rels.info.labels, rels.facts, len(rels.relations)) == ({}, [], 1)
+        assert tip is not None and [(f["value"], f["scope"]) for f in tip.facts] == [("x", "global")]
+        assert two is not None and (two.info.labels, two.facts, two.relations) == ({"name": "Two"}, [], [])
+        assert no_notes is not None and (no_notes.facts, no_notes.relations) == ([], [])
+        for k in (None, day(1), day(2), day(3)):
+            assert s.views(reqs, at=day(5), known_at=k) == [
+                s.view(r.tenant, r.entity, at=day(5), known_at=k, scopes=r.scopes, parts=r.parts) for r in reqs]
+        assert s.views(reqs, at=day(5), known_at=day(1))[0] is None           # not yet recorded
+        before_link = s.view(T, E, at=day(5), known_at=day(2))
+        assert before_link is not None and before_link.relations == [] and len(before_link.facts) == 3
+        assert s.views([], at=day(5)) == []
+
     # ---- relations -------------------------------------------------------------------------
 
     def test_relations_either_direction_with_filter(self) -> None:
@@ -277,7 +307,7 @@ class StoreContract:
                 got = s.facts(T, E, at=day(t), known_at=None if k is None else day(k))
                 assert [(f["value"], f["evidence"]) for f in got] == expected, (k, t)
             history = s.history(T, E, known_at=None if k is None else day(k))
-            for a, b in zip(history, history[1:]):
+            for a, b in pairwise(history):
                 assert a["valid_to"] is not None and a["valid_to"] <= b["valid_from"]
 
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])

@@ -32,7 +32,7 @@ def test_there_are_at_least_three_cartridges() -> None:
 def test_sample_stream_applies_cleanly_and_covers_the_catalog(folder: Path) -> None:
     cartridge = load_cartridge(folder)
     err = io.StringIO()
-    projector, report = build_embedded(cartridge, folder / "events.jsonl", stream=err)
+    _, report = build_embedded(cartridge, folder / "events.jsonl", stream=err)
     assert err.getvalue() == "" and not report.rejected
     assert report.applied == len(envelopes(folder))
     assert {e["type"] for e in envelopes(folder)} == set(cartridge.spec.events)

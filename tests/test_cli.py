@@ -116,7 +116,7 @@ def test_digest_is_stable(capsys) -> None:
 
 def test_demo_tells_the_story() -> None:
     done = subprocess.run([sys.executable, "-m", "keel.cli", "demo"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+                          timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "3,870,000 COP" in done.stdout and "4,200,000 COP" in done.stdout
     assert "EXPENSIVE" in done.stdout and "due:visa-2026-11" in done.stdout and "pending" in done.stdout

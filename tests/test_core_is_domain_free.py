@@ -39,5 +39,5 @@ def test_the_shared_checker_agrees_when_present() -> None:
     script = ROOT.parent / "shared" / "tools" / "core_words.py"
     if not script.exists():
         return
-    done = subprocess.run([sys.executable, str(script), str(ROOT)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(script), str(ROOT)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout

@@ -19,7 +19,7 @@ from redis.cluster import RedisCluster
 from store_contract import StoreContract
 from test_store_redis import RedisChecks, d
 
-from keel.store.base import Store
+from keel.store.base import Store, ViewRequest
 from keel.store.redis import RedisStore
 
 pytestmark = pytest.mark.services
@@ -115,3 +115,8 @@ class TestRedisClusterStore(RedisChecks, StoreContract):
         s.commit_many([(f"tenant-{i}", [([], f"f{i}")], ("topic", 0, 20 + i)) for i in range(12)])
         assert [s.applied_offset(f"tenant-{i}", "topic", 0) for i in range(12)] == [20 + i for i in range(12)]
         assert s.event_ids("tenant-3") == ["e3", "f3"]
+        for i in range(12):
+            s.open_fact(f"tenant-{i}", "thing:x", "p", i, valid_from=d(1))
+        self.client.execute_command("SCRIPT FLUSH", target_nodes=RedisCluster.PRIMARIES)
+        views = s.views([ViewRequest(f"tenant-{i}", "thing:x") for i in range(12)], at=d(2))
+        assert [v.facts[0]["value"] for v in views if v] == list(range(12))

@@ -18,7 +18,16 @@ from store_contract import StoreContract
 
 from keel.digest import digest
 from keel.errors import StoreUnavailable, UsageError
-from keel.store.base import GLOBAL_TENANT, Key, Store, Write, fact_write, label_writes, relation_write
+from keel.store.base import (
+    GLOBAL_TENANT,
+    Key,
+    Store,
+    ViewRequest,
+    Write,
+    fact_write,
+    label_writes,
+    relation_write,
+)
 from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
 from keel.timeline import Assertion
@@ -124,6 +133,17 @@ def assert_same_graph(m: MemoryStore, s: Store, tenant: str) -> None:
             assert s.relations(tenant, e, at=at) == m.relations(tenant, e, at=at)
             assert s.entity(tenant, e, at=at) == m.entity(tenant, e, at=at)
         assert s.history(tenant, e) == m.history(tenant, e)
+    assert_same_views(m, s, tenant, entities)
+
+
+def assert_same_views(m: MemoryStore, s: Store, tenant: str, entities: list[str]) -> None:
+    """`views` of every entity (in one call), with and without scopes, at several times and knowledge times."""
+    requests = [ViewRequest(tenant, e, scopes, parts) for e in [*entities, "thing:unknown"]
+                for scopes, parts in ((None, "lfr"), (["", "task:t|1", "agent:a%2"], "lfr"), (None, "r"))]
+    for known_at in (None, d(0), d(3.5), d(12), d(40)):
+        for at in (d(-1), d(2), d(7.5) + 1, d(30)):
+            assert s.views(requests, at=at, known_at=known_at) == m.views(requests, at=at, known_at=known_at), \
+                (format_time(at), known_at)
 
 
 class RedisChecks(RedisCase):
@@ -339,7 +359,9 @@ class RedisChecks(RedisCase):
         assert reader.applied_offset("acme", "topic", 0) is None
 
         s.switch_generation("acme", gen)
-        assert reader.facts("acme", "thing:x", at=d(2))[0]["value"] == "new"      # cached gen 1 is noticed
+        views = reader.views([ViewRequest("acme", "thing:x"), ViewRequest("acme", "thing:x", parts="f")], at=d(2))
+        assert [v.facts[0]["value"] for v in views if v] == ["new", "new"]            # cached gen 1 is noticed
+        assert reader.facts("acme", "thing:x", at=d(2))[0]["value"] == "new"
         assert reader.applied_offset("acme", "topic", 0) == 7
         assert reader.search_version("acme")[0] == gen
         assert s.current_generation("acme") == gen

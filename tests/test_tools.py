@@ -103,7 +103,7 @@ def test_search_is_per_tenant(env) -> None:
 
 
 def test_annotate_visibility_by_scope(env) -> None:
-    make, clock, events = env
+    make, _, events = env
     a1, a2, t2 = make("a1", "t1"), make("a2", "t1"), make("a3", "t2")
     a1.annotate("debt:visa", "mine", "agent note", "agent")
     a1.annotate("debt:visa", "ours", "task note", "task")

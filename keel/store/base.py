@@ -54,6 +54,14 @@ class EntityView(NamedTuple):
     relations: list[dict[str, Any]]
 
 
+class ViewRequest(NamedTuple):
+    """One entity view of `Store.views`: what `view` takes besides the times."""
+    tenant: str
+    entity: str
+    scopes: Iterable[str] | None = None
+    parts: str = "lfr"
+
+
 def entities_of(key: Key) -> tuple[str, ...]:
     """The entities a timeline key involves (both ends for a relation)."""
     return (key[1], key[3]) if key[0] == "r" else (key[1],)
@@ -104,6 +112,41 @@ def _fact_order(key: Key) -> tuple[str, int, str]:
 
 
 _SCOPE_RANK = {None: 0, "global": 1, "tenant": 2, "task": 3, "agent": 4}
+
+
+def select_keys(keys: Iterable[Key], scopes: Iterable[str] | None, parts: str) -> tuple[list[Key], list[Key]]:
+    """(label and fact keys, relation keys) of an entity's keys that a view of `parts` and `scopes` reads."""
+    allowed = None if scopes is None else set(scopes)
+    point_keys, rel_keys = [], []
+    for key in keys:
+        kind = key[0]
+        if (kind == "l" and "l" in parts) or (kind == "f" and "f" in parts and (allowed is None or key[3] in allowed)):
+            point_keys.append(key)
+        elif kind == "r" and "r" in parts:
+            rel_keys.append(key)
+    return point_keys, rel_keys
+
+
+def entity_view(entity: str, points: Iterable[tuple[Key, Version | None]],
+                relations: Iterable[tuple[Key, Version | None]]) -> EntityView:
+    """An EntityView from the versions at `at` of label and fact keys and the covering (coalesced)
+    versions of relation keys, given in any order; None versions are left out."""
+    labels: dict[str, Any] = {}
+    ref = None
+    facts: list[tuple[Key, Version]] = []
+    for key, v in points:
+        if v is None:
+            continue
+        if key[0] == "f":
+            facts.append((key, v))
+        elif key[2] == REF_LABEL:
+            ref = v.assertion.value
+        else:
+            labels[key[2]] = v.assertion.value
+    facts.sort(key=lambda kv: _fact_order(kv[0]))
+    rels = sorted(((key, v) for key, v in relations if v is not None), key=lambda kv: (kv[0][2], kv[0][1], kv[0][3]))
+    info = EntityInfo(entity, entity.partition(":")[0], ref, dict(sorted(labels.items())))
+    return EntityView(info, [fact_result(key, v) for key, v in facts], [relation_result(key, v) for key, v in rels])
 
 
 class Store(ABC):
@@ -236,44 +279,31 @@ class Store(ABC):
 
     def view(self, tenant: str, entity: str, *, at: object | None = None, known_at: object | None = None,
              scopes: Iterable[str] | None = None, parts: str = "lfr") -> EntityView | None:
-        """Labels (l), facts (f) and relations (r) of an entity valid at `at` as believed at `known_at`,
-        from one key listing and one batched read per kind; None if the entity is unknown at `known_at`.
-        Backends with a round trip per primitive may override this with a single request."""
-        _entity(entity)
-        k = _when(known_at, None)
-        index = self.index(tenant, entity)
+        """Labels (l), facts (f) and relations (r) of an entity valid at `at` (default: now) as believed at
+        `known_at`; `scopes` limits facts to those scope keys. None if the entity is unknown at `known_at`."""
+        return self.views([ViewRequest(tenant, entity, scopes, parts)], at=at, known_at=known_at)[0]
+
+    def views(self, requests: Iterable[ViewRequest], *, at: object | None = None,
+              known_at: object | None = None) -> list[EntityView | None]:
+        """`view` of several entities, of one tenant or several, at one `at` and `known_at`."""
+        requests = list(requests)
+        for r in requests:
+            _entity(r.entity)
+        return self.read_views(requests, _when(at, now_micros()), _when(known_at, None))
+
+    def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
+        """The views of checked requests at parsed times: one key listing and one batched read per kind
+        and request. Backends with a network round trip may answer them all in one request."""
+        return [self._read_view(r, at, known_at) for r in requests]
+
+    def _read_view(self, r: ViewRequest, t: Micros, k: Micros | None) -> EntityView | None:
+        index = self.index(r.tenant, r.entity)
         if index is None or (k is not None and index[0] > k):
             return None
-        t = _when(at, now_micros())
-        allowed = None if scopes is None else set(scopes)
-        point_keys, rel_keys = [], []
-        for key in index[1]:
-            kind = key[0]
-            if (kind == "l" and "l" in parts) or (kind == "f" and "f" in parts and (allowed is None or key[3] in allowed)):
-                point_keys.append(key)
-            elif kind == "r" and "r" in parts:
-                rel_keys.append(key)
-        labels: dict[str, Any] = {}
-        ref = None
-        facts: list[tuple[Key, Version]] = []
-        for key, v in zip(point_keys, self.as_of_many(tenant, point_keys, t, k) if point_keys else []):
-            if v is None:
-                continue
-            if key[0] == "f":
-                facts.append((key, v))
-            elif key[2] == REF_LABEL:
-                ref = v.assertion.value
-            else:
-                labels[key[2]] = v.assertion.value
-        facts.sort(key=lambda kv: _fact_order(kv[0]))
-        rel_keys.sort(key=lambda key: (key[2], key[1], key[3]))
-        relations = []
-        for key, runs in zip(rel_keys, self.runs_many(tenant, rel_keys, k) if rel_keys else []):
-            v = covering(runs, t) if runs else None
-            if v is not None:
-                relations.append(relation_result(key, v))
-        info = EntityInfo(entity, entity.partition(":")[0], ref, dict(sorted(labels.items())))
-        return EntityView(info, [fact_result(key, v) for key, v in facts], relations)
+        point_keys, rel_keys = select_keys(index[1], r.scopes, r.parts)
+        points = zip(point_keys, self.as_of_many(r.tenant, point_keys, t, k) if point_keys else [])
+        runs = self.runs_many(r.tenant, rel_keys, k) if rel_keys else []
+        return entity_view(r.entity, points, ((key, covering(v, t)) for key, v in zip(rel_keys, runs)))
 
     def entity(self, tenant: str, entity: str, *, at: object | None = None,
                known_at: object | None = None) -> EntityInfo | None:

@@ -33,7 +33,10 @@ naming it as object. Namespace and tenant match the tenant pattern (no braces), 
 always ours; entity names are escaped like key parts, so no user string can forge a key.
 
 Reads go through the current generation: each script or MULTI block re-reads `gen` and the client
-retries when a switch happened since it computed its key names. `for_generation` gives a view pinned
+retries when a switch happened since it computed its key names. `view` (what `context` reads) is one VIEW
+script per entity, and `views` sends several in one pipeline. VIEW is the one script that reads keys it was
+not given: the sorted sets of the subjects of relations naming the entity as object, named from its index
+list; they carry the tenant's hash tag, so they are in the script's hash slot. `for_generation` gives a view pinned
 to one generation of one tenant (to rebuild it while the current one keeps serving).
 """
 from __future__ import annotations
@@ -51,15 +54,16 @@ from redis.exceptions import NoScriptError, RedisError
 
 from ..envelope import TENANT
 from ..errors import StoreUnavailable, UsageError
-from ..timeline import Assertion, Timeline, Version
+from ..timeline import Assertion, Timeline, Version, covering
 from ..times import Micros
 from . import redis_scripts
-from .base import GLOBAL_TENANT, REF_LABEL, Key, Store, Write
+from .base import GLOBAL_TENANT, REF_LABEL, EntityView, Key, Store, ViewRequest, Write, entity_view
 
 Client = redis.Redis | RedisCluster
 Event = tuple[list[Write], str | None]
 Position = tuple[str, int, int]            # (topic, partition, offset of the last record applied)
 Step = tuple[str, Sequence[Event], Position | None]
+Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
 
 _OFFSET = 2 ** 53                 # points are kept as point + 2**53 in 54 bits (exact as doubles too)
 _ALPHABET = "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"   # ASCII order
@@ -201,6 +205,12 @@ def decode_member(rest: str, point: Micros | None = None) -> tuple[Micros, int, 
     return point, b + k, json.loads(rest[i + 1:]), True, expires
 
 
+def _provenance(text: str) -> tuple[Any, Any, Micros, Any]:
+    """(source, evidence, recorded_at, by) of a provenance entry."""
+    p = json.loads(text)
+    return p[0], p[1], int(p[2]), p[3] if len(p) > 3 else None
+
+
 class _Provenance:
     """Decoded provenance entries, by index; `fetch` reads one that is missing (written since loading)."""
     __slots__ = ("entries", "fetch")
@@ -212,8 +222,7 @@ class _Provenance:
     def add(self, index: int, text: str | None) -> None:
         if text is None:
             raise StoreUnavailable(f"provenance entry {index} is missing (a generation dropped while read?)")
-        p = json.loads(text)
-        self.entries[int(index)] = (p[0], p[1], int(p[2]), p[3] if len(p) > 3 else None)
+        self.entries[int(index)] = _provenance(text)
 
     def assertion(self, rest: str) -> Assertion:
         point, n, value, closed, expires = decode_member(rest)
@@ -417,6 +426,7 @@ class RedisStore(Store):
         self._apply = client.register_script(redis_scripts.APPLY)
         self._as_of = client.register_script(redis_scripts.AS_OF)
         self._read = client.register_script(redis_scripts.READ)
+        self._view = client.register_script(redis_scripts.VIEW)
         self._switch = client.register_script(redis_scripts.SWITCH)
         self._new_gen = client.register_script(redis_scripts.NEW_GENERATION)
         self._switch_if = client.register_script(redis_scripts.SWITCH_IF_CAUGHT_UP)
@@ -476,17 +486,60 @@ class RedisStore(Store):
         gen = self._gens.get(tenant, 1)
         return gen, str(gen)
 
-    def _script(self, tenant: str, script: Any, build: Callable[[str], tuple[list[str], list[Any]]]) -> list[Any]:
+    def _script(self, tenant: str, script: Any, build: Build) -> list[Any]:
         """Run a generation-checked script; `build(data prefix)` gives (keys after `gen`, args after the check)."""
-        names = self._n(tenant)
+        return self._script_many(script, [(tenant, build)])[0]
+
+    def _script_many(self, script: Any, calls: Sequence[tuple[str, Build]]) -> list[list[Any]]:
+        """Generation-checked script calls, each `(tenant, build)` as in `_script`, in one round trip;
+        the calls whose tenant switched generation meanwhile are built again and rerun."""
+        out: list[list[Any]] = [[] for _ in calls]
+        todo = list(range(len(calls)))
         for _ in range(_RETRIES):
-            gen, expected = self._gen_guess(tenant)
-            keys, args = build(names.data(gen))
-            result = script(keys=[names.gen, *keys], args=[expected, *args])
-            if result[0] != 0:
-                return result
-            self._gens[tenant] = int(result[1])
+            sent = []
+            for i in todo:
+                names = self._n(calls[i][0])
+                gen, expected = self._gen_guess(calls[i][0])
+                keys, args = calls[i][1](names.data(gen))
+                sent.append(([names.gen, *keys], [expected, *args]))
+            left = []
+            for i, result in zip(todo, self._eval_many(script, sent)):
+                if result[0] == 0:
+                    self._gens[calls[i][0]] = int(result[1])
+                    left.append(i)
+                else:
+                    out[i] = result
+            if not left:
+                return out
+            todo = left
+        tenant = calls[todo[0]][0]
         raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
+
+    def _eval_many(self, script: Any, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run a registered script once per (keys, args): one call directly, several in one pipeline
+        (one round trip per node); a script missing on a node is loaded and its calls run again."""
+        if len(calls) == 1:
+            return [script(keys=calls[0][0], args=calls[0][1])]
+        out: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for _ in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for i in todo:
+                keys, args = calls[i]
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            left = []
+            for i, result in zip(todo, pipe.execute(raise_on_error=False)):
+                if isinstance(result, NoScriptError):
+                    left.append(i)
+                elif isinstance(result, Exception):
+                    raise result
+                else:
+                    out[i] = result
+            if not left:
+                return out
+            self._client.script_load(script.script)
+            todo = left
+        raise StoreUnavailable("a script kept missing on the Redis server (SCRIPT FLUSH in a loop?)")
 
     def _tx(self, tenant: str, fill: Callable[[Any, str], None]) -> list[Any]:
         """Run reads in one MULTI/EXEC that also checks the generation; `fill(pipe, data prefix)`."""
@@ -549,29 +602,10 @@ class RedisStore(Store):
                 self._client.sadd(self._registry, *unregistered)
                 self._registered.update(unregistered)
             for _ in range(_RETRIES):
-                if len(pending) == 1:
-                    p = pending[0]
-                    keys, args, d = self._attempt(p)
-                    results = [self._apply(keys=keys, args=args)]
-                    tries = [d]
-                else:
-                    pipe = self._client.pipeline(transaction=False)
-                    tries = []
-                    for p in pending:
-                        keys, args, d = self._attempt(p)
-                        pipe.execute_command("EVALSHA", self._apply.sha, len(keys), *keys, *args)
-                        tries.append(d)
-                    results = pipe.execute(raise_on_error=False)
-                left = []
-                for p, d, result in zip(pending, tries, results):
-                    if isinstance(result, NoScriptError):
-                        self._client.script_load(redis_scripts.APPLY)
-                        left.append(p)
-                    elif isinstance(result, Exception):
-                        raise result
-                    elif not self._settle(p, d, result):
-                        left.append(p)
-                pending = left
+                attempts = [self._attempt(p) for p in pending]
+                results = self._eval_many(self._apply, [(keys, args) for keys, args, _ in attempts])
+                pending = [p for p, (_, _, d), result in zip(pending, attempts, results)
+                           if not self._settle(p, d, result)]
                 if not pending:
                     return
         raise StoreUnavailable(f"could not apply a batch of tenant {pending[0].tenant!r}: it kept conflicting "
@@ -662,12 +696,27 @@ class RedisStore(Store):
         with self._guard("as_of_many", tenant):
             result = self._script(tenant, self._as_of,
                                   lambda d: ([d + "pv", *(d + "z:" + o for o in owners)], [t, *prefixes]))
-        return [_version_at(row, at) for row in result[1:]]
+        return [_version_at(row, at) if row else None for row in result[1:]]
 
     def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
         if not keys:
             return []
         return [tl.versions(known_at) for tl in self._timelines(tenant, keys)]
+
+    def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
+        """Each view by one VIEW script call (index, as-of winners, relation timelines, provenance), all
+        requests in one round trip; with `known_at`, whole timelines folded here."""
+        if not requests:
+            return []
+        common = ["1" if known_at is not None else "", _clamped_point(at)]
+
+        def build(r: ViewRequest) -> Build:
+            e = _escape(r.entity)
+            scopes = ["0"] if r.scopes is None else ["1", *(_escape(s) for s in r.scopes)]
+            return lambda d: ([d + "pv", d + "x:" + e, d + "z:" + e], [*common, r.parts, d + "z:", *scopes])
+        with self._guard("view", requests[0].tenant if len(requests) == 1 else None):
+            results = self._script_many(self._view, [(r.tenant, build(r)) for r in requests])
+        return [_decode_view(r.entity, result, at, known_at) for r, result in zip(requests, results)]
 
     def _timelines(self, tenant: str, keys: list[Key], gen: int | None = None,
                    provenance: _Provenance | None = None) -> list[Timeline]:
@@ -692,11 +741,7 @@ class RedisStore(Store):
                 pairs = result[2]
                 for i in range(0, len(pairs), 2):
                     prov.add(pairs[i], pairs[i + 1])
-                for members in result[1]:
-                    tl = Timeline()
-                    for m in members:
-                        tl.add(prov.assertion(m))
-                    out.append(tl)
+                out += (_timeline(members, prov) for members in result[1])
             if stale is None:
                 return out
             self._gens[tenant] = int(stale)
@@ -903,20 +948,51 @@ def _index_key(entity: str, element: str) -> Key:
 
 
 def _version_at(row: Any, at: Micros) -> Version | None:
-    """The AS_OF script's answer for one key, folded like Timeline.as_of with known_at=None."""
-    if not row:
-        return None
+    """The AS_OF script's answer for one key: {winner without P, 2 if its point is shared else 1, next point9,
+    provenance}."""
     rest, count, nxt, prov_text = row
     point, _, value, closed, expires = decode_member(rest)
-    if closed:
+    return _winner_version(Assertion(point, value, closed, *_provenance(prov_text), expires), int(count), nxt, at)
+
+
+def _winner_version(a: Assertion, count: int, nxt: str, at: Micros) -> Version | None:
+    """The version valid at `at` from the winner at or before it (folded like Timeline.as_of, known_at=None):
+    `count` > 1 when other assertions share its point (a correction), the next point is `nxt` (point9, "" when
+    none)."""
+    if a.closed:
         return None
-    p = json.loads(prov_text)
-    a = Assertion(point, value, False, p[0], p[1], int(p[2]), p[3] if len(p) > 3 else None, expires)
     valid_to = decode_point(nxt) if nxt else None
-    if expires is not None and (valid_to is None or expires < valid_to):
-        valid_to = expires
+    if a.expires_at is not None and (valid_to is None or a.expires_at < valid_to):
+        valid_to = a.expires_at
     if valid_to is not None and valid_to <= at:
         return None
-    corrected_by = (a.by or a.source) if int(count) > 1 else None
-    return Version(a, valid_to, corrected_by)
+    return Version(a, valid_to, (a.by or a.source) if count > 1 else None)
 
+
+def _timeline(members: list[str], prov: _Provenance) -> Timeline:
+    tl = Timeline()
+    for m in members:
+        tl.add(prov.assertion(m))
+    return tl
+
+
+def _decode_view(entity: str, result: list[Any], at: Micros, known_at: Micros | None) -> EntityView | None:
+    """An EntityView from the VIEW script's answer (None for an entity unknown at `known_at`)."""
+    if len(result) == 1 or (known_at is not None and int(result[1]) > known_at):
+        return None
+    _, _, winners, timelines, pairs = result
+    prov = _Provenance()
+    for i in range(0, len(pairs), 2):
+        prov.add(pairs[i], pairs[i + 1])
+    points: list[tuple[Key, Version | None]] = []
+    relations: list[tuple[Key, Version | None]] = []
+    for i in range(0, len(winners), 4):
+        points.append((key_of(entity, winners[i])[0],
+                       _winner_version(prov.assertion(winners[i + 1]), int(winners[i + 2]), winners[i + 3], at)))
+    for i in range(0, len(timelines), 2):
+        key, tl = _index_key(entity, timelines[i]), _timeline(timelines[i + 1], prov)
+        if key[0] == "r":
+            relations.append((key, covering(tl.runs(known_at), at)))
+        else:
+            points.append((key, tl.as_of(at, known_at)))
+    return entity_view(entity, points, relations)

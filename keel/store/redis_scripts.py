@@ -1,7 +1,7 @@
 """Lua scripts of the Redis store. Each runs atomically on the node owning the tenant's hash slot.
 
 Every script declares the keys it touches (they share the tenant's hash tag, so they are legal on
-Redis Cluster) and takes, as ARGV[1], the generation the caller computed those key names for. When
+Redis Cluster; VIEW alone also reads keys named in the data, of the same tenant, see there) and takes, as ARGV[1], the generation the caller computed those key names for. When
 ARGV[1] is not empty and the tenant's current generation (KEYS[1], absent = "1") differs, the script
 changes nothing and answers `{0, <current generation>}`; the caller recomputes its keys and retries.
 An empty ARGV[1] means "this generation, current or not" (a view pinned with `for_generation`).
@@ -178,25 +178,60 @@ end
 return {1, base + nP}
 """
 
+# The winner at or before t of timeline P in sorted set z: nil when nothing is at or before t, else the
+# winning member, 2 when another assertion shares its point (a correction) else 1, and the next later
+# point9 or "" (the winner's point is the greatest at or before t, so the next point is the first after t).
+_WINNER = """
+local function winner_at(z, P, t)
+  local r = redis.call('ZREVRANGEBYLEX', z, '(' .. P .. t .. '~', '[' .. P, 'LIMIT', 0, 2)
+  if #r == 0 then return nil end
+  local m = r[1]
+  local shared = r[2] and string.sub(r[2], #P + 1, #P + 9) == string.sub(m, #P + 1, #P + 9)
+  local nx = redis.call('ZRANGEBYLEX', z, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, 1)
+  return m, shared and 2 or 1, nx[1] and string.sub(nx[1], #P + 1, #P + 9) or ''
+end
+"""
+
+# Provenance entries met while reading (KEYS[2] is the provenance list): `note(member, i)` with i the
+# position of its provenance index adds {index, entry} to `provs` once per index.
+_NOTES = """
+local provs, seen = {}, {}
+local function note(m, i)
+  local n = prov_of(m, i)
+  if not seen[n] then
+    seen[n] = true
+    provs[#provs + 1] = n
+    provs[#provs + 1] = redis.call('LINDEX', KEYS[2], n)
+  end
+end
+"""
+
+# Every member of timeline P in sorted set z, P removed; `resolve` notes their provenance.
+_MEMBERS = """
+local function members(z, P, resolve)
+  local ms = redis.call('ZRANGEBYLEX', z, '[' .. P, '(' .. P .. '~')
+  for x, m in ipairs(ms) do
+    if resolve then note(m, #P + 10) end
+    ms[x] = string.sub(m, #P + 1)
+  end
+  return ms
+end
+"""
+
 # KEYS: 1 gen, 2 provenance, then one sorted set per asked timeline.
 # ARGV: 1 expected gen, 2 t as point9, then the prefix P of each timeline.
-# Per timeline: 0 when nothing is at or before t, else {winner member without P, how many assertions
-# share its point, the next later point9 or "", the winner's provenance entry}.
-AS_OF = _GEN_CHECK + _PROV_OF + """
+# Per timeline: 0 when nothing is at or before t, else {winner member without P, 2 when another assertion
+# shares its point else 1, the next later point9 or "", the winner's provenance entry}.
+AS_OF = _GEN_CHECK + _PROV_OF + _WINNER + """
 local t = ARGV[2]
 local out = {1}
 for i = 3, #KEYS do
   local z, P = KEYS[i], ARGV[i]
-  local r = redis.call('ZREVRANGEBYLEX', z, '(' .. P .. t .. '~', '[' .. P, 'LIMIT', 0, 1)
-  if #r == 0 then
-    out[i - 1] = 0
+  local m, count, nx = winner_at(z, P, t)
+  if m then
+    out[i - 1] = {string.sub(m, #P + 1), count, nx, redis.call('LINDEX', KEYS[2], prov_of(m, #P + 10))}
   else
-    local m = r[1]
-    local at = P .. string.sub(m, #P + 1, #P + 9)
-    local nx = redis.call('ZRANGEBYLEX', z, '(' .. at .. '~', '(' .. P .. '~', 'LIMIT', 0, 1)
-    out[i - 1] = {string.sub(m, #P + 1), redis.call('ZLEXCOUNT', z, '[' .. at, '(' .. at .. '~'),
-                  nx[1] and string.sub(nx[1], #P + 1, #P + 9) or '',
-                  redis.call('LINDEX', KEYS[2], prov_of(m, #P + 10))}
+    out[i - 1] = 0
   end
 end
 return out
@@ -205,26 +240,69 @@ return out
 # KEYS: 1 gen, 2 provenance, then one sorted set per asked timeline.
 # ARGV: 1 expected gen, 2 "1" to resolve provenance entries, then the prefix P of each timeline.
 # Answers {1, {members without P, per timeline}, {index, entry, index, entry, ...}}.
-READ = _GEN_CHECK + _PROV_OF + """
+READ = _GEN_CHECK + _PROV_OF + _NOTES + _MEMBERS + """
 local resolve = ARGV[2] == '1'
-local lists, provs, seen = {}, {}, {}
+local lists = {}
 for i = 3, #KEYS do
-  local P = ARGV[i]
-  local ms = redis.call('ZRANGEBYLEX', KEYS[i], '[' .. P, '(' .. P .. '~')
-  for x, m in ipairs(ms) do
-    if resolve then
-      local n = prov_of(m, #P + 10)
-      if not seen[n] then
-        seen[n] = true
-        provs[#provs + 1] = n
-        provs[#provs + 1] = redis.call('LINDEX', KEYS[2], n)
-      end
-    end
-    ms[x] = string.sub(m, #P + 1)
-  end
-  lists[i - 2] = ms
+  lists[i - 2] = members(KEYS[i], ARGV[i], resolve)
 end
 return {1, lists, provs}
+"""
+
+# What `context` shows of one entity, in one call: its index list, then the labels and facts at t and the
+# relation timelines (Store.view).
+# KEYS: 1 gen, 2 provenance, 3 the entity's index list, 4 the entity's sorted set.
+# ARGV: 1 expected gen, 2 "1" for whole timelines of every kind (a known_at to fold by), else the winners
+#       at t of labels and facts, 3 t as point9, 4 the parts to read (letters of "lfr"), 5 the prefix of
+#       sorted-set names ("<data prefix>z:"), 6 "1" when ARGV[7..] (escaped scope keys) limit the facts.
+# Answers {1} for an unknown entity, else {1, first recorded_at, winners, timelines, provenance}, with
+# winners: per label or fact with an assertion at or before t, its index element, the winner without P,
+# 2 when another assertion shares its point else 1, and the next point9 or ""; timelines: per relation
+# (and per label and fact in whole mode), its index element and its members without P; provenance:
+# {index, entry, ...} of every member returned.
+# A relation naming the entity as object lives in its subject's sorted set, whose name this script builds
+# from the index element: that key is not in KEYS, but it carries the tenant's hash tag (same slot).
+VIEW = _GEN_CHECK + _PROV_OF + _WINNER + _NOTES + _MEMBERS + """
+local index = redis.call('LRANGE', KEYS[3], 0, -1)
+if #index == 0 then return {1} end
+local whole, t, parts, zs = ARGV[2] == '1', ARGV[3], ARGV[4], ARGV[5]
+local function wanted(kind) return string.find(parts, kind, 1, true) ~= nil end
+local scopes
+if ARGV[6] == '1' then
+  scopes = {}
+  for i = 7, #ARGV do scopes[ARGV[i]] = true end
+end
+local winners, timelines = {}, {}
+local function timeline(el, z, P)
+  timelines[#timelines + 1] = el
+  timelines[#timelines + 1] = members(z, P, true)
+end
+local rels, labels, facts = wanted('r'), wanted('l'), wanted('f')
+for i = 2, #index do
+  local el = index[i]
+  local kind = string.sub(el, 1, 1)
+  if kind == '>' then
+    if rels then
+      local j = string.find(el, '|', 2, true)
+      timeline(el, zs .. string.sub(el, 2, j - 1), string.sub(el, j + 1))
+    end
+  elseif kind == 'r' then
+    if rels then timeline(el, KEYS[4], el) end
+  elseif (kind == 'l' and labels) or
+         (kind == 'f' and facts and (not scopes or scopes[string.match(el, '^f|[^|]*|(.*)|$')])) then
+    if whole then
+      timeline(el, KEYS[4], el)
+    else
+      local m, count, nx = winner_at(KEYS[4], el, t)
+      if m then
+        note(m, #el + 10)
+        local w = #winners
+        winners[w + 1], winners[w + 2], winners[w + 3], winners[w + 4] = el, string.sub(m, #el + 1), count, nx
+      end
+    end
+  end
+end
+return {1, index[1], winners, timelines, provs}
 """
 
 # KEYS: 1 gen, 2 gen sequence. ARGV: 1 the generation to make current.
