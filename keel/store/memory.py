@@ -7,8 +7,6 @@ from ..timeline import Assertion, Timeline, Version
 from ..times import Micros
 from .base import Key, Store, Write
 
-_NEVER = 1 << 62
-
 
 class _TenantGraph:
     __slots__ = ("by_entity", "events", "first_recorded", "generation", "timelines")
@@ -42,19 +40,32 @@ class MemoryStore(Store):
             tl = timelines.get(key)
             if tl is None:
                 timelines[key] = Timeline(a)
-                by_entity.setdefault(key[1], {})[key] = None
+                self._index(by_entity, first, key[1], key, a.recorded_at)
                 if key[0] == "r":
-                    by_entity.setdefault(key[3], {})[key] = None
-            else:
-                tl.add(a)
+                    self._index(by_entity, first, key[3], key, a.recorded_at)
+                continue
+            tl.add(a)
             rec = a.recorded_at
-            if first.get(key[1], _NEVER) > rec:
+            if first[key[1]] > rec:  # noqa: PLR1730 - a compare, not a call (hot path); indexed at the first write
                 first[key[1]] = rec
-            if key[0] == "r" and first.get(key[3], _NEVER) > rec:
+            if key[0] == "r" and first[key[3]] > rec:
                 first[key[3]] = rec
         if event_id is not None:
             g.events.add(event_id)
         g.generation += 1
+
+    @staticmethod
+    def _index(by_entity: dict[str, dict[Key, None]], first: dict[str, Micros], entity: str, key: Key,
+               recorded_at: Micros) -> None:
+        """A new key of `entity`: listed under it, and the entity's first recorded time kept."""
+        keys = by_entity.get(entity)
+        if keys is None:
+            by_entity[entity] = {key: None}
+            first[entity] = recorded_at
+        else:
+            keys[key] = None
+            if first[entity] > recorded_at:  # noqa: PLR1730 - a compare, not a call (hot path)
+                first[entity] = recorded_at
 
     def has_event(self, tenant: str, event_id: str) -> bool:
         g = self._tenants.get(tenant)
