@@ -125,9 +125,23 @@ def version_counts(folder: Path, events: Path) -> tuple[int, int]:
     return facts, versions
 
 
-def run_workers(folder: Path, env: dict[str, str], total: int, batch: int, logs: list[Path]) -> tuple[float, float]:
+def cpu_seconds(pids: list[int]) -> float | None:
+    """User + system CPU seconds the processes used so far (Linux /proc; None elsewhere)."""
+    try:
+        ticks = 0
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])      # utime, stime
+        return ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_workers(folder: Path, env: dict[str, str], total: int, batch: int,
+                logs: list[Path]) -> tuple[float, float, float | None]:
     """(b) start `keel worker` process(es) in one group; returns (seconds from ready to lag 0, seconds from
-    process start to lag 0). With several processes "ready" is the start (they rebalance while working)."""
+    process start to lag 0, the workers' CPU seconds from ready to lag 0). With several processes "ready"
+    is the start (they rebalance while working)."""
     settings = resolve({"kafka": env["KEEL_KAFKA_BOOTSTRAP"], "redis": env["KEEL_REDIS_URL"]})
     name = load_cartridge(folder).name
     procs = []
@@ -139,15 +153,19 @@ def run_workers(folder: Path, env: dict[str, str], total: int, batch: int, logs:
                                           env={**os.environ, **env}, cwd=ROOT))
     try:
         ready = None if len(procs) == 1 else started
+        pids = [p.pid for p in procs]
+        cpu_ready = None if ready is None else cpu_seconds(pids)
         while True:
             for proc, log in zip(procs, logs):
                 if proc.poll() is not None:
                     raise SystemExit(f"worker exited with {proc.returncode}; see {log}")
             if ready is None and "assigned partitions [" in logs[0].read_text(errors="replace"):
                 ready = time.perf_counter()
+                cpu_ready = cpu_seconds(pids)
             parts = asyncio.run(group_offsets(settings.kafka_bootstrap, events_topic(name), group_id(name)))
             if sum(p.end for p in parts) >= total and sum(p.lag for p in parts) == 0:
                 done = time.perf_counter()
+                cpu_done = cpu_seconds(pids)
                 break
             time.sleep(0.2)
     finally:
@@ -155,7 +173,8 @@ def run_workers(folder: Path, env: dict[str, str], total: int, batch: int, logs:
             proc.terminate()
         for proc in procs:
             proc.wait(60)
-    return done - (ready or started), done - started
+    cpu = None if cpu_ready is None or cpu_done is None else cpu_done - cpu_ready
+    return done - (ready or started), done - started, cpu
 
 
 FAUST_PROBE = textwrap.dedent('''
@@ -242,13 +261,16 @@ def main() -> None:
         print(f"(a) ceiling, plain aiokafka consumer, no processing: {ceiling:,.0f} events/s")
         before = redis_used_memory(args.redis)
         logs = [tmp / f"worker{i}.log" for i in range(args.workers)]
-        ready_s, wall_s = run_workers(folder, env, report.sent, args.batch, logs)
+        ready_s, wall_s, cpu_s = run_workers(folder, env, report.sent, args.batch, logs)
         rate = report.sent / ready_s
         after = redis_used_memory(args.redis)
         who = "keel worker" if args.workers == 1 else f"{args.workers} keel worker processes (from start)"
         print(f"(b) {who}, ready to lag 0: {report.sent:,} events in {ready_s:.1f}s = {rate:,.0f} events/s "
               f"(goal >= {GOAL_RATE:,}: {'met' if rate >= GOAL_RATE else 'NOT met'}); "
               f"from process start: {wall_s:.1f}s = {report.sent / wall_s:,.0f} events/s")
+        if cpu_s is not None:
+            print(f"worker CPU, ready to lag 0: {cpu_s:.1f}s = {cpu_s / report.sent * 1e6:,.0f} µs/event "
+                  f"({cpu_s / ready_s:.2f} cores busy)")
         ratio = rate / ceiling
         print(f"ratio worker/ceiling: {ratio:.2f} (goal >= {GOAL_RATIO}: {'met' if ratio >= GOAL_RATIO else 'NOT met'})")
         facts, versions = version_counts(folder, events)
