@@ -60,6 +60,7 @@ class BatchPlan:
     duplicates: int = 0
     skipped: int = 0
     touched: set[str] = field(default_factory=set)
+    tag: int = 0                 # the mirrors' tag of its writes (RecordingStore.begin)
 
     def batch_of(self, tenant: str, record: Record) -> TenantBatch:
         key = (tenant, record.topic, record.partition)
@@ -86,7 +87,7 @@ class BatchApplier:
     def plan(self, records: list[Record]) -> BatchPlan:
         """Run the handlers of a batch on the mirrors; nothing durable is written. On any error the
         mirrors this batch touched are dropped (they hold writes that were never committed)."""
-        plan = BatchPlan()
+        plan = BatchPlan(tag=self.recorder.begin())
         try:
             self.mirrors.prefetch(_tenants_by_key(records))
             for record in records:
@@ -177,19 +178,22 @@ class BatchApplier:
         run on another thread while the next batch is planned."""
         steps = self.steps(plan)
         commit_many = getattr(self.writer, "commit_many", None)
-        for i in range(0, len(steps), COMMIT_CHUNK):
-            chunk = steps[i:i + COMMIT_CHUNK]
-            if commit_many is not None:
-                commit_many(chunk)
-            else:
-                for tenant, events, position in chunk:
-                    self.writer.commit_batch(tenant, events, position)
+        with self.mirrors.write_lock:        # a mirror reloading from the durable store waits for the batch
+            for i in range(0, len(steps), COMMIT_CHUNK):
+                chunk = steps[i:i + COMMIT_CHUNK]
+                if commit_many is not None:
+                    commit_many(chunk)
+                else:
+                    for tenant, events, position in chunk:
+                        self.writer.commit_batch(tenant, events, position)
 
     def settle(self, plan: BatchPlan) -> None:
-        """After `write`: the mirrors' applied offsets follow what the durable store now holds."""
+        """After `write`: the mirrors' applied offsets follow what the durable store now holds, and they
+        forget the plan's writes unless a handler read them (`RecordingStore.release`)."""
         for tenant, _, position in self.steps(plan):
             if position is not None:
                 self.mirrors.committed(tenant, position)
+        self.recorder.release(plan.touched, plan.tag)
         self.mirrors.unpin(plan.touched)
         self.mirrors.trim()
 
