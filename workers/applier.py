@@ -23,7 +23,7 @@ from .records import Record
 
 Event = tuple[list[Write], str]
 Step = tuple[str, list[Event], Position | None]     # one commit_batch call: tenant, events, position
-COMMIT_CHUNK = 256          # tenant steps per round trip when the store can pipeline them
+COMMIT_CHUNK = 1024         # tenant steps per round trip when the store can pipeline them
 
 
 @dataclass(frozen=True)

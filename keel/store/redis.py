@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -71,6 +71,7 @@ _ALPHABET = "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"  
 _DIGIT = {c: i for i, c in enumerate(_ALPHABET)}
 _CHUNK = 500                      # timelines or entities per round trip when walking a whole tenant
 _RETRIES = 8                      # generation switches tolerated during one call
+_SEND_GROUP = 32                  # pipelined APPLY calls sent together while the next ones are encoded
 _ESCAPED = re.compile(r"%(25|7C)")
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _STR = json.encoder.encode_basestring     # JSON string literal, non-ASCII kept (like ensure_ascii=False)
@@ -562,12 +563,13 @@ class RedisStore(Store):
                     tries = [d]
                 else:
                     tries = []
-                    calls = []
-                    for p in pending:
-                        keys, args, d = self._attempt(p)
-                        calls.append(("EVALSHA", self._apply.sha, len(keys), *keys, *args))
-                        tries.append(d)
-                    results = self._pipelined(calls)
+
+                    def calls(steps: list[_Pending] = pending, tries: list[str] = tries) -> Iterator[tuple[Any, ...]]:
+                        for p in steps:          # encoded while the server runs the steps sent before
+                            keys, args, d = self._attempt(p)
+                            tries.append(d)
+                            yield ("EVALSHA", self._apply.sha, len(keys), *keys, *args)
+                    results = self._pipelined(calls())
                 left = []
                 for p, d, result in zip(pending, tries, results):
                     if isinstance(result, NoScriptError):
@@ -599,11 +601,13 @@ class RedisStore(Store):
         for d, n in zip(missing, pipe.execute()):
             self._pv_len[d] = int(n)
 
-    def _pipelined(self, calls: list[tuple[Any, ...]]) -> list[Any]:
+    def _pipelined(self, calls: Iterable[tuple[Any, ...]]) -> list[Any]:
         """Run commands in one round trip; an error answer is returned in place of its result.
 
-        On a single node the commands are packed by hiredis and sent on one pooled connection: redis-py's
-        pipeline costs several Python calls per command, and a batch sends a thousand APPLY calls."""
+        On a single node the commands are packed by hiredis and sent on one pooled connection as they
+        come, in groups of `_SEND_GROUP`, so that the server works on the first ones while the next ones
+        are encoded; the answers are read at the end. (redis-py's pipeline sends only once everything is
+        encoded, and costs several Python calls per command; a batch sends a thousand APPLY calls.)"""
         client = self._client
         if _pack_command is None or not isinstance(client, redis.Redis):
             pipe = client.pipeline(transaction=False)
@@ -613,9 +617,19 @@ class RedisStore(Store):
         pool = client.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command([_pack_command(call) for call in calls])
+            sent = 0
+            group: list[bytes] = []
+            for call in calls:
+                group.append(_pack_command(call))
+                if len(group) >= _SEND_GROUP:
+                    conn.send_packed_command(group)
+                    sent += len(group)
+                    group = []
+            if group:
+                conn.send_packed_command(group)
+                sent += len(group)
             results: list[Any] = []
-            for _ in calls:
+            for _ in range(sent):
                 try:
                     results.append(conn.read_response())
                 except ResponseError as e:
