@@ -61,6 +61,7 @@ class BatchPlan:
     skipped: int = 0
     touched: set[str] = field(default_factory=set)
     tag: int = 0                 # the mirrors' tag of its writes (RecordingStore.begin)
+    offsets: dict[tuple[str, str, int], int | None] = field(default_factory=dict)    # applied, as planning began
 
     def batch_of(self, tenant: str, record: Record) -> TenantBatch:
         key = (tenant, record.topic, record.partition)
@@ -149,8 +150,13 @@ class BatchApplier:
                 batch.events.append((writes, event_id or event.id))
 
     def _already_applied(self, plan: BatchPlan, tenant: str, record: Record) -> bool:
-        plan.touched.add(tenant)
-        applied = self.mirrors.applied_offset(tenant, record.topic, record.partition)
+        key = (tenant, record.topic, record.partition)
+        offsets = plan.offsets
+        if key in offsets:           # the mirrors' offsets change only when a plan is settled, never during one
+            applied = offsets[key]
+        else:
+            plan.touched.add(tenant)
+            applied = offsets[key] = self.mirrors.applied_offset(tenant, record.topic, record.partition)
         if applied is not None and record.offset <= applied:
             plan.skipped += 1
             return True
