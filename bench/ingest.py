@@ -31,18 +31,20 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 from common import finance_events
 
 from keel.cartridge import load_cartridge
 from keel.config import resolve
 from keel.embedded import build_embedded
-from keel.kafka import TopicSpec, admin_client, bootstrap_list, group_offsets
+from keel.kafka import TopicSpec, admin_client, bootstrap_list
 from workers.names import dlq_topic, events_topic, group_id
 from workers.publish import prepare, publish_prepared
 
@@ -125,9 +127,59 @@ def version_counts(folder: Path, events: Path) -> tuple[int, int]:
     return facts, versions
 
 
-def run_workers(folder: Path, env: dict[str, str], total: int, batch: int, logs: list[Path]) -> tuple[float, float]:
+def redis_cpu_seconds(url: str) -> float:
+    """User + system CPU seconds of the Redis server so far (INFO cpu)."""
+    import redis
+    client = redis.Redis.from_url(url)
+    try:
+        info = client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    finally:
+        client.close()
+
+
+def cpu_seconds(pids: list[int]) -> float | None:
+    """User + system CPU seconds the processes used so far (Linux /proc; None elsewhere)."""
+    try:
+        ticks = 0
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])      # utime, stime
+        return ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def wait_applied(bootstrap: str, group: str, total: int, procs: list[subprocess.Popen], logs: list[Path],
+                       ready: float | None, redis_url: str) -> tuple[float, float | None, tuple[Any, ...]]:
+    """Poll the group's committed offsets until they add up to `total` (the topic is fresh: its end offsets
+    add up to what was published); returns (done, ready, (workers' CPU seconds, Redis CPU seconds) at ready
+    and at done). One admin client for the whole wait: a client per poll cost the benchmark process a third
+    of a core on the workers' machine."""
+    pids = [p.pid for p in procs]
+    at_ready = None if ready is None else (cpu_seconds(pids), redis_cpu_seconds(redis_url))
+    async with admin_client(bootstrap) as admin:
+        while True:
+            for proc, log in zip(procs, logs):
+                if proc.poll() is not None:
+                    raise SystemExit(f"worker exited with {proc.returncode}; see {log}")
+            if ready is None and "assigned partitions [" in logs[0].read_text(errors="replace"):
+                ready = time.perf_counter()
+                at_ready = (cpu_seconds(pids), redis_cpu_seconds(redis_url))
+            try:
+                committed = await admin.list_consumer_group_offsets(group)
+            except KafkaError:          # e.g. the group coordinator is not there yet
+                committed = {}
+            if sum(m.offset for m in committed.values() if m.offset > 0) >= total:
+                return time.perf_counter(), ready, (at_ready, (cpu_seconds(pids), redis_cpu_seconds(redis_url)))
+            await asyncio.sleep(0.2)
+
+
+def run_workers(folder: Path, env: dict[str, str], total: int, batch: int,
+                logs: list[Path]) -> tuple[float, float, float | None, float]:
     """(b) start `keel worker` process(es) in one group; returns (seconds from ready to lag 0, seconds from
-    process start to lag 0). With several processes "ready" is the start (they rebalance while working)."""
+    process start to lag 0, the workers' and the Redis server's CPU seconds from ready to lag 0). With
+    several processes "ready" is the start (they rebalance while working)."""
     settings = resolve({"kafka": env["KEEL_KAFKA_BOOTSTRAP"], "redis": env["KEEL_REDIS_URL"]})
     name = load_cartridge(folder).name
     procs = []
@@ -138,24 +190,16 @@ def run_workers(folder: Path, env: dict[str, str], total: int, batch: int, logs:
                                            "--batch", str(batch)], stdout=out, stderr=subprocess.STDOUT,
                                           env={**os.environ, **env}, cwd=ROOT))
     try:
-        ready = None if len(procs) == 1 else started
-        while True:
-            for proc, log in zip(procs, logs):
-                if proc.poll() is not None:
-                    raise SystemExit(f"worker exited with {proc.returncode}; see {log}")
-            if ready is None and "assigned partitions [" in logs[0].read_text(errors="replace"):
-                ready = time.perf_counter()
-            parts = asyncio.run(group_offsets(settings.kafka_bootstrap, events_topic(name), group_id(name)))
-            if sum(p.end for p in parts) >= total and sum(p.lag for p in parts) == 0:
-                done = time.perf_counter()
-                break
-            time.sleep(0.2)
+        done, ready, cpu = asyncio.run(wait_applied(settings.kafka_bootstrap, group_id(name), total, procs, logs,
+                                                    None if len(procs) == 1 else started, env["KEEL_REDIS_URL"]))
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
             proc.wait(60)
-    return done - (ready or started), done - started
+    (workers_ready, redis_ready), (workers_done, redis_done) = cpu
+    workers = None if workers_ready is None or workers_done is None else workers_done - workers_ready
+    return done - (ready or started), done - started, workers, redis_done - redis_ready
 
 
 FAUST_PROBE = textwrap.dedent('''
@@ -242,13 +286,17 @@ def main() -> None:
         print(f"(a) ceiling, plain aiokafka consumer, no processing: {ceiling:,.0f} events/s")
         before = redis_used_memory(args.redis)
         logs = [tmp / f"worker{i}.log" for i in range(args.workers)]
-        ready_s, wall_s = run_workers(folder, env, report.sent, args.batch, logs)
+        ready_s, wall_s, cpu_s, redis_s = run_workers(folder, env, report.sent, args.batch, logs)
         rate = report.sent / ready_s
         after = redis_used_memory(args.redis)
         who = "keel worker" if args.workers == 1 else f"{args.workers} keel worker processes (from start)"
         print(f"(b) {who}, ready to lag 0: {report.sent:,} events in {ready_s:.1f}s = {rate:,.0f} events/s "
               f"(goal >= {GOAL_RATE:,}: {'met' if rate >= GOAL_RATE else 'NOT met'}); "
               f"from process start: {wall_s:.1f}s = {report.sent / wall_s:,.0f} events/s")
+        if cpu_s is not None:
+            print(f"worker CPU, ready to lag 0: {cpu_s:.1f}s = {cpu_s / report.sent * 1e6:,.0f} µs/event "
+                  f"({cpu_s / ready_s:.2f} cores busy); Redis server CPU: {redis_s / report.sent * 1e6:,.0f} µs/event "
+                  f"({redis_s / ready_s:.2f} cores)")
         ratio = rate / ceiling
         print(f"ratio worker/ceiling: {ratio:.2f} (goal >= {GOAL_RATIO}: {'met' if ratio >= GOAL_RATIO else 'NOT met'})")
         facts, versions = version_counts(folder, events)

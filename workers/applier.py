@@ -23,7 +23,7 @@ from .records import Record
 
 Event = tuple[list[Write], str]
 Step = tuple[str, list[Event], Position | None]     # one commit_batch call: tenant, events, position
-COMMIT_CHUNK = 256          # tenant steps per round trip when the store can pipeline them
+COMMIT_CHUNK = 1024         # tenant steps per round trip when the store can pipeline them
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class BatchPlan:
     duplicates: int = 0
     skipped: int = 0
     touched: set[str] = field(default_factory=set)
+    tag: int = 0                 # the mirrors' tag of its writes (RecordingStore.begin)
+    offsets: dict[tuple[str, str, int], int | None] = field(default_factory=dict)    # applied, as planning began
 
     def batch_of(self, tenant: str, record: Record) -> TenantBatch:
         key = (tenant, record.topic, record.partition)
@@ -86,7 +88,7 @@ class BatchApplier:
     def plan(self, records: list[Record]) -> BatchPlan:
         """Run the handlers of a batch on the mirrors; nothing durable is written. On any error the
         mirrors this batch touched are dropped (they hold writes that were never committed)."""
-        plan = BatchPlan()
+        plan = BatchPlan(tag=self.recorder.begin())
         try:
             self.mirrors.prefetch(_tenants_by_key(records))
             for record in records:
@@ -148,8 +150,13 @@ class BatchApplier:
                 batch.events.append((writes, event_id or event.id))
 
     def _already_applied(self, plan: BatchPlan, tenant: str, record: Record) -> bool:
-        plan.touched.add(tenant)
-        applied = self.mirrors.applied_offset(tenant, record.topic, record.partition)
+        key = (tenant, record.topic, record.partition)
+        offsets = plan.offsets
+        if key in offsets:           # the mirrors' offsets change only when a plan is settled, never during one
+            applied = offsets[key]
+        else:
+            plan.touched.add(tenant)
+            applied = offsets[key] = self.mirrors.applied_offset(tenant, record.topic, record.partition)
         if applied is not None and record.offset <= applied:
             plan.skipped += 1
             return True
@@ -177,19 +184,22 @@ class BatchApplier:
         run on another thread while the next batch is planned."""
         steps = self.steps(plan)
         commit_many = getattr(self.writer, "commit_many", None)
-        for i in range(0, len(steps), COMMIT_CHUNK):
-            chunk = steps[i:i + COMMIT_CHUNK]
-            if commit_many is not None:
-                commit_many(chunk)
-            else:
-                for tenant, events, position in chunk:
-                    self.writer.commit_batch(tenant, events, position)
+        with self.mirrors.write_lock:        # a mirror reloading from the durable store waits for the batch
+            for i in range(0, len(steps), COMMIT_CHUNK):
+                chunk = steps[i:i + COMMIT_CHUNK]
+                if commit_many is not None:
+                    commit_many(chunk)
+                else:
+                    for tenant, events, position in chunk:
+                        self.writer.commit_batch(tenant, events, position)
 
     def settle(self, plan: BatchPlan) -> None:
-        """After `write`: the mirrors' applied offsets follow what the durable store now holds."""
+        """After `write`: the mirrors' applied offsets follow what the durable store now holds, and they
+        forget the plan's writes unless a handler read them (`RecordingStore.release`)."""
         for tenant, _, position in self.steps(plan):
             if position is not None:
                 self.mirrors.committed(tenant, position)
+        self.recorder.release(plan.touched, plan.tag)
         self.mirrors.unpin(plan.touched)
         self.mirrors.trim()
 

@@ -7,13 +7,23 @@ only writer of the tenant, which the consumer group guarantees (key = tenant, on
 A tenant's mirror is dropped when its partition is revoked, when a write of a batch that changed it fails
 (Redis may or may not hold that batch), and, least recently used first, beyond the size limit, but never
 while it holds writes that are not in Redis yet (pinned).
+
+The graph of a mirror is materialized only once a handler reads it. Until then a tenant's mirror holds its
+applied event ids (what the duplicate check needs) and the writes of batches not written yet; once Redis
+holds a batch its writes are released. Most handlers only write (cartridge guidance: prefer unconditional
+writes), so applying every write to in-memory timelines that nobody reads was a third of the planning
+time. The first read of such a tenant loads its graph from Redis, when no batch is being written (the
+write lock), then applies the writes Redis does not hold yet; from then on its mirror is kept up to date
+as each write is planned.
 """
 from __future__ import annotations
 
+import functools
+import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 from keel.store.base import GLOBAL_TENANT, Key, Write
 from keel.store.memory import MemoryStore
@@ -48,7 +58,8 @@ class Mirrors:
 
     def __init__(self, durable: BatchStore, *, max_tenants: int = 100_000, loaders: int = 8) -> None:
         self.durable = durable
-        self.memory = RecordingStore()
+        self.write_lock = threading.Lock()     # held while a batch is written (BatchApplier.write)
+        self.memory = RecordingStore(reload=self._reload)
         self.max_tenants = max_tenants
         self.loaders = loaders
         self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
@@ -82,13 +93,18 @@ class Mirrors:
                 self._install(tenant, loaded)
 
     def _read(self, tenant: str, tps: set[TopicPartition] | tuple[()]) -> _Loaded:
-        """Everything the mirror needs of a tenant, read from the durable store (any thread)."""
-        return (list(self.durable.dump(tenant)), self.durable.event_ids(tenant),
-                {tp: self.durable.applied_offset(tenant, *tp) for tp in tps})
+        """What the mirror needs of a tenant first, read from the durable store (any thread): its applied
+        event ids and offsets; its graph is read on the first read of a handler (`_reload`)."""
+        return [], self.durable.event_ids(tenant), {tp: self.durable.applied_offset(tenant, *tp) for tp in tps}
+
+    def _reload(self, tenant: str) -> tuple[list[tuple[Key, list[Assertion]]], list[str]]:
+        """A tenant's graph and event ids as the durable store holds them, read while no batch is written."""
+        with self.write_lock:
+            return list(self.durable.dump(tenant)), self.durable.event_ids(tenant)
 
     def _install(self, tenant: str, loaded: _Loaded) -> None:
         timelines, event_ids, offsets = loaded
-        self.memory.load(tenant, iter(timelines), event_ids)
+        self.memory.load(tenant, iter(timelines), event_ids, stale=True)
         state = self._tenants[tenant] = _Tenant()
         state.offsets.update(offsets)
 
@@ -149,23 +165,137 @@ class Mirrors:
 
 
 class RecordingStore(MemoryStore):
-    """The mirror itself, as the Projector's store while a batch is planned: reads are plain MemoryStore
-    reads; while `recording`, every `apply_writes` is applied (so later events of the batch see it) and
-    recorded, to be committed to the durable store in one step per tenant. Global notes are only recorded
-    (they live in the durable store's global tenant, never in a mirror)."""
+    """The mirror itself, as the Projector's store while a batch is planned: reads are MemoryStore reads;
+    while `recording`, every `apply_writes` is recorded, to be committed to the durable store in one step
+    per tenant. Global notes are only recorded (they live in the durable store's global tenant, never in a
+    mirror).
 
-    def __init__(self) -> None:
+    Recorded writes of a tenant are applied to its graph only when something reads the tenant (every read
+    method materializes it first): until then they wait in order, tagged with the batch (`begin`) that made
+    them. `release(tenants, tag)` forgets the waiting writes of batches up to `tag` (the durable store
+    holds them) and marks those graphs stale: their next read replaces them with `reload(tenant)` (graph and
+    event ids of the durable store) and applies the writes still waiting, skipping events it already holds.
+    Without `reload` nothing is released: waiting writes are applied on the first read."""
+
+    def __init__(self, reload: Callable[[str], tuple[list[tuple[Key, list[Assertion]]], list[str]]] | None = None
+                 ) -> None:
         super().__init__()
         self.recording = False
         self.applied: list[tuple[str, list[Write], str | None]] = []
+        self.reload = reload
+        self.tag = 0                                        # batch tag of the writes recorded now
+        self._waiting: dict[str, list[tuple[int, list[Write], str | None]]] = {}
+        self._waiting_ids: dict[str, set[str]] = {}
+        self._stale: set[str] = set()          # graph lacks released writes: reload before reading
+        self._live: set[str] = set()           # read at least once: writes are applied as recorded
 
     def take(self) -> list[tuple[str, list[Write], str | None]]:
         out, self.applied = self.applied, []
         return out
+
+    def begin(self) -> int:
+        """A new batch: the tag of the writes recorded from now on."""
+        self.tag += 1
+        return self.tag
 
     def apply_writes(self, tenant: str, writes: list[Write], event_id: str | None = None) -> None:
         if self.recording:
             self.applied.append((tenant, writes, event_id))
             if tenant == GLOBAL_TENANT:
                 return
+            if tenant not in self._live:
+                self._waiting.setdefault(tenant, []).append((self.tag, writes, event_id))
+                if event_id is not None:
+                    self._waiting_ids.setdefault(tenant, set()).add(event_id)
+                return
+        elif tenant in self._waiting or tenant in self._stale:
+            self.materialize(tenant)
         super().apply_writes(tenant, writes, event_id)
+
+    def has_event(self, tenant: str, event_id: str) -> bool:
+        ids = self._waiting_ids.get(tenant)
+        return (ids is not None and event_id in ids) or super().has_event(tenant, event_id)
+
+    def release(self, tenants: set[str] | list[str], tag: int) -> None:
+        """The durable store holds every write of batches up to `tag` of these tenants: forget them."""
+        if self.reload is None:
+            return
+        for tenant in tenants:
+            waiting = self._waiting.get(tenant)
+            if not waiting or waiting[0][0] > tag:
+                continue
+            keep = [w for w in waiting if w[0] > tag]
+            ids = self._waiting_ids.get(tenant, set())
+            done = {event_id for b, _, event_id in waiting if b <= tag and event_id is not None}
+            self._graph(tenant).events.update(done)        # the duplicate check keeps working
+            ids -= done
+            if keep:
+                self._waiting[tenant] = keep
+            else:
+                self._waiting.pop(tenant, None)
+                self._waiting_ids.pop(tenant, None)
+            self._stale.add(tenant)
+
+    def materialize(self, tenant: str) -> None:
+        """Bring the tenant's graph up to date (reload if stale, then the waiting writes); it stays live."""
+        waiting = self._waiting.pop(tenant, ())
+        self._waiting_ids.pop(tenant, None)
+        if tenant in self._stale:
+            assert self.reload is not None
+            timelines, event_ids = self.reload(tenant)
+            self._stale.discard(tenant)
+            recording, self.recording = self.recording, False      # a handler's read: load without recording
+            try:
+                super().load(tenant, iter(timelines), event_ids)
+            finally:
+                self.recording = recording
+        for _, writes, event_id in waiting:
+            super().apply_writes(tenant, writes, event_id)     # skips events the reload brought
+        self._live.add(tenant)
+
+    def load(self, tenant: str, timelines: Iterator[tuple[Key, list[Assertion]]], event_ids: list[str], *,
+             stale: bool = False) -> None:
+        """Fill a tenant from the durable store; `stale`: only its event ids are given, read the graph later."""
+        self._forget(tenant)
+        recording, self.recording = self.recording, False
+        try:
+            super().load(tenant, timelines, event_ids)
+        finally:
+            self.recording = recording
+        if stale and self.reload is not None:
+            self._stale.add(tenant)
+
+    def drop(self, tenant: str) -> None:
+        self._forget(tenant)
+        super().drop(tenant)
+
+    def _forget(self, tenant: str) -> None:
+        self._waiting.pop(tenant, None)
+        self._waiting_ids.pop(tenant, None)
+        self._stale.discard(tenant)
+        self._live.discard(tenant)
+
+
+_NOT_READS = {"apply_writes", "has_event", "load", "drop", "close", "batch", "upsert_entity", "link", "unlink",
+              "open_fact", "close_fact"}
+
+
+def _materializing(name: str) -> Callable[..., Any]:
+    read = getattr(MemoryStore, name)
+
+    @functools.wraps(read)
+    def method(self: RecordingStore, *args: Any, **kwargs: Any) -> Any:
+        if self._waiting or self._stale:
+            tenant = args[0] if args else kwargs.get("tenant")
+            for t in ([tenant] if isinstance(tenant, str) else list(self._waiting.keys() | self._stale)):
+                if t in self._waiting or t in self._stale:
+                    self.materialize(t)
+        return read(self, *args, **kwargs)
+    return method
+
+
+# Every other public method of the store reads: it sees the tenant materialized (methods added to
+# MemoryStore or Store later are covered too).
+for _name in dir(MemoryStore):
+    if not _name.startswith("_") and _name not in _NOT_READS and callable(getattr(MemoryStore, _name)):
+        setattr(RecordingStore, _name, _materializing(_name))

@@ -1,13 +1,13 @@
 """A consumed Kafka record, independent of the client library (so batch logic is testable without Kafka)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+_new = tuple.__new__
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One record of an events topic, as the worker saw it."""
+class Record(NamedTuple):
+    """One record of an events topic, as the worker saw it (a tuple: a batch makes thousands of them)."""
     topic: str
     partition: int
     offset: int
@@ -19,8 +19,9 @@ class Record:
     @classmethod
     def of(cls, r: Any) -> Record:
         """From an aiokafka ConsumerRecord."""
-        return cls(r.topic, r.partition, r.offset, r.timestamp if r.timestamp is not None and r.timestamp >= 0
-                   else None, r.key, r.value, tuple(r.headers or ()))
+        t = r.timestamp
+        return _new(cls, (r.topic, r.partition, r.offset, t if t is not None and t >= 0 else None, r.key, r.value,
+                          tuple(r.headers) if r.headers else ()))
 
     @property
     def timestamp_micros(self) -> int | None:

@@ -44,13 +44,18 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+try:
+    from hiredis import pack_command as _pack_command
+except ImportError:        # pragma: no cover - hiredis is a dependency; redis-py's pipeline is the fallback
+    _pack_command = None
 
 from ..envelope import TENANT
 from ..errors import StoreUnavailable, UsageError
@@ -70,6 +75,7 @@ _ALPHABET = "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"  
 _DIGIT = {c: i for i, c in enumerate(_ALPHABET)}
 _CHUNK = 500                      # timelines or entities per round trip when walking a whole tenant
 _RETRIES = 8                      # generation switches tolerated during one call
+_SEND_GROUP = 32                  # pipelined APPLY calls sent together while the next ones are encoded
 _ESCAPED = re.compile(r"%(25|7C)")
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _STR = json.encoder.encode_basestring     # JSON string literal, non-ASCII kept (like ensure_ascii=False)
@@ -515,30 +521,33 @@ class RedisStore(Store):
         tenant = calls[todo[0]][0]
         raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
 
-    def _eval_many(self, script: Any, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
-        """Run a registered script once per (keys, args): one call directly, several in one pipeline
-        (one round trip per node); a script missing on a node is loaded and its calls run again."""
-        if len(calls) == 1:
+    def _eval_many(self, script: Any, calls: Iterable[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run a registered script once per (keys, args): a single call (given as a list) directly, several in
+        one round trip per node, each sent as it is produced (`calls` may be a generator, so the server runs
+        the first calls while the next are encoded); a script missing on a node is loaded and its calls run
+        again."""
+        if isinstance(calls, list) and len(calls) == 1:
             return [script(keys=calls[0][0], args=calls[0][1])]
-        out: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
+        seen: list[tuple[list[str], list[Any]]] = []
+
+        def commands(items: Iterable[tuple[list[str], list[Any]]]) -> Iterator[tuple[Any, ...]]:
+            for keys, args in items:
+                seen.append((keys, args))
+                yield ("EVALSHA", script.sha, len(keys), *keys, *args)
+        results = self._pipelined(commands(calls))
         for _ in range(2):
-            pipe = self._client.pipeline(transaction=False)
-            for i in todo:
-                keys, args = calls[i]
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            left = []
-            for i, result in zip(todo, pipe.execute(raise_on_error=False)):
+            missing = []
+            for i, result in enumerate(results):
                 if isinstance(result, NoScriptError):
-                    left.append(i)
+                    missing.append(i)
                 elif isinstance(result, Exception):
                     raise result
-                else:
-                    out[i] = result
-            if not left:
-                return out
+            if not missing:
+                return results
             self._client.script_load(script.script)
-            todo = left
+            retried = [seen[i] for i in missing]
+            for i, result in zip(missing, self._pipelined(commands(retried))):
+                results[i] = result
         raise StoreUnavailable("a script kept missing on the Redis server (SCRIPT FLUSH in a loop?)")
 
     def _tx(self, tenant: str, fill: Callable[[Any, str], None]) -> list[Any]:
@@ -601,15 +610,78 @@ class RedisStore(Store):
             if unregistered:
                 self._client.sadd(self._registry, *unregistered)
                 self._registered.update(unregistered)
+            self._load_pv_lengths(pending)
             for _ in range(_RETRIES):
-                attempts = [self._attempt(p) for p in pending]
-                results = self._eval_many(self._apply, [(keys, args) for keys, args, _ in attempts])
-                pending = [p for p, (_, _, d), result in zip(pending, attempts, results)
-                           if not self._settle(p, d, result)]
+                tries: list[str] = []
+
+                def calls(steps: list[_Pending] = pending, tries: list[str] = tries
+                          ) -> Iterator[tuple[list[str], list[Any]]]:
+                    for p in steps:          # encoded while the server runs the steps sent before
+                        keys, args, d = self._attempt(p)
+                        tries.append(d)
+                        yield keys, args
+                results = self._eval_many(self._apply, list(calls()) if len(pending) == 1 else calls())
+                pending = [p for p, d, result in zip(pending, tries, results) if not self._settle(p, d, result)]
                 if not pending:
                     return
         raise StoreUnavailable(f"could not apply a batch of tenant {pending[0].tenant!r}: it kept conflicting "
                                f"with other writers", tenant=pending[0].tenant)
+
+    def _load_pv_lengths(self, pending: list[_Pending]) -> None:
+        """The provenance list lengths this client does not know yet, in one round trip (the APPLY
+        script checks them anyway: a wrong one costs a retry of that step)."""
+        missing = []
+        for p in pending:
+            d = self._n(p.tenant).data(self._gen_guess(p.tenant)[0])
+            if d not in self._pv_len:
+                missing.append(d)
+        if len(missing) < 2:
+            return          # _attempt reads a single one
+        pipe = self._client.pipeline(transaction=False)
+        for d in missing:
+            pipe.llen(d + "pv")
+        for d, n in zip(missing, pipe.execute()):
+            self._pv_len[d] = int(n)
+
+    def _pipelined(self, calls: Iterable[tuple[Any, ...]]) -> list[Any]:
+        """Run commands in one round trip; an error answer is returned in place of its result.
+
+        On a single node the commands are packed by hiredis and sent on one pooled connection as they
+        come, in groups of `_SEND_GROUP`, so that the server works on the first ones while the next ones
+        are encoded; the answers are read at the end. (redis-py's pipeline sends only once everything is
+        encoded, and costs several Python calls per command; a batch sends a thousand APPLY calls.)"""
+        client = self._client
+        if _pack_command is None or not isinstance(client, redis.Redis):
+            pipe = client.pipeline(transaction=False)
+            for call in calls:
+                pipe.execute_command(*call)
+            return pipe.execute(raise_on_error=False)
+        pool = client.connection_pool
+        conn = pool.get_connection()
+        try:
+            sent = 0
+            group: list[bytes] = []
+            for call in calls:
+                group.append(_pack_command(call))
+                if len(group) >= _SEND_GROUP:
+                    conn.send_packed_command(group)
+                    sent += len(group)
+                    group = []
+            if group:
+                conn.send_packed_command(group)
+                sent += len(group)
+            results: list[Any] = []
+            for _ in range(sent):
+                try:
+                    results.append(conn.read_response())
+                except ResponseError as e:
+                    results.append(e)
+            return results
+        except BaseException:
+            conn.disconnect()       # answers may be left unread: never hand this connection out again as is
+            raise
+        finally:
+            pool.release(conn)
 
     def _attempt(self, p: _Pending) -> tuple[list[str], list[Any], str]:
         """Keys and arguments of the APPLY script for a step, with the current guesses; and the data prefix."""
