@@ -393,7 +393,7 @@ class RedisChecks(RedisCase):
             view.commit_batch("acme", events, position)
             loader.add(events, position)
             if i % 3 == 1:
-                loader.flush()                                  # flushing now or later: the same
+                loader.flush(wait=i % 2 == 0)                   # flushing now or later, waiting or not: the same
         assert loader.pending > 0
         loader.flush()
         assert loader.pending == 0

@@ -22,7 +22,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -42,6 +42,8 @@ from .replay_state import ReplayState
 T = TypeVar("T")
 log = logging.getLogger("keel.replay")
 HEARTBEAT_S = 5.0
+LOADS_AHEAD = 2             # batches handed to the writer thread and not done, at most
+IN_FLIGHT = 4               # tenants whose last steps may still be executing while the replay goes on
 
 
 @dataclass(frozen=True)
@@ -130,8 +132,11 @@ class Replayer:
         self.report = ReplayReport(cartridge.name, self.topic)
         self.claimed: dict[str, TenantResult] = {}          # shadows written and not switched yet
         self.loaders: dict[str, GenerationLoader] = {}       # the claimed shadows' writers
+        self._in_flight: list[GenerationLoader] = []         # loaders whose last steps may still be executing
         self._planner = ThreadPoolExecutor(1, thread_name_prefix="keel-replay-plan")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="keel-replay-write")
+        self._beat = ThreadPoolExecutor(1, thread_name_prefix="keel-replay-heartbeat")
+        self._beating: Future[None] | None = None
         self._heartbeat = 0.0
         self._total = 0
 
@@ -181,7 +186,7 @@ class Replayer:
         self._total += end
         position: int | None = None             # last offset scanned
         committed: int | None = None            # last offset committed to the shadows
-        writing: asyncio.Future[None] | None = None
+        writing: list[asyncio.Future[None]] = []     # loads submitted to the writer thread, oldest first
         tries = 0
         while True:
             caught_up = end == 0 or (position is not None and position + 1 >= end)
@@ -196,15 +201,15 @@ class Replayer:
                     caught_up = position + 1 >= end
             if build.pending >= self.options.batch or (caught_up and position != committed):
                 steps = build.take()
-                if writing is not None:
-                    await writing
-                writing = asyncio.ensure_future(self._run(self._writer, self._load, steps, partition, position))
+                writing.append(asyncio.ensure_future(self._run(self._writer, self._load, steps, partition,
+                                                               position)))
                 committed = position
+                while len(writing) > LOADS_AHEAD:     # project further while Redis runs the loaded steps
+                    await writing.pop(0)
             if not caught_up:
                 continue
-            if writing is not None:
-                await writing
-                writing = None
+            while writing:
+                await writing.pop(0)
             if explicit and tries == 0:
                 self._check_found(build, partition)
             if await self._run(self._writer, self._switch_all, build, partition):
@@ -247,23 +252,46 @@ class Replayer:
         return result
 
     def _load(self, steps: dict[str, list[Event]], partition: int, position: int | None) -> None:
+        """Each tenant's new events into its shadow, in steps of at most `batch` events (the last one carries
+        the offset); Redis executes them while the next records are projected and encoded."""
         pos = None if position is None else (self.topic, partition, position)
+        size = self.options.batch
         for tenant, events in steps.items():
             self._claim(tenant, partition)
             loader = self.loaders[tenant]
-            loader.add(events, pos)
-            self._retry_sync("load the shadow generation", loader.flush, False)   # runs while we go on
+            starts = range(0, max(len(events), 1), size)
+            for start in starts:
+                loader.add(events[start:start + size], pos if start == starts[-1] else None)
+            self._retry_sync("load the shadow generation", loader.flush, False)
+            if loader not in self._in_flight:
+                self._in_flight.append(loader)
+            while len(self._in_flight) > IN_FLIGHT:             # each holds a connection meanwhile
+                self._retry_sync("load the shadow generation", self._in_flight.pop(0).flush)
         now = time.monotonic()
-        if now - self._heartbeat >= HEARTBEAT_S:
-            self._heartbeat = now
-            for tenant in steps:
-                r = self.claimed[tenant]
-                self.state.put(tenant, r.new_gen, r.old_gen)
+        if now - self._heartbeat >= HEARTBEAT_S and (self._beating is None or self._beating.done()):
+            self._heartbeat = now           # in a thread of its own: Redis answers once it ran the steps
+            claims = [(t, self.claimed[t].new_gen, self.claimed[t].old_gen) for t in steps]
+            self._beating = self._beat.submit(self._refresh, claims)
+
+    def _heartbeat_done(self) -> None:
+        """Before a marker is deleted: no refresh may write it again afterwards."""
+        if self._beating is not None:
+            self._beating.result()
+            self._beating = None
+
+    def _refresh(self, claims: list[tuple[str, int, int]]) -> None:
+        try:
+            for tenant, new, old in claims:
+                self.state.put(tenant, new, old)
+        except StoreUnavailable as e:
+            log.warning("could not refresh the replay marker: %s", e)
 
     def _switch_all(self, build: PartitionBuild, partition: int) -> bool:
         """Try to cut every unswitched tenant of the partition over; True when none is left."""
+        self._heartbeat_done()
         for tenant in sorted(build.tenants):
             self._retry_sync("load the shadow generation", self.loaders[tenant].flush)
+        self._in_flight.clear()
         for tenant in sorted(build.tenants):
             r = self.claimed[tenant]
             outcome = self._retry_sync("switch generations", self.store.switch_when_caught_up, tenant, r.old_gen,
@@ -289,6 +317,8 @@ class Replayer:
 
     def _abandon(self) -> None:
         """After an error or Ctrl-C: drop the shadows not switched (the served generations never changed)."""
+        self._heartbeat_done()
+        self._in_flight.clear()
         for tenant, r in list(self.claimed.items()):
             loader = self.loaders.pop(tenant, None)
             if loader is not None:
@@ -336,4 +366,5 @@ class Replayer:
     def close(self) -> None:
         self._planner.shutdown(wait=True)
         self._writer.shutdown(wait=True)
+        self._beat.shutdown(wait=True)
         self.store.close()

@@ -540,8 +540,9 @@ class GenerationLoader:
             self.queue.append(_LoadStep(commands, bump))
 
     def flush(self, wait: bool = True) -> None:
-        """Send the queued steps, in order; with `wait`, until every one is written, else the last one may
-        still be executing. StoreUnavailable when Redis fails: flush again (it goes on where it stopped)."""
+        """Send the queued steps, in order, and wait until every one is written; without `wait`, wait only
+        for those sent before, and leave the new ones executing while the caller goes on. StoreUnavailable
+        when Redis fails: flush again (it goes on where it stopped)."""
         with self.store._guard("load_generation", self.tenant):
             try:
                 if self.unsure:
@@ -551,15 +552,13 @@ class GenerationLoader:
                     return
                 if self.conn is None:
                     self._connect()
+                if not wait:
+                    self._answers(self.sent)
                 while self.sent < len(self.queue):
                     self.sent += 1                       # counted before: a failed send may have gone through
                     self._send(self.queue[self.sent - 1].commands)
-                keep = 0 if wait else 1
-                while self.sent > keep:
-                    self._answer(len(self.queue[0].commands))
-                    self.sent -= 1
-                    self.sv += self.queue.pop(0).bump
-                if not self.queue:
+                if wait:
+                    self._answers(self.sent)
                     self.close()
             except BaseException:
                 self.unsure = self.unsure or bool(self.sent)
@@ -602,8 +601,14 @@ class GenerationLoader:
         pack = hiredis.pack_command
         self.conn.send_packed_command([b"".join([_MULTI, *(pack(c) for c in commands), _EXEC])])   # one sendall
 
+    def _answers(self, steps: int) -> None:
+        """Read the answers of the first `steps` steps sent: OK, QUEUED per command, then EXEC's, each."""
+        for _ in range(steps):
+            self._answer(len(self.queue[0].commands))
+            self.sent -= 1
+            self.sv += self.queue.pop(0).bump
+
     def _answer(self, n: int) -> None:
-        """Read the answers of one sent step: OK, QUEUED per command, then EXEC's."""
         read = self.conn.read_response
         for _ in range(n + 1):
             read()
@@ -1108,11 +1113,11 @@ class RedisStore(Store):
     def _drop_data(self, tenant: str, gen: int) -> int:
         names = self.key_names(tenant, gen)
         self._pv_len.pop(self._n(tenant).data(gen), None)
-        deleted = 0
         with self._guard("drop_generation", tenant):
+            pipe = self._client.pipeline(transaction=False)
             for chunk in reversed(list(_chunks(names))):    # the index keys (first chunk) go last
-                deleted += int(self._client.unlink(*chunk))
-        return deleted
+                pipe.unlink(*chunk)
+            return sum(int(n) for n in pipe.execute())
 
     def key_names(self, tenant: str, gen: int | None = None) -> list[str]:
         """Every Redis key of one generation of a tenant (default: the current one), from its index."""
