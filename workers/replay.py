@@ -210,6 +210,9 @@ class Replayer:
                 continue
             while writing:
                 await writing.pop(0)
+            if tries == 0:
+                self.progress.note(f"partition {partition}: loaded into the shadow up to offset {end:,} "
+                                   f"({time.monotonic() - self.progress.started:.1f}s); cutting over")
             if explicit and tries == 0:
                 self._check_found(build, partition)
             if await self._run(self._writer, self._switch_all, build, partition):
