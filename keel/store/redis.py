@@ -1116,7 +1116,7 @@ class RedisStore(Store):
         with self._guard("drop_generation", tenant):
             pipe = self._client.pipeline(transaction=False)
             for chunk in reversed(list(_chunks(names))):    # the index keys (first chunk) go last
-                pipe.unlink(*chunk)
+                pipe.execute_command("UNLINK", *chunk)   # (a cluster pipeline's unlink() takes one key)
             return sum(int(n) for n in pipe.execute())
 
     def key_names(self, tenant: str, gen: int | None = None) -> list[str]:
