@@ -324,9 +324,9 @@ class Replayer:
         self._in_flight.clear()
         for tenant, r in list(self.claimed.items()):
             loader = self.loaders.pop(tenant, None)
-            if loader is not None:
-                loader.close()
             try:
+                if loader is not None:
+                    loader.abort()
                 self.store.drop_generation(tenant, r.new_gen)
                 self.state.clear(tenant)
             except KeelError as e:

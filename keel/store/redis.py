@@ -615,6 +615,17 @@ class GenerationLoader:
         if read() is None:
             raise StoreUnavailable(f"a bulk load step of tenant {self.tenant!r} was aborted", tenant=self.tenant)
 
+    def abort(self) -> None:
+        """Give up (before dropping the generation): once this returns, no step sent and not answered can
+        still run, as their connection is killed on the server."""
+        with self.store._guard("load_generation", self.tenant):
+            try:
+                if self.conn_id is not None and (self.sent or self.unsure):
+                    self._node().execute_command("CLIENT", "KILL", "ID", self.conn_id)
+            finally:
+                self.close()
+        self.queue.clear()
+
     def close(self) -> None:
         """Give the connection back (steps sent and not answered are then unsure: the next flush checks)."""
         if self.conn is not None:
