@@ -29,7 +29,7 @@ from keel.store.base import (
     relation_write,
 )
 from keel.store.memory import MemoryStore
-from keel.store.redis import RedisStore
+from keel.store.redis import GenerationLoader, RedisStore
 from keel.timeline import Assertion
 from keel.times import format_time, parse_time
 
@@ -376,6 +376,112 @@ class RedisChecks(RedisCase):
         assert s.facts("acme", "thing:x", at=d(2))[0]["value"] == "new"
         assert s.tenants() == ["acme"]
         assert s.new_generation("acme") == 4                                         # numbers are never reused
+
+    # ---- bulk load (a replay's shadow generation) -----------------------------------------------
+
+    def raw_generation(self, s: RedisStore, tenant: str, gen: int) -> dict[str, Any]:
+        """{key name after `g<gen>:`: contents} of every key of a generation (found by SCAN, not its index)."""
+        c = self.client
+        head = f"keel:{{{s.namespace}/{tenant}}}:g{gen}:"
+        out: dict[str, Any] = {}
+        read = {"string": c.get, "list": lambda k: c.lrange(k, 0, -1), "set": lambda k: sorted(c.smembers(k)),
+                "hash": c.hgetall, "zset": lambda k: c.zrange(k, 0, -1, withscores=True)}
+        for name in c.scan_iter(match=head.replace("[", "\\[") + "*", count=1000):
+            kind = c.type(name)
+            out[name[len(head):]] = (kind, read[kind](name))
+        assert set(out) <= {k[len(head):] for k in s.key_names(tenant, gen)}     # the index knows every key
+        return out
+
+    def bulk_steps(self) -> list[tuple[list[tuple[list[Write], str | None]], tuple[str, int, int] | None]]:
+        """Steps of every kind: random writes (all shapes, escaped names, late recorded_at lowering an entity's
+        first), repeated ids (in a step and across steps), no-id events, empty events, offset-only steps."""
+        events = random_batches(11, 300)
+        steps: list[Any] = []
+        for i in range(0, 240, 29):
+            steps.append((events[i:i + 29], ("topic", 0, i + 28)))
+        steps.append(([], ("topic", 0, 300)))                                  # only moves the offset
+        steps.append((events[10:20] + events[240:270] + events[250:255], ("topic", 0, 290)))  # repeats, behind
+        steps.append(([([], "empty-1"), ([], None)], None))
+        steps.append((events[270:], ("topic", 1, 5)))
+        return steps
+
+    def test_a_bulk_load_leaves_exactly_what_apply_leaves(self) -> None:
+        s = self.redis_store()
+        steps = self.bulk_steps()
+        applied, loaded = s.new_generation("acme"), s.new_generation("acme")
+        view = s.for_generation("acme", applied)
+        loader = s.load_generation("acme", loaded)
+        for i, (events, position) in enumerate(steps):
+            view.commit_batch("acme", events, position)
+            loader.add(events, position)
+            if i % 3 == 1:
+                loader.flush(wait=i % 2 == 0)                   # flushing now or later, waiting or not: the same
+        assert loader.pending > 0
+        loader.flush()
+        assert loader.pending == 0
+        want = self.raw_generation(s, "acme", applied)
+        assert self.raw_generation(s, "acme", loaded) == want
+        assert {k.split(":")[0] for k in want} == {"ev", "m", "ents", "pv", "z", "x"}
+        assert digest(s.for_generation("acme", loaded), "acme") == digest(view, "acme")
+        # APPLY goes on from a loaded generation as from its own
+        more = random_batches(12, 60)
+        view.commit_batch("acme", more, ("topic", 0, 400))
+        s.for_generation("acme", loaded).commit_batch("acme", more, ("topic", 0, 400))
+        assert self.raw_generation(s, "acme", loaded) == self.raw_generation(s, "acme", applied)
+        s.switch_generation("acme", loaded)
+        m = MemoryStore()
+        for events, _ in [*steps, (more, None)]:
+            for writes, event_id in events:
+                m.apply_writes("acme", writes, event_id)
+        assert_same_graph(m, s, "acme")
+
+    def test_an_aborted_bulk_load_leaves_nothing_once_dropped(self) -> None:
+        s = self.redis_store()
+        gen = s.new_generation("acme")
+        loader = s.load_generation("acme", gen)
+        for events, position in self.bulk_steps():
+            loader.add(events, position)
+        loader.flush(wait=False)                 # the steps may still be running
+        loader.abort()
+        assert loader.pending == 0
+        s.drop_generation("acme", gen)
+        assert self.raw_generation(s, "acme", gen) == {}
+
+    def test_a_bulk_load_refuses_the_current_or_a_written_generation(self) -> None:
+        s = self.redis_store()
+        with pytest.raises(UsageError):
+            s.load_generation("acme", 1)
+        gen = s.new_generation("acme")
+        s.for_generation("acme", gen).commit_batch("acme", [], ("topic", 0, 1))
+        with pytest.raises(UsageError):
+            s.load_generation("acme", gen)
+
+    @pytest.mark.parametrize("written", [False, True])
+    def test_a_failed_flush_flushed_again_writes_each_step_once(self, written: bool,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+        s = self.redis_store()
+        steps = self.bulk_steps()[:3]
+        applied, loaded = s.new_generation("acme"), s.new_generation("acme")
+        loader = s.load_generation("acme", loaded)
+        for events, position in steps:
+            s.for_generation("acme", applied).commit_batch("acme", events, position)
+            loader.add(events, position)
+        loader.flush()
+        events, position = steps[0][0] + random_batches(13, 30), ("topic", 0, 500)
+        s.for_generation("acme", applied).commit_batch("acme", events, position)
+        loader.add(events, position)
+        where = "_answer" if written else "_send"            # written but the answer lost, or not sent
+        real = getattr(GenerationLoader, where)
+
+        def lost(self: GenerationLoader, *args: Any) -> None:
+            raise redis.ConnectionError("connection reset")
+        monkeypatch.setattr(GenerationLoader, where, lost)
+        with pytest.raises(StoreUnavailable):
+            loader.flush()
+        monkeypatch.setattr(GenerationLoader, where, real)
+        assert loader.pending == 1
+        loader.flush()
+        assert self.raw_generation(s, "acme", loaded) == self.raw_generation(s, "acme", applied)
 
 
 @pytest.mark.usefixtures("single_node")

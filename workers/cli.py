@@ -74,7 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--tenant", action="append", help="tenant to rebuild (repeatable)")
     which.add_argument("--all", action="store_true", help="every tenant keyed in the topic")
-    p.add_argument("--batch", type=positive_int, default=5000, help="events per commit to the shadow (default 5000)")
+    p.add_argument("--batch", type=positive_int, default=5000,
+                   help="events per step loaded into the shadow, one MULTI/EXEC (default 5000)")
     p.add_argument("--allow-global-notes", action="store_true", default=None,
                    help="as the worker runs (env KEEL_ALLOW_GLOBAL_NOTES): judge global notes the same way")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")

@@ -2,10 +2,12 @@
 
 For each tenant: claim a new (shadow) generation (workers/replay_state.py), read the tenant's partition from
 its first offset (workers/replay_scan.py, no consumer group), apply its records with the cartridge's handlers
-on an in-memory mirror (workers/replay_build.py) and commit each tenant's events to the shadow in big atomic
-batches, each with the last offset scanned. Readers and the live worker keep using the current generation
-meanwhile. At the partition's end, `switch_when_caught_up` cuts over atomically if the shadow has applied at
-least as far as the live generation (else read further and try again); then the old generation is dropped.
+on an in-memory mirror (workers/replay_build.py) and bulk-load each tenant's events into the shadow in big
+steps, each with the last offset scanned (RedisStore.load_generation: plain pipelined commands, one MULTI/EXEC
+per step, no APPLY script and no reads, since nobody reads the shadow before the cutover; the result is what
+APPLY would have written). Readers and the live worker keep using the current generation meanwhile. At the
+partition's end, `switch_when_caught_up` cuts over atomically if the shadow has applied at least as far as the
+live generation (else read further, load it and try again); then the old generation is dropped.
 
 The live worker's writes are strict (GenerationChanged): a batch it planned on the old generation is not
 written into the new one; it reloads the tenant from the new generation, where records up to the replay's
@@ -16,10 +18,11 @@ generation is untouched.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -28,7 +31,7 @@ from keel.config import Settings
 from keel.envelope import TENANT
 from keel.errors import KeelError, StoreUnavailable, UsageError
 from keel.kafka import KafkaUnavailable
-from keel.store.redis import RedisStore
+from keel.store.redis import GenerationLoader, RedisStore
 
 from .names import events_topic
 from .replay_build import Event, PartitionBuild
@@ -39,12 +42,14 @@ from .replay_state import ReplayState
 T = TypeVar("T")
 log = logging.getLogger("keel.replay")
 HEARTBEAT_S = 5.0
+LOADS_AHEAD = 2             # batches handed to the writer thread and not done, at most
+IN_FLIGHT = 4               # tenants whose last steps may still be executing while the replay goes on
 
 
 @dataclass(frozen=True)
 class ReplayOptions:
     """Tuning of `keel replay` (flags)."""
-    batch: int = 5000               # events per commit to the shadow generation
+    batch: int = 5000               # events per step loaded into the shadow generation
     fetch: int = 20_000             # records per Kafka fetch
     retry_for_s: float = 120.0      # how long a Kafka or Redis outage is retried before giving up
     max_switch_tries: int = 100
@@ -126,9 +131,12 @@ class Replayer:
         self.state = ReplayState(self.store)
         self.report = ReplayReport(cartridge.name, self.topic)
         self.claimed: dict[str, TenantResult] = {}          # shadows written and not switched yet
+        self.loaders: dict[str, GenerationLoader] = {}       # the claimed shadows' writers
+        self._in_flight: list[GenerationLoader] = []         # loaders whose last steps may still be executing
         self._planner = ThreadPoolExecutor(1, thread_name_prefix="keel-replay-plan")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="keel-replay-write")
-        self._view: RedisStore | None = None                 # pinned to every claimed shadow
+        self._beat = ThreadPoolExecutor(1, thread_name_prefix="keel-replay-heartbeat")
+        self._beating: Future[None] | None = None
         self._heartbeat = 0.0
         self._total = 0
 
@@ -144,6 +152,8 @@ class Replayer:
                 wanted = plan.setdefault(tenant_partition(t, partitions), set())
                 assert wanted is not None
                 wanted.add(t)
+        threshold = gc.get_threshold()
+        gc.set_threshold(100_000, 50, 1000)     # the mirror grows by millions of objects, all long-lived
         try:
             for partition in sorted(plan):
                 await self._partition(partition, plan[partition])
@@ -151,6 +161,8 @@ class Replayer:
             self.report.seconds = time.monotonic() - started
             self.progress.end()
             await asyncio.shield(self._run(self._writer, self._abandon))
+            gc.unfreeze()
+            gc.set_threshold(*threshold)
         return self.report
 
     # ---- one partition ----------------------------------------------------------------------------
@@ -174,7 +186,7 @@ class Replayer:
         self._total += end
         position: int | None = None             # last offset scanned
         committed: int | None = None            # last offset committed to the shadows
-        writing: asyncio.Future[None] | None = None
+        writing: list[asyncio.Future[None]] = []     # loads submitted to the writer thread, oldest first
         tries = 0
         while True:
             caught_up = end == 0 or (position is not None and position + 1 >= end)
@@ -182,21 +194,25 @@ class Replayer:
                 records = await self._retry("fetch", scan.fetch)
                 if records:
                     await self._run(self._planner, build.feed, records)
+                    gc.freeze()                 # what the mirror holds now is never garbage: stop scanning it
                     position = records[-1].offset
                     self.report.scanned += len(records)
                     self._show(build)
                     caught_up = position + 1 >= end
             if build.pending >= self.options.batch or (caught_up and position != committed):
                 steps = build.take()
-                if writing is not None:
-                    await writing
-                writing = asyncio.ensure_future(self._run(self._writer, self._commit, steps, partition, position))
+                writing.append(asyncio.ensure_future(self._run(self._writer, self._load, steps, partition,
+                                                               position)))
                 committed = position
+                while len(writing) > LOADS_AHEAD:     # project further while Redis runs the loaded steps
+                    await writing.pop(0)
             if not caught_up:
                 continue
-            if writing is not None:
-                await writing
-                writing = None
+            while writing:
+                await writing.pop(0)
+            if tries == 0:
+                self.progress.note(f"partition {partition}: loaded into the shadow up to offset {end:,} "
+                                   f"({time.monotonic() - self.progress.started:.1f}s); cutting over")
             if explicit and tries == 0:
                 self._check_found(build, partition)
             if await self._run(self._writer, self._switch_all, build, partition):
@@ -234,26 +250,51 @@ class Replayer:
         new = self.store.new_generation(tenant)
         self.state.put(tenant, new, old)
         result = self.claimed[tenant] = TenantResult(tenant, partition, old, new)
-        view = self._view or self.store
-        self._view = view.for_generation(tenant, new)
+        self.loaders[tenant] = self._retry_sync("start loading the shadow generation", self.store.load_generation,
+                                                tenant, new)
         return result
 
-    def _commit(self, steps: dict[str, list[Event]], partition: int, position: int | None) -> None:
-        for tenant in steps:
-            self._claim(tenant, partition)
-        assert self._view is not None
+    def _load(self, steps: dict[str, list[Event]], partition: int, position: int | None) -> None:
+        """Each tenant's new events into its shadow, in steps of at most `batch` events (the last one carries
+        the offset); Redis executes them while the next records are projected and encoded."""
         pos = None if position is None else (self.topic, partition, position)
-        batch = [(t, events, pos) for t, events in steps.items()]
-        self._retry_sync("commit to the shadow generation", self._view.commit_many, batch)
+        size = self.options.batch
+        for tenant, events in steps.items():
+            self._claim(tenant, partition)
+            loader = self.loaders[tenant]
+            starts = range(0, max(len(events), 1), size)
+            for start in starts:
+                loader.add(events[start:start + size], pos if start == starts[-1] else None)
+            self._retry_sync("load the shadow generation", loader.flush, False)
+            if loader not in self._in_flight:
+                self._in_flight.append(loader)
+            while len(self._in_flight) > IN_FLIGHT:             # each holds a connection meanwhile
+                self._retry_sync("load the shadow generation", self._in_flight.pop(0).flush)
         now = time.monotonic()
-        if now - self._heartbeat >= HEARTBEAT_S:
-            self._heartbeat = now
-            for tenant in steps:
-                r = self.claimed[tenant]
-                self.state.put(tenant, r.new_gen, r.old_gen)
+        if now - self._heartbeat >= HEARTBEAT_S and (self._beating is None or self._beating.done()):
+            self._heartbeat = now           # in a thread of its own: Redis answers once it ran the steps
+            claims = [(t, self.claimed[t].new_gen, self.claimed[t].old_gen) for t in steps]
+            self._beating = self._beat.submit(self._refresh, claims)
+
+    def _heartbeat_done(self) -> None:
+        """Before a marker is deleted: no refresh may write it again afterwards."""
+        if self._beating is not None:
+            self._beating.result()
+            self._beating = None
+
+    def _refresh(self, claims: list[tuple[str, int, int]]) -> None:
+        try:
+            for tenant, new, old in claims:
+                self.state.put(tenant, new, old)
+        except StoreUnavailable as e:
+            log.warning("could not refresh the replay marker: %s", e)
 
     def _switch_all(self, build: PartitionBuild, partition: int) -> bool:
         """Try to cut every unswitched tenant of the partition over; True when none is left."""
+        self._heartbeat_done()
+        for tenant in sorted(build.tenants):
+            self._retry_sync("load the shadow generation", self.loaders[tenant].flush)
+        self._in_flight.clear()
         for tenant in sorted(build.tenants):
             r = self.claimed[tenant]
             outcome = self._retry_sync("switch generations", self.store.switch_when_caught_up, tenant, r.old_gen,
@@ -267,6 +308,7 @@ class Replayer:
             r.applied, r.skipped, r.duplicates, r.global_notes = p.applied, p.skipped, p.duplicates, p.global_notes
             r.switched = True
             del self.claimed[tenant]
+            self.loaders.pop(tenant).close()
             build.finish(tenant)
             self.report.results.append(r)
             r.dropped_keys = self._retry_sync("drop the old generation", self.store.drop_generation, tenant,
@@ -278,8 +320,13 @@ class Replayer:
 
     def _abandon(self) -> None:
         """After an error or Ctrl-C: drop the shadows not switched (the served generations never changed)."""
+        self._heartbeat_done()
+        self._in_flight.clear()
         for tenant, r in list(self.claimed.items()):
+            loader = self.loaders.pop(tenant, None)
             try:
+                if loader is not None:
+                    loader.abort()
                 self.store.drop_generation(tenant, r.new_gen)
                 self.state.clear(tenant)
             except KeelError as e:
@@ -322,4 +369,5 @@ class Replayer:
     def close(self) -> None:
         self._planner.shutdown(wait=True)
         self._writer.shutdown(wait=True)
+        self._beat.shutdown(wait=True)
         self.store.close()

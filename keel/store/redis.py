@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import hiredis
 import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
@@ -288,90 +289,16 @@ class _Pending:
 class _Batch:
     """One apply step encoded as the APPLY script's keys and arguments, for a guessed provenance length.
 
-    Members are complete strings: the provenance base `b` of each event is `base` plus the entries of
-    the events before it. When the server answers that the guess was wrong, the batch is encoded again.
-    Encoding is the worker's hot path: one loop over the writes, with process-wide caches of prefixes and
-    points, and a shortcut for writes sharing their event's single provenance entry.
+    Members are complete strings (`_encode`): the provenance base `b` of each event is `base` plus the
+    entries of the events before it. When the server answers that the guess was wrong, the batch is
+    encoded again.
     """
     __slots__ = ("args", "entities", "events")
 
     def __init__(self, events: list[Event], base: int, field: str, offset: str) -> None:
         self.events = events
-        tls: dict[Key, list[Any]] = {}      # key -> [members, min recorded_at, header, P]
-        provs: list[str] = []
-        points = _POINTS
-        if len(points) > _CACHE:
-            points.clear()
-        wtext = _W
-        n = sum(len(writes) for writes, _ in events)
-        if len(wtext) <= n:
-            _grow_w(n)
-        w = 0
-        for writes, _ in events:
-            text = str(base + len(provs))
-            bb = f"{len(text)}{text}"
-            seen: dict[tuple[Any, ...], str] = {}
-            ps = pe = pr = pb = pks = None      # the last provenance met: most events have a single one
-            for key, a in writes:
-                point, value, closed, source, evidence, rec, by, expires = a
-                if source is ps and evidence is pe and rec == pr and by is pb:
-                    ks = pks
-                    rec = pr
-                else:
-                    rec = int(rec)
-                    prov = (source, evidence, rec, by)
-                    ks = seen.get(prov)
-                    if ks is None:
-                        n = len(seen)
-                        ks = seen[prov] = f"1{n}" if n < 10 else f"{len(str(n))}{n}"
-                        provs.append(encode_provenance(source, evidence, rec, by))
-                    ps, pe, pr, pb, pks = source, evidence, rec, by, ks
-                pt = points.get(point)
-                if pt is None:
-                    pt = points[point] = encode_point(point)
-                if closed or expires is not None:
-                    body = encode_body(a)
-                else:
-                    tv = value.__class__
-                    if tv is str:
-                        body = "=" + _STR(value)
-                    elif tv is int:
-                        body = "=" + int.__repr__(value)
-                    elif value is True:
-                        body = "=true"
-                    else:
-                        body = "=" + _json(value)
-                w += 1
-                t = tls.get(key)
-                if t is None:
-                    p = _PREFIXES.get(key)
-                    if p is None:
-                        p = _prefix(key)
-                    tls[key] = [[f"{p}{pt}{bb}{wtext[w]}{ks}{body}"], rec, "", p]
-                else:
-                    t[0].append(f"{t[3]}{pt}{bb}{wtext[w]}{ks}{body}")
-                    if rec < t[1]:   # noqa: PLR1730 - the common case is a comparison only
-                        t[1] = rec
-        ents: dict[str, int] = {}
-        min_recorded: list[int] = []
-        for key, t in tls.items():     # entity indexes in order of first appearance, as the script wants
-            owner, rec = key[1], t[1]
-            o = ents.get(owner)
-            if o is None:
-                o = ents[owner] = len(ents)
-                min_recorded.append(rec)
-            elif rec < min_recorded[o]:
-                min_recorded[o] = rec
-            if key[0] == "r" and key[3] != owner:
-                x = ents.get(key[3])
-                if x is None:
-                    x = ents[key[3]] = len(ents)
-                    min_recorded.append(rec)
-                elif rec < min_recorded[x]:
-                    min_recorded[x] = rec
-                t[2] = f"{o + 1},{x + 1},"
-            else:
-                t[2] = f"{o + 1},0,"
+        tls, provs = _encode(events, base)
+        ents, min_recorded = _entities(tls)
         self.entities = list(ents)
         ids = [event_id for _, event_id in events if event_id]
         args: list[Any] = [str(base), field, offset, len(ids), *ids, len(ents)]
@@ -393,7 +320,342 @@ class _Batch:
         return keys
 
 
+def _encode(events: Sequence[Event], base: int) -> tuple[dict[Key, list[Any]], list[str]]:
+    """The members and provenance entries of one step, `base` being the provenance list's length before it:
+    ({key: [members, min recorded_at, header (set by `_entities`), P]} in order of first write, entries).
+
+    Encoding is the worker's hot path: one loop over the writes, with process-wide caches of prefixes and
+    points, and a shortcut for writes sharing their event's single provenance entry.
+    """
+    tls: dict[Key, list[Any]] = {}      # key -> [members, min recorded_at, header, P]
+    provs: list[str] = []
+    points = _POINTS
+    if len(points) > _CACHE:
+        points.clear()
+    wtext = _W
+    n = sum(len(writes) for writes, _ in events)
+    if len(wtext) <= n:
+        _grow_w(n)
+    w = 0
+    for writes, _ in events:
+        text = str(base + len(provs))
+        bb = f"{len(text)}{text}"
+        seen: dict[tuple[Any, ...], str] = {}
+        ps = pe = pr = pb = pks = None      # the last provenance met: most events have a single one
+        for key, a in writes:
+            point, value, closed, source, evidence, rec, by, expires = a
+            if source is ps and evidence is pe and rec == pr and by is pb:
+                ks = pks
+                rec = pr
+            else:
+                rec = int(rec)
+                prov = (source, evidence, rec, by)
+                ks = seen.get(prov)
+                if ks is None:
+                    n = len(seen)
+                    ks = seen[prov] = f"1{n}" if n < 10 else f"{len(str(n))}{n}"
+                    provs.append(encode_provenance(source, evidence, rec, by))
+                ps, pe, pr, pb, pks = source, evidence, rec, by, ks
+            pt = points.get(point)
+            if pt is None:
+                pt = points[point] = encode_point(point)
+            if closed or expires is not None:
+                body = encode_body(a)
+            else:
+                tv = value.__class__
+                if tv is str:
+                    body = "=" + _STR(value)
+                elif tv is int:
+                    body = "=" + int.__repr__(value)
+                elif value is True:
+                    body = "=true"
+                else:
+                    body = "=" + _json(value)
+            w += 1
+            t = tls.get(key)
+            if t is None:
+                p = _PREFIXES.get(key)
+                if p is None:
+                    p = _prefix(key)
+                tls[key] = [[f"{p}{pt}{bb}{wtext[w]}{ks}{body}"], rec, "", p]
+            else:
+                t[0].append(f"{t[3]}{pt}{bb}{wtext[w]}{ks}{body}")
+                if rec < t[1]:   # noqa: PLR1730 - the common case is a comparison only
+                    t[1] = rec
+    return tls, provs
+
+
+def _entities(tls: dict[Key, list[Any]], headers: bool = True) -> tuple[dict[str, int], list[int]]:
+    """The entities of a step's timelines, owners and relation objects, in order of first appearance, with
+    the minimum recorded_at of the writes involving each; with `headers`, sets each timeline's APPLY header
+    `<owner index>,<object index or 0>,` (1-based)."""
+    ents: dict[str, int] = {}
+    min_recorded: list[int] = []
+    for key, t in tls.items():     # entity indexes in order of first appearance, as the script wants
+        owner, rec = key[1], t[1]
+        o = ents.get(owner)
+        if o is None:
+            o = ents[owner] = len(ents)
+            min_recorded.append(rec)
+        elif rec < min_recorded[o]:
+            min_recorded[o] = rec
+        if key[0] == "r" and key[3] != owner:
+            x = ents.get(key[3])
+            if x is None:
+                x = ents[key[3]] = len(ents)
+                min_recorded.append(rec)
+            elif rec < min_recorded[x]:
+                min_recorded[x] = rec
+            if headers:
+                t[2] = f"{o + 1},{x + 1},"
+        elif headers:
+            t[2] = f"{o + 1},0,"
+    return ents, min_recorded
+
+
+class _LoadStep:
+    """One step of a GenerationLoader, encoded as plain commands."""
+    __slots__ = ("bump", "commands")
+
+    def __init__(self, commands: list[tuple[str, ...]], bump: int) -> None:
+        self.commands = commands
+        self.bump = bump              # 1 when the step moves the write counter `sv` (as APPLY would)
+
+
+def _push(commands: list[tuple[str, ...]], name: str, key: str, items: list[str]) -> None:
+    """`name key items...` in commands of at most _LOAD_ITEMS items."""
+    if len(items) <= _LOAD_ITEMS:
+        if items:
+            commands.append((name, key, *items))
+        return
+    for i in range(0, len(items), _LOAD_ITEMS):
+        commands.append((name, key, *items[i:i + _LOAD_ITEMS]))
+
+
+def _zadd(commands: list[tuple[str, ...]], key: str, members: list[str]) -> None:
+    """ZADD of members with score 0, at most _LOAD_ITEMS members a command."""
+    for i in range(0, len(members), _LOAD_ITEMS):
+        chunk = members[i:i + _LOAD_ITEMS] if len(members) > _LOAD_ITEMS else members
+        pairs = ["0"] * (2 * len(chunk))
+        pairs[1::2] = chunk
+        commands.append(("ZADD", key, *pairs))
+
+
+class GenerationLoader:
+    """Bulk writes into a generation nobody reads yet (a replay's shadow): the steps `commit_batch` would
+    apply, as plain commands (ZADD, RPUSH, SADD, LSET, HSET, HINCRBY) instead of the APPLY script.
+
+    The loader keeps in process what APPLY finds out on the server: the provenance list's length, which
+    timelines and entities exist, every entity's first recorded_at, the applied event ids and offsets. So it
+    sends no reads, and the generation ends exactly as APPLY of the same steps would leave it (same keys,
+    members, lists and counters), ready for APPLY to go on from there.
+
+    `add` only encodes a step (CPU). `flush` sends the queued steps on the loader's own connection, each in
+    one MULTI/EXEC (its keys share the tenant's hash tag), packed by hiredis in one write: redis-py's pipeline
+    costs more per command than the commands themselves. `flush(wait=False)` leaves the last step's answer
+    unread, so Redis executes it while the caller encodes the next one. After a failure, the next flush asks
+    the write counter which of the unanswered steps were executed (steps execute whole and in order) and
+    sends the others: nothing is written twice.
+    """
+
+    def __init__(self, store: RedisStore, tenant: str, gen: int) -> None:
+        self.store = store
+        self.tenant = tenant
+        self.gen = int(gen)
+        self.d = store._n(tenant).data(self.gen)
+        self.base = 0                          # provenance entries, once the queued steps are written
+        self.sv = 0                            # the write counter as the server has it
+        self.first: dict[str, int] = {}        # entity -> element 0 of its index list (min recorded_at)
+        self.known: set[Key] = set()           # timelines with members
+        self.ids: set[str] = set()             # applied event ids
+        self.offsets: dict[str, int] = {}      # offset field -> offset
+        self.queue: list[_LoadStep] = []       # steps not known to be written, in order
+        self.sent = 0                          # of them, sent on `conn` and not answered yet
+        self.unsure = False                    # a failure left the queued steps' fate unknown
+        self.conn: Any = None
+        self.conn_id: str | None = None        # its CLIENT ID, while steps sent on it may be unanswered
+        self.pool: Any = None
+        d = self.d
+        with store._guard("load_generation", tenant):
+            if self.gen == int(store._client.get(store._n(tenant).gen) or 1):
+                raise UsageError(f"generation {gen} is the current generation of tenant {tenant!r}: a bulk "
+                                 f"load writes only a generation nobody reads")
+            if int(store._client.exists(d + "ev", d + "m", d + "ents", d + "pv")):
+                raise UsageError(f"generation {gen} of tenant {tenant!r} holds data: a bulk load starts from "
+                                 f"an empty generation")
+            store._register(tenant)
+
+    @property
+    def pending(self) -> int:
+        """Steps not known to be written yet."""
+        return len(self.queue)
+
+    def add(self, events: Sequence[Event], position: Position | None) -> None:
+        """Queue one step, as `commit_batch(tenant, events, position)`: events whose id was applied before
+        (or earlier in the step) are skipped whole, and the offset only moves forward."""
+        p = _Pending(self.tenant, events, position)
+        ids = self.ids
+        kept = [e for e in p.events if not e[1] or e[1] not in ids]
+        new_ids = [event_id for _, event_id in kept if event_id]
+        ids.update(new_ids)
+        d = self.d
+        commands: list[tuple[str, ...]] = []
+        tls: dict[Key, list[Any]] = {}
+        if kept:
+            tls, provs = _encode(kept, self.base)
+            ents, min_recorded = _entities(tls, headers=False)
+            first, known = self.first, self.known
+            _push(commands, "SADD", d + "ents", [e for e in ents if e not in first])   # before the keys it indexes
+            members: dict[str, list[str]] = {}
+            push: dict[str, list[str]] = {}
+            for key, t in tls.items():
+                owner = key[1]
+                z = members.get(owner)
+                if z is None:
+                    members[owner] = t[0]
+                else:
+                    z += t[0]
+                if key not in known:
+                    known.add(key)
+                    prefix = t[3]
+                    q = push.get(owner)
+                    if q is None:
+                        push[owner] = [prefix]
+                    else:
+                        q.append(prefix)
+                    if key[0] == "r" and key[3] != owner:
+                        push.setdefault(key[3], []).append(f">{_escape(owner)}|{prefix}")
+            for e, rec in zip(ents, min_recorded):
+                name = e if ("%" not in e and "|" not in e) else _escape(e)
+                z = members.get(e)
+                if z is not None:
+                    _zadd(commands, f"{d}z:{name}", z)
+                elements = push.get(e)
+                f = first.get(e)
+                if f is None:
+                    first[e] = rec
+                    elements = [str(rec)] if elements is None else [str(rec), *elements]
+                elif rec < f:
+                    first[e] = rec
+                    commands.append(("LSET", f"{d}x:{name}", "0", str(rec)))
+                if elements is not None:
+                    _push(commands, "RPUSH", f"{d}x:{name}", elements)
+            _push(commands, "RPUSH", d + "pv", provs)
+            self.base += len(provs)
+            _push(commands, "SADD", d + "ev", new_ids)
+        bump = 1 if new_ids or tls else 0
+        if bump:
+            commands.append(("HINCRBY", d + "m", "sv", "1"))
+        if p.field:
+            offset = int(p.offset)
+            if offset > self.offsets.get(p.field, -1):
+                self.offsets[p.field] = offset
+                commands.append(("HSET", d + "m", p.field, p.offset))
+        if commands:
+            self.queue.append(_LoadStep(commands, bump))
+
+    def flush(self, wait: bool = True) -> None:
+        """Send the queued steps, in order, and wait until every one is written; without `wait`, wait only
+        for those sent before, and leave the new ones executing while the caller goes on. StoreUnavailable
+        when Redis fails: flush again (it goes on where it stopped)."""
+        with self.store._guard("load_generation", self.tenant):
+            try:
+                if self.unsure:
+                    self._recover()
+                if not self.queue:
+                    self.close()
+                    return
+                if self.conn is None:
+                    self._connect()
+                if not wait:
+                    self._answers(self.sent)
+                while self.sent < len(self.queue):
+                    self.sent += 1                       # counted before: a failed send may have gone through
+                    self._send(self.queue[self.sent - 1].commands)
+                if wait:
+                    self._answers(self.sent)
+                    self.close()
+            except BaseException:
+                self.unsure = self.unsure or bool(self.sent)
+                self.sent = 0
+                if self.conn is not None:
+                    self.conn.disconnect()               # mid-answer: the connection is unusable
+                self.close()
+                raise
+        self.store._pv_len.pop(self.d, None)
+
+    def _recover(self) -> None:
+        """After a failure: drop from the queue the steps the server executed (the write counter tells how
+        many of those moving it; offset-only steps before them went too, and resending others is harmless).
+        The failed connection is killed first, so that no step it sent can still execute after the count."""
+        node = self._node()
+        if self.conn_id is not None:
+            node.execute_command("CLIENT", "KILL", "ID", self.conn_id)
+            self.conn_id = None
+        executed = int(node.hget(self.d + "m", "sv") or 0) - self.sv
+        while self.queue and executed > 0:
+            step = self.queue.pop(0)
+            self.sv += step.bump
+            executed -= step.bump
+        self.unsure = False
+
+    def _node(self) -> redis.Redis:
+        """The client of the node owning the tenant's slot."""
+        client = self.store._client
+        if isinstance(client, RedisCluster):
+            return client.get_redis_connection(client.get_node_from_key(self.d))
+        return client
+
+    def _connect(self) -> None:
+        self.pool = self._node().connection_pool
+        self.conn = self.pool.get_connection()
+        self.conn.send_command("CLIENT", "ID")
+        self.conn_id = str(self.conn.read_response())
+
+    def _send(self, commands: list[tuple[str, ...]]) -> None:
+        pack = hiredis.pack_command
+        self.conn.send_packed_command([b"".join([_MULTI, *(pack(c) for c in commands), _EXEC])])   # one sendall
+
+    def _answers(self, steps: int) -> None:
+        """Read the answers of the first `steps` steps sent: OK, QUEUED per command, then EXEC's, each."""
+        for _ in range(steps):
+            self._answer(len(self.queue[0].commands))
+            self.sent -= 1
+            self.sv += self.queue.pop(0).bump
+
+    def _answer(self, n: int) -> None:
+        read = self.conn.read_response
+        for _ in range(n + 1):
+            read()
+        if read() is None:
+            raise StoreUnavailable(f"a bulk load step of tenant {self.tenant!r} was aborted", tenant=self.tenant)
+
+    def abort(self) -> None:
+        """Give up (before dropping the generation): once this returns, no step sent and not answered can
+        still run, as their connection is killed on the server."""
+        with self.store._guard("load_generation", self.tenant):
+            try:
+                if self.conn_id is not None and (self.sent or self.unsure):
+                    self._node().execute_command("CLIENT", "KILL", "ID", self.conn_id)
+            finally:
+                self.close()
+        self.queue.clear()
+
+    def close(self) -> None:
+        """Give the connection back (steps sent and not answered are then unsure: the next flush checks)."""
+        if self.conn is not None:
+            if self.sent:
+                self.conn.disconnect()
+                self.unsure, self.sent = True, 0
+            if not self.unsure:
+                self.conn_id = None
+            self.pool.release(self.conn)
+            self.conn = None
+
+
 _CACHE = 100_000                  # entries of the process-wide encoding caches before they are cleared
+_LOAD_ITEMS = 1000                # members or elements per command of a bulk load
+_MULTI, _EXEC = hiredis.pack_command(("MULTI",)), hiredis.pack_command(("EXEC",))
 _POINTS: dict[Any, str] = {}      # point -> its 9 characters
 _PREFIXES: dict[Key, str] = {}   # key -> P
 _W: list[str] = ["10"]            # w -> `<#w><w>`
@@ -936,6 +1198,13 @@ class RedisStore(Store):
         view._registered = self._registered
         return view
 
+    def load_generation(self, tenant: str, gen: int) -> GenerationLoader:
+        """A bulk loader of the empty generation `gen` of `tenant`, which must not be current (nobody reads it
+        until a switch): steps as `commit_batch` takes them, written without the APPLY script."""
+        if int(gen) < 1:
+            raise UsageError(f"bad generation {gen!r}: generations start at 1")
+        return GenerationLoader(self, tenant, int(gen))
+
     def switch_generation(self, tenant: str, gen: int) -> None:
         """Make `gen` the tenant's current generation, atomically for every reader and writer."""
         if int(gen) < 1:
@@ -972,11 +1241,11 @@ class RedisStore(Store):
     def _drop_data(self, tenant: str, gen: int) -> int:
         names = self.key_names(tenant, gen)
         self._pv_len.pop(self._n(tenant).data(gen), None)
-        deleted = 0
         with self._guard("drop_generation", tenant):
+            pipe = self._client.pipeline(transaction=False)
             for chunk in reversed(list(_chunks(names))):    # the index keys (first chunk) go last
-                deleted += int(self._client.unlink(*chunk))
-        return deleted
+                pipe.execute_command("UNLINK", *chunk)   # (a cluster pipeline's unlink() takes one key)
+            return sum(int(n) for n in pipe.execute())
 
     def key_names(self, tenant: str, gen: int | None = None) -> list[str]:
         """Every Redis key of one generation of a tenant (default: the current one), from its index."""
