@@ -1,7 +1,7 @@
 """The five tools' latency: in-process (keel.Tools) and over MCP streamable HTTP (tools_server), on the
 memory store and on Redis.
 
-    .venv/bin/python bench/tools.py [--entities 10000] [--versions 100] [--calls 1000] [--http-calls 300]
+    .venv/bin/python bench/tools.py [--entities 10000] [--versions 100] [--calls 400] [--http-calls 150] [--rounds 5]
                                     [--redis URL] [--no-memory] [--no-http]
 
 Graph: N debts, each with two labels, a relation to one of N/100 households, one rate fact and a balance
@@ -20,6 +20,7 @@ import random
 import secrets
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,7 @@ PRODUCTS = ("Visa", "Mastercard", "Libranza", "Hipoteca", "Vehiculo", "Libre inv
 START = parse_time("2000-01-01")
 MONTH = 30 * 86400 * 1_000_000
 GOALS = {("redis", "in-process", "context"): 2.0, ("redis", "mcp-http", "context"): 10.0}
-Row = tuple[str, str, str, float, float]
+Row = tuple[str, str, str, float, float, list[float]]
 
 
 # ---- the graph -------------------------------------------------------------------------------
@@ -253,11 +254,22 @@ def run_backend(label: str, store: Store, args: argparse.Namespace, rows: list[R
     skip = () if log is not None else ("annotate",)
     tools = Tools(cartridge, store, TENANT, agent="bench", log=log)
     gens = calls(ids, args.versions, random.Random(7))
-    rows += [(label, "in-process", *r) for r in in_process(tools, gens, args.calls, skip)]
+    rows += by_rounds(label, "in-process", [in_process(tools, gens, args.calls, skip) for _ in range(args.rounds)])
     if args.http:
         with HttpChild(args, label, namespace) as server:
-            got = asyncio.run(over_http(server.url, server.token, gens, args.http_calls, skip, args.validate))
-        rows += [(label, "mcp-http", *r) for r in got]
+            got = [asyncio.run(over_http(server.url, server.token, gens, args.http_calls, skip, args.validate))
+                   for _ in range(args.rounds)]
+        rows += by_rounds(label, "mcp-http", got)
+
+
+def by_rounds(store: str, path: str, rounds: list[list[tuple[str, float, float]]]) -> list[Row]:
+    """One row per tool: the medians over the rounds of each round's p50 and p99, and every round's p99 (a round
+    that met a burst of noise on the shared machine shows, without deciding the figure)."""
+    rows = []
+    for i, (tool, _, _) in enumerate(rounds[0]):
+        p50s, p99s = [r[i][1] for r in rounds], [r[i][2] for r in rounds]
+        rows.append((store, path, tool, statistics.median(p50s), statistics.median(p99s), p99s))
+    return rows
 
 
 def settle_redis(client: Any) -> float:
@@ -276,14 +288,15 @@ def settle_redis(client: Any) -> float:
 
 
 def report(rows: list[Row], args: argparse.Namespace) -> None:
-    print(f"\n{args.entities:,} entities x {args.versions} versions; {args.calls} calls per tool in-process, "
-          f"{args.http_calls} over MCP HTTP (loopback, server in its own process, "
+    print(f"\n{args.entities:,} entities x {args.versions} versions; {args.rounds} rounds of {args.calls} calls per "
+          f"tool in-process and {args.http_calls} over MCP HTTP; p50 and p99 are medians over the rounds (loopback, server in its own process, "
           f"{'SSE' if args.sse else 'JSON'} responses, client-side output validation "
           f"{'on' if args.validate else 'off'})\n")
     print(f"{'store':<7} {'path':<11} {'tool':<11} {'p50 ms':>8} {'p99 ms':>8}   goal")
-    for store, path, tool, p50, p99 in rows:
+    for store, path, tool, p50, p99, round_p99s in rows:
         goal = GOALS.get((store, path, tool))
-        verdict = "" if goal is None else f"p99 <= {goal:g} ms: {'met' if p99 <= goal else 'MISSED'}"
+        verdict = "" if goal is None else (f"p99 <= {goal:g} ms: {'met' if p99 <= goal else 'MISSED'} (rounds: "
+                                           f"{' '.join(f'{x:.2f}' for x in round_p99s)})")
         print(f"{store:<7} {path:<11} {tool:<11} {p50:>8.3f} {p99:>8.3f}   {verdict}")
     for (store, path, tool), goal in GOALS.items():
         if not any(r[:3] == (store, path, tool) for r in rows):
@@ -294,8 +307,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entities", type=int, default=10_000)
     ap.add_argument("--versions", type=int, default=100)
-    ap.add_argument("--calls", type=int, default=1000, help="calls per tool in-process")
-    ap.add_argument("--http-calls", type=int, default=300, help="calls per tool over MCP HTTP")
+    ap.add_argument("--calls", type=int, default=400, help="calls per tool and round in-process")
+    ap.add_argument("--http-calls", type=int, default=150, help="calls per tool and round over MCP HTTP")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds; each figure is the median over them")
     ap.add_argument("--redis", default=os.environ.get("KEEL_REDIS_URL"), help="Redis URL (env KEEL_REDIS_URL)")
     ap.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory store")
     ap.add_argument("--no-http", dest="http", action="store_false", help="skip the MCP HTTP rows")
