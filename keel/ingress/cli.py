@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from keel.cartridge import load_cartridge
@@ -146,31 +145,6 @@ def cmd_webhook(args: argparse.Namespace) -> int:
                                     TopicSpec(args.partitions, args.replication_factor), log, args.progress))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """These commands alone, with keel's exit codes (until they are listed in keel.cli.EXTENSION_MODULES)."""
-    from keel.cli import KeelArgumentParser
-    from keel.errors import CartridgeInvalid, KeelError
-
-    parser = KeelArgumentParser(prog="keel")
-    register(parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=KeelArgumentParser))
-    args = parser.parse_args(argv)
-    if not getattr(args, "run", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.run(args) or 0)
-    except CartridgeInvalid as e:
-        print(f"keel: {e}", file=sys.stderr)
-        return 2
-    except UsageError as e:
-        print(f"keel: {e}", file=sys.stderr)
-        return 2
-    except KeelError as e:
-        print(f"keel: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
-
 if __name__ == "__main__":
+    from keel.cli import main  # the whole `keel` command line: these commands are registered in it
     raise SystemExit(main())
