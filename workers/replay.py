@@ -21,7 +21,7 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -341,30 +341,36 @@ class Replayer:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     async def _retry(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        deadline = time.monotonic() + self.options.retry_for_s
-        delay = 0.2
+        waits = self._waits()
         while True:
             try:
                 return await fn(*args)
             except (KafkaUnavailable, StoreUnavailable) as e:
-                if time.monotonic() + delay > deadline:
-                    raise
-                self.progress.note(f"{what} failed, retrying in {delay:.1f}s: {e}")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                await asyncio.sleep(self._wait_or_raise(waits, what, e))
 
     def _retry_sync(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        deadline = time.monotonic() + self.options.retry_for_s
-        delay = 0.2
+        waits = self._waits()
         while True:
             try:
                 return fn(*args)
             except StoreUnavailable as e:
-                if time.monotonic() + delay > deadline:
-                    raise
-                self.progress.note(f"{what} failed, retrying in {delay:.1f}s: {e}")
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                time.sleep(self._wait_or_raise(waits, what, e))
+
+    def _waits(self) -> Iterator[float]:
+        """The waits between tries of one operation: 0.2 s doubling up to 5 s, for `retry_for_s` in all."""
+        deadline = time.monotonic() + self.options.retry_for_s
+        delay = 0.2
+        while time.monotonic() + delay <= deadline:
+            yield delay
+            delay = min(delay * 2, 5.0)
+
+    def _wait_or_raise(self, waits: Iterator[float], what: str, error: KeelError) -> float:
+        """The next wait after `error` (said on the progress line), or `error` raised once time is up."""
+        delay = next(waits, None)
+        if delay is None:
+            raise error
+        self.progress.note(f"{what} failed, retrying in {delay:.1f}s: {error}")
+        return delay
 
     def close(self) -> None:
         self._planner.shutdown(wait=True)
