@@ -875,19 +875,21 @@ class RedisStore(Store):
             self._load_pv_lengths(pending)
             for _ in range(_RETRIES):
                 tries: list[str] = []
-
-                def calls(steps: list[_Pending] = pending, tries: list[str] = tries
-                          ) -> Iterator[tuple[list[str], list[Any]]]:
-                    for p in steps:          # encoded while the server runs the steps sent before
-                        keys, args, d = self._attempt(p)
-                        tries.append(d)
-                        yield keys, args
-                results = self._eval_many(self._apply, list(calls()) if len(pending) == 1 else calls())
+                calls = self._attempts(pending, tries)
+                results = self._eval_many(self._apply, list(calls) if len(pending) == 1 else calls)
                 pending = [p for p, d, result in zip(pending, tries, results) if not self._settle(p, d, result)]
                 if not pending:
                     return
         raise StoreUnavailable(f"could not apply a batch of tenant {pending[0].tenant!r}: it kept conflicting "
                                f"with other writers", tenant=pending[0].tenant)
+
+    def _attempts(self, pending: list[_Pending], tries: list[str]) -> Iterator[tuple[list[str], list[Any]]]:
+        """The APPLY (keys, args) of each step, encoded as they are sent (the server runs the steps sent
+        before meanwhile); the data prefix each was planned on goes to `tries`."""
+        for p in pending:
+            keys, args, d = self._attempt(p)
+            tries.append(d)
+            yield keys, args
 
     def _load_pv_lengths(self, pending: list[_Pending]) -> None:
         """The provenance list lengths this client does not know yet, in one round trip (the APPLY
