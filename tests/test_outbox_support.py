@@ -3,10 +3,7 @@ the relay and the webhook as subprocesses, outbox writers, and reading a topic b
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from test_workers_support import KeelProcess, wait_until  # noqa: F401 - shared with the outbox tests
+from test_workers_support import keel as ingress_cli  # noqa: F401 - `keel outbox …`, `keel webhook …`
 from test_workers_support import read_until as read_topic  # noqa: F401
 from test_workers_support import unique_cartridge as _unique_cartridge
 
@@ -46,15 +44,6 @@ def fresh_schema(dsn: str) -> Iterator[str]:
     yield schema
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-
-
-def ingress_cli(*args: str, env: dict[str, str], check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run `python -m keel.ingress.cli ...` (the same commands `keel` gets through EXTENSION_MODULES)."""
-    proc = subprocess.run([sys.executable, "-m", "keel.ingress.cli", *args], check=False, capture_output=True,
-                          text=True, env={**os.environ, **env}, cwd=ROOT, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"keel {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 class Background(KeelProcess):
