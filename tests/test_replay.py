@@ -38,6 +38,16 @@ def env() -> dict[str, str]:
     return services_env()
 
 
+def ingest(cartridge: Path, events: Path, env: dict[str, str], log: Path) -> None:
+    """Publish `events` and let a worker apply all of them, then stop it."""
+    keel("publish", str(cartridge), str(events), "--quiet", env=env)
+    worker = WorkerProcess([cartridge], env, log)
+    try:
+        wait_applied(cartridge, env, count_lines(events), worker)
+    finally:
+        worker.terminate()
+
+
 def _only_current_generation(keys: dict[str, object], namespace: str, tenant: str, gen: int) -> None:
     base = f"keel:{{{namespace}/{tenant}}}:"
     stray = [k for k in keys if k not in (base + "gen", base + "gseq") and not k.startswith(f"{base}g{gen}:")]
@@ -83,12 +93,7 @@ def test_replay_killed_midway_leaves_the_served_graph_and_a_rerun_completes(tmp_
     cartridge = unique_cartridge(tmp_path, "finance")
     ns = load_cartridge(cartridge).name
     events = finance_file(tmp_path / "events.jsonl", {TARGET: 20000, "hogar-b": 500}, debts=100)
-    keel("publish", str(cartridge), str(events), "--quiet", env=env)
-    worker = WorkerProcess([cartridge], env, tmp_path / "worker.log")
-    try:
-        wait_applied(cartridge, env, count_lines(events), worker)
-    finally:
-        worker.terminate()
+    ingest(cartridge, events, env, tmp_path / "worker.log")
     expected = embedded_digests(load_cartridge(cartridge), events)
     assert redis_digests(cartridge, env, expected) == expected
     served = tenant_keys(env["KEEL_REDIS_URL"], ns, TARGET)
@@ -127,12 +132,7 @@ HANDLER_EDIT = '''
 def test_replay_applies_a_changed_handler(tmp_path: Path, env: dict[str, str]) -> None:
     cartridge = unique_cartridge(tmp_path, "finance")
     events = cartridge / "events.jsonl"
-    keel("publish", str(cartridge), str(events), "--quiet", env=env)
-    worker = WorkerProcess([cartridge], env, tmp_path / "worker.log")
-    try:
-        wait_applied(cartridge, env, count_lines(events), worker)
-    finally:
-        worker.terminate()
+    ingest(cartridge, events, env, tmp_path / "worker.log")
     before = embedded_digests(load_cartridge(cartridge), events)
     tenant = next(iter(before))
     assert redis_digests(cartridge, env, [tenant]) == {tenant: before[tenant]}
