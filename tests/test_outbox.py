@@ -19,6 +19,7 @@ from test_outbox_support import (
     ingress_cli,
     ingress_env,
     insert,
+    insert_all,
     read_topic,
     sample_envelopes,
     services,
@@ -230,9 +231,7 @@ def test_bad_rows_go_to_the_dead_letter_topic_and_never_block(env: dict[str, str
     good = sample_envelopes()
     bad = [{**good[0], "id": "bad-type", "type": "debt.vanished"}, {"id": "bad-shape", "tenant": "hogar-demo"},
            {**good[1], "id": "bad-payload", "payload": {**good[1]["payload"], "balance_cop": "a lot"}}]
-    with psycopg.connect(env["KEEL_POSTGRES_DSN"], autocommit=True) as conn:
-        for e in good[:3] + bad + good[3:]:
-            insert(conn, schema, e)
+    insert_all(env["KEEL_POSTGRES_DSN"], schema, good[:3] + bad + good[3:])
     out = ingress_cli("outbox", "relay", str(folder), "--schema", schema, "--once", "--batch", "4", env=env)
     assert f"relayed {len(good)} event(s), 3 dead letter(s)" in out.stderr
     events = read_topic(env["KEEL_KAFKA_BOOTSTRAP"], cartridge.topic, until=lambda r: len(r) >= len(good))
@@ -269,16 +268,12 @@ def test_prune_deletes_only_what_every_relay_has_relayed(env: dict[str, str], sc
     folder = unique_cartridge(tmp_path)
     ingress_cli("outbox", "init", "--schema", schema, env=env)
     envelopes = sample_envelopes()
-    with psycopg.connect(env["KEEL_POSTGRES_DSN"], autocommit=True) as conn:
-        for e in envelopes:
-            insert(conn, schema, e)
+    insert_all(env["KEEL_POSTGRES_DSN"], schema, envelopes)
     ingress_cli("outbox", "relay", str(folder), "--schema", schema, "--once", "--name", "a", "--batch", "5", env=env)
     ingress_cli("outbox", "relay", str(folder), "--schema", schema, "--once", "--name", "b", "--batch", "5",
                 "--prune", env=env)
     assert len(committed_rows(env["KEEL_POSTGRES_DSN"], schema)) == 0       # both relays are past every row
-    with psycopg.connect(env["KEEL_POSTGRES_DSN"], autocommit=True) as conn:
-        for e in envelopes[:3]:
-            insert(conn, schema, {**e, "id": e["id"] + "-2"})
+    insert_all(env["KEEL_POSTGRES_DSN"], schema, [{**e, "id": e["id"] + "-2"} for e in envelopes[:3]])
     ingress_cli("outbox", "relay", str(folder), "--schema", schema, "--once", "--name", "b", "--prune", env=env)
     assert len(committed_rows(env["KEEL_POSTGRES_DSN"], schema)) == 3       # relay a has not relayed them yet
 
@@ -297,9 +292,7 @@ def test_a_crash_between_the_ack_and_the_cursor_write_resends_never_loses(env: d
     cartridge = load_cartridge(folder)
     ingress_cli("outbox", "init", "--schema", schema, env=env)
     envelopes = sample_envelopes()
-    with psycopg.connect(env["KEEL_POSTGRES_DSN"], autocommit=True) as conn:
-        for e in envelopes:
-            insert(conn, schema, e)
+    insert_all(env["KEEL_POSTGRES_DSN"], schema, envelopes)
     tables = OutboxTables(schema=schema)
     with pytest.raises(OutboxUnavailable):
         asyncio.run(run_relay(cartridge, lambda: CrashAfterAck(env["KEEL_POSTGRES_DSN"], tables),

@@ -73,6 +73,13 @@ def insert(conn: psycopg.Connection, schema: str, envelope: dict[str, Any] | str
     conn.execute(f"INSERT INTO {schema}.keel_outbox (envelope) VALUES (%s::jsonb)", (text,))
 
 
+def insert_all(dsn: str, schema: str, envelopes: list[dict[str, Any] | str]) -> None:
+    """Each envelope in an outbox row of its own transaction (autocommit), in order."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for envelope in envelopes:
+            insert(conn, schema, envelope)
+
+
 def committed_rows(dsn: str, schema: str) -> list[dict[str, Any]]:
     """Every envelope in the outbox in relay order, (xid, position)."""
     with psycopg.connect(dsn) as conn:
