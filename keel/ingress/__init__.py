@@ -7,3 +7,5 @@
 Both check every envelope with the cartridge's catalog and produce its canonical form to
 `keel.<cartridge>.events` (key = tenant, acks=all); the core's contracts are unchanged.
 """
+
+DEFAULT_TABLE = "keel_outbox"      # the outbox table name when none is given

@@ -10,13 +10,17 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from keel.cartridge import load_cartridge
 from keel.cli import positive_int
 from keel.config import resolve
 from keel.errors import UsageError
 
-from .outbox import DEFAULT_TABLE, OutboxTables, init_outbox
+from . import DEFAULT_TABLE
+
+if TYPE_CHECKING:
+    from .outbox import OutboxTables
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -93,10 +97,12 @@ def dsn_of(args: argparse.Namespace) -> str:
 
 
 def tables_of(args: argparse.Namespace) -> OutboxTables:
+    from .outbox import OutboxTables  # psycopg is imported only by the commands that need it
     return OutboxTables(table=args.table, schema=args.schema)
 
 
 def cmd_outbox_init(args: argparse.Namespace) -> int:
+    from .outbox import init_outbox
     tables = tables_of(args)
     problems = init_outbox(dsn_of(args), tables)
     for problem in problems:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from . import DEFAULT_TABLE
 from .errors import OutboxMissing, OutboxUnavailable
 
-DEFAULT_TABLE = "keel_outbox"
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,55}$")
 EXPECTED_COLUMNS = {"position": "bigint", "envelope": "jsonb", "xid": "xid8",
                     "created_at": "timestamp with time zone"}
