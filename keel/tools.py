@@ -13,7 +13,7 @@ from .errors import NoteRefused, UnknownEntity, UsageError
 from .eventlog import EventLog
 from .notes import NotePolicy
 from .search import BM25Index
-from .store.base import GLOBAL_TENANT, Store, ViewRequest, scope_key
+from .store.base import GLOBAL_TENANT, Store, ViewRequest, of_relation, scope_key
 from .times import Micros, format_time, now_micros, parse_time
 
 MAX_LIMIT = 100
@@ -91,9 +91,10 @@ class Tools:
         """Relations valid at `at` with the entity at either end."""
         entity = _entity_arg(entity)
         t = _time_arg(at, "at")
-        self._require(entity, None)
-        return self.store.relations(self.tenant, entity, rel=_opt_text(relation, "relation"),
-                                    at=t if t is not None else self.clock())
+        view = self.store.view(self.tenant, entity, at=t if t is not None else self.clock(), parts="r")
+        if view is None:                    # the view tells an unknown entity: no existence check first
+            raise UnknownEntity(self.tenant, entity)
+        return of_relation(view.relations, _opt_text(relation, "relation"))
 
     # ---- the writer -------------------------------------------------------------------------
 

@@ -149,6 +149,11 @@ def entity_view(entity: str, points: Iterable[tuple[Key, Version | None]],
     return EntityView(info, [fact_result(key, v) for key, v in facts], [relation_result(key, v) for key, v in rels])
 
 
+def of_relation(relations: list[dict[str, Any]], rel: str | None) -> list[dict[str, Any]]:
+    """The relation results named `rel` (all of them when None)."""
+    return relations if rel is None else [r for r in relations if r["relation"] == rel]
+
+
 class Store(ABC):
     """A per-tenant bitemporal graph. Subclasses implement the primitives marked abstract."""
 
@@ -322,9 +327,7 @@ class Store(ABC):
         """Relation versions valid at `at` with the entity at either end, by (relation, subject, object).
         Adjacent versions of one triple are coalesced: linking again while linked changes nothing visible."""
         v = self.view(tenant, entity, at=at, known_at=known_at, parts="r")
-        if v is None:
-            return []
-        return v.relations if rel is None else [r for r in v.relations if r["relation"] == rel]
+        return [] if v is None else of_relation(v.relations, rel)
 
     def history(self, tenant: str, entity: str, *, predicate: str | None = None,
                 known_at: object | None = None, scopes: Iterable[str] | None = None) -> list[dict[str, Any]]:
