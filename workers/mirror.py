@@ -18,7 +18,6 @@ as each write is planned.
 """
 from __future__ import annotations
 
-import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -265,6 +264,17 @@ class RecordingStore(MemoryStore):
         if stale and self.reload is not None:
             self._stale.add(tenant)
 
+    def _read(self, tenant: str) -> Any:
+        """Every read of the store sees the tenant materialized."""
+        if tenant in self._waiting or tenant in self._stale:
+            self.materialize(tenant)
+        return super()._read(tenant)
+
+    def tenants(self) -> list[str]:
+        for tenant in list(self._waiting.keys() | self._stale):
+            self.materialize(tenant)
+        return super().tenants()
+
     def drop(self, tenant: str) -> None:
         self._forget(tenant)
         super().drop(tenant)
@@ -274,28 +284,3 @@ class RecordingStore(MemoryStore):
         self._waiting_ids.pop(tenant, None)
         self._stale.discard(tenant)
         self._live.discard(tenant)
-
-
-_NOT_READS = {"apply_writes", "has_event", "load", "drop", "close", "batch", "upsert_entity", "link", "unlink",
-              "open_fact", "close_fact"}
-
-
-def _materializing(name: str) -> Callable[..., Any]:
-    read = getattr(MemoryStore, name)
-
-    @functools.wraps(read)
-    def method(self: RecordingStore, *args: Any, **kwargs: Any) -> Any:
-        if self._waiting or self._stale:
-            tenant = args[0] if args else kwargs.get("tenant")
-            for t in ([tenant] if isinstance(tenant, str) else list(self._waiting.keys() | self._stale)):
-                if t in self._waiting or t in self._stale:
-                    self.materialize(t)
-        return read(self, *args, **kwargs)
-    return method
-
-
-# Every other public method of the store reads: it sees the tenant materialized (methods added to
-# MemoryStore or Store later are covered too).
-for _name in dir(MemoryStore):
-    if not _name.startswith("_") and _name not in _NOT_READS and callable(getattr(MemoryStore, _name)):
-        setattr(RecordingStore, _name, _materializing(_name))

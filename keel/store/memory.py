@@ -31,6 +31,14 @@ class MemoryStore(Store):
             g = self._tenants[tenant] = _TenantGraph()
         return g
 
+    def _read(self, tenant: str) -> _TenantGraph | None:
+        """The graph every read method sees (subclasses may bring it up to date first); None if unknown."""
+        return self._tenants.get(tenant)
+
+    def _timelines(self, tenant: str) -> dict[Key, Timeline]:
+        g = self._read(tenant)
+        return {} if g is None else g.timelines
+
     def apply_writes(self, tenant: str, writes: list[Write], event_id: str | None = None) -> None:
         g = self._graph(tenant)
         if event_id is not None and event_id in g.events:
@@ -68,48 +76,48 @@ class MemoryStore(Store):
                 first[entity] = recorded_at
 
     def has_event(self, tenant: str, event_id: str) -> bool:
-        g = self._tenants.get(tenant)
+        g = self._tenants.get(tenant)           # event ids only: never needs the timelines up to date
         return g is not None and event_id in g.events
 
     def entity_recorded_at(self, tenant: str, entity: str) -> Micros | None:
-        g = self._tenants.get(tenant)
+        g = self._read(tenant)
         return None if g is None else g.first_recorded.get(entity)
 
     def keys(self, tenant: str, entity: str) -> list[Key]:
-        g = self._tenants.get(tenant)
+        g = self._read(tenant)
         if g is None:
             return []
         return list(g.by_entity.get(entity, ()))
 
     def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
                    known_at: Micros | None) -> list[Version | None]:
-        timelines = self._graph(tenant).timelines
+        timelines = self._timelines(tenant)
         return [timelines[k].as_of(at, known_at) if k in timelines else None for k in keys]
 
     def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
-        timelines = self._graph(tenant).timelines
+        timelines = self._timelines(tenant)
         return [timelines[k].versions(known_at) if k in timelines else [] for k in keys]
 
     def runs_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
-        timelines = self._graph(tenant).timelines
+        timelines = self._timelines(tenant)
         return [timelines[k].runs(known_at) if k in timelines else [] for k in keys]
 
     def tenants(self) -> list[str]:
         return sorted(t for t, g in self._tenants.items() if g.events or g.timelines)
 
     def dump(self, tenant: str) -> Iterator[tuple[Key, list[Assertion]]]:
-        g = self._tenants.get(tenant)
+        g = self._read(tenant)
         if g is None:
             return
         for key in sorted(g.timelines):
             yield key, list(g.timelines[key].assertions())
 
     def event_ids(self, tenant: str) -> list[str]:
-        g = self._tenants.get(tenant)
+        g = self._read(tenant)
         return sorted(g.events) if g else []
 
     def search_version(self, tenant: str) -> object:
-        g = self._tenants.get(tenant)
+        g = self._read(tenant)
         return None if g is None else g.generation
 
     def load(self, tenant: str, timelines: Iterator[tuple[Key, list[Assertion]]], event_ids: list[str]) -> None:
