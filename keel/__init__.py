@@ -12,6 +12,7 @@ from .errors import (
     NoteRefused,
     StoreUnavailable,
     UnknownEntity,
+    UnknownTenant,
     UsageError,
 )
 from .projector import Projector
@@ -22,4 +23,5 @@ from .tools import Tools
 
 __all__ = ["BadTime", "Cartridge", "CartridgeInvalid", "DomainError", "Envelope", "EnvelopeRejected", "Event",
            "HandlerFailed", "KeelError", "MemoryStore", "NoteRefused", "Projector", "Registry", "Store",
-           "StoreUnavailable", "Tools", "UnknownEntity", "UsageError", "digest", "load_cartridge"]
+           "StoreUnavailable", "Tools", "UnknownEntity", "UnknownTenant",
+           "UsageError", "digest", "load_cartridge"]

@@ -14,7 +14,7 @@ from .cartridge import Cartridge, load_cartridge
 from .config import Settings, resolve
 from .digest import digest
 from .embedded import build_embedded, print_reject, replay_file
-from .errors import CartridgeInvalid, DomainError, KeelError, UsageError
+from .errors import CartridgeInvalid, DomainError, KeelError, UnknownTenant, UsageError
 from .eventlog import FileLog
 from .projector import Projector
 from .store.base import Store
@@ -27,7 +27,7 @@ EXTENSION_MODULES: tuple[str, ...] = ("workers.cli", "tools_server.cli", "keel.i
 QUERY_HELP = {
     "context": "an entity as of a world time and a knowledge time: labels, facts, relations, rules",
     "history": "every version of an entity's facts, closed and corrected ones included",
-    "search": "find entities by words in their ids, types and labels (BM25)",
+    "search": "find entities by words of their ids, types, labels and visible notes, any script (BM25)",
     "related": "relations of an entity, either direction",
     "annotate": "write a note (agent memory) on an entity; appended to the events file",
 }
@@ -81,8 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = query("search", cmd_search, "QUERY")
     q.add_argument("--type", help="only entities of this type")
     q.add_argument("--limit", type=int, default=10, help="at most N results (default 10)")
+    q.add_argument("--at", help="world time: the labels and notes entities had then (default now)")
+    q.add_argument("--known-at", help="knowledge time: as known then (default now)")
     q = query("related", cmd_related, "ENTITY [RELATION]")
     q.add_argument("--at", help="world time (default now)")
+    q.add_argument("--known-at", help="knowledge time (default now)")
     q = query("annotate", cmd_annotate, "ENTITY PREDICATE VALUE")
     q.add_argument("--scope", required=True, choices=("global", "tenant", "task", "agent"),
                    help="who sees the note: tenant (everyone), task, agent (only you), global (operator-enabled)")
@@ -173,8 +176,7 @@ class Session:
             self.events_path = Path(rest.pop(0))
             if not self.events_path.is_file():
                 raise UsageError(f"events file {self.events_path} not found")
-            projector, report = build_embedded(self.cartridge, self.events_path,
-                                               allow_global_notes=settings.allow_global_notes)
+            projector, report = build_embedded(self.cartridge, self.events_path, allow_global_notes=True)
             self.store = projector.store
             self.log = FileLog(projector, self.events_path)
             tenants = sorted(report.tenants)
@@ -264,13 +266,14 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     with Session(args) as s:
         query = " ".join(s.rest)
-        return emit(args, s.tools.search(query, type=args.type, limit=args.limit), render.search)
+        return emit(args, s.tools.search(query, type=args.type, limit=args.limit, at=args.at,
+                                         known_at=args.known_at), render.search)
 
 
 def cmd_related(args: argparse.Namespace) -> int:
     with Session(args) as s:
         entity, relation = take(s.rest, "ENTITY RELATION", optional=1)
-        relations = s.tools.related(entity, relation=relation, at=args.at)
+        relations = s.tools.related(entity, relation=relation, at=args.at, known_at=args.known_at)
         return emit(args, {"entity": entity, "relations": relations}, render.related)
 
 
@@ -303,7 +306,12 @@ def cmd_digest(args: argparse.Namespace) -> int:
     else:
         projector, report = build_embedded(cartridge, args.events)
         store, tenant = projector.store, pick_tenant(args.tenant, sorted(report.tenants))
-    print(digest(store, tenant))
+    try:
+        if not store.has_tenant(tenant):
+            raise UnknownTenant(tenant)
+        print(digest(store, tenant))
+    finally:
+        store.close()
     return 0
 
 

@@ -62,6 +62,14 @@ class UnknownEntity(DomainError, LookupError):
         self.entity = entity
 
 
+class UnknownTenant(DomainError, LookupError):
+    """No event of the tenant has been applied: nothing is known about it (a typo, or nothing ingested yet)."""
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(f"unknown tenant {tenant!r}: no event of it has been applied")
+        self.tenant = tenant
+
+
 class NoteRefused(DomainError, PermissionError):
     """annotate refused by the memory policy; nothing was written."""
 

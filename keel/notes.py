@@ -1,6 +1,8 @@
 """Agent memory policy (DESIGN §5): scopes, evidence, TTLs, visibility, global notes."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .cartridge import Cartridge
 from .envelope import ENTITY
 from .errors import NoteRefused
@@ -8,6 +10,8 @@ from .store.base import GLOBAL_TENANT, EntityView, Store, ViewRequest, Write
 from .times import Micros
 
 SCOPES = ("global", "tenant", "task", "agent")
+GLOBAL_SOURCE = "global"
+ANONYMOUS = {"source": GLOBAL_SOURCE, "evidence": None, "by": None}
 
 
 class NotePolicy:
@@ -29,12 +33,6 @@ class NotePolicy:
 
         if scope not in SCOPES:
             raise refuse(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
-        if scope in self.cartridge.spec.memory.requires_evidence:
-            if not evidence:
-                raise refuse(f"scope {scope} requires evidence: pass the id of the event that supports it "
-                             f"(see `evidence` in context or history)")
-            if not self.store.has_event(tenant, evidence):
-                raise refuse(f"evidence {evidence!r} is not an event of this tenant")
         if scope == "global":
             if not self.allow_global:
                 raise refuse("global notes are disabled by the operator")
@@ -42,13 +40,40 @@ class NotePolicy:
             spec = self.cartridge.spec
             if not ((kind == "type" and name in spec.entities) or (kind == "rule" and name in spec.rules)):
                 raise refuse("global notes attach to type:<entity type> or rule:<rule name> of the cartridge")
-            return
-        if scope == "task" and not task:
-            raise refuse("a task-scope note needs a task id (--task, or the server's task binding)")
-        if scope == "agent" and not agent:
-            raise refuse("an agent-scope note needs an agent id (--agent, or the server's agent binding)")
-        if not self.store.exists(tenant, entity):
+        elif scope == "task" and not task:
+            raise refuse("a task-scope note needs a task binding (--task, or the token's task); "
+                         "this caller is bound to no task")
+        elif scope == "agent" and not agent:
+            raise refuse("an agent-scope note needs an agent binding (--agent, or the token's agent)")
+        elif not self.store.exists(tenant, entity):
             raise refuse("unknown entity; notes attach to entities of the graph (try search)")
+        if scope in self.cartridge.spec.memory.requires_evidence:
+            self._check_evidence(tenant, entity, evidence, refuse)
+
+    def _check_evidence(self, tenant: str, entity: str, evidence: str | None,
+                        refuse: Callable[[str], NoteRefused]) -> None:
+        """Evidence is a domain event of this tenant, not retracted, whose writes touched the entity (for
+        type:<t> / rule:<r>, an entity of that type / of a type the rule applies to)."""
+        kind, _, name = entity.partition(":")
+        if kind == "type":
+            types, what = [name], f"an entity of type {name}"
+        elif kind == "rule" and name in self.cartridge.spec.rules:
+            types = [self.cartridge.spec.rules[name].applies_to]
+            what = f"an entity of type {' or '.join(types)}"
+        else:
+            types, what = [], entity
+        wanted = (f"the id of a domain event of tenant {tenant!r} whose writes touched {what} "
+                  f"(an `evidence` of its facts in context or history; a note or a retracted event is no evidence)")
+        if not evidence:
+            raise refuse(f"this scope requires evidence: pass {wanted}")
+        if not self.store.has_event(tenant, evidence):
+            raise refuse(f"evidence {evidence!r} is not an event of this tenant; pass {wanted}")
+        if self.store.event_retracted(tenant, evidence):
+            raise refuse(f"evidence {evidence!r} was retracted; pass {wanted}")
+        touched = (any(self.store.event_touched(tenant, evidence, type=t) for t in types) if types
+                   else self.store.event_touched(tenant, evidence, entity=entity))
+        if not touched:
+            raise refuse(f"evidence {evidence!r} wrote nothing about {what}; pass {wanted}")
 
     @staticmethod
     def visible_scopes(*, task: str | None, agent: str | None) -> list[str]:
@@ -72,5 +97,11 @@ class NotePolicy:
 
     @staticmethod
     def global_notes(views: list[EntityView | None]) -> list[dict]:
-        """The notes (fact objects) of the views `global_note_views` asked for."""
-        return [fact for view in views if view is not None for fact in view.facts]
+        """The notes (fact objects) of the views `global_note_views` asked for, attributed as global: they are
+        read in every tenant, so they carry nothing of the tenant that wrote them (event id, agent, source)."""
+        return [anonymous(fact) for view in views if view is not None for fact in view.facts]
+
+
+def anonymous(fact: dict) -> dict:
+    """A global note's fact object without the writing tenant's identifiers, attributed as global."""
+    return {**fact, **ANONYMOUS, "corrected_by": fact["corrected_by"] and GLOBAL_SOURCE}

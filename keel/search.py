@@ -1,65 +1,231 @@
-"""BM25 over a tenant's entities (ids, types, labels); rebuilt lazily when the tenant changes."""
+"""Search over a tenant's entities: ids, types, labels and notes, at any world time as known at any time.
+
+Tokens (`tokens`, `query_tokens`): any script. Words are case-folded (NFKC + casefold) and, for Latin
+letters, accent-folded (José = jose); runs of scripts written without spaces between words (Han, kana,
+Thai, Lao, Khmer, Myanmar) are indexed as their overlapping character bigrams and single characters, so any
+two consecutive characters of a name match it (李小龙 is found by 小龙). Script classes come from the
+`regex` module's Unicode Script_Extensions properties (maintained with Unicode) rather than from code
+point ranges written here.
+
+The index holds *segments*: the text of one version of a label or a note, with the rectangle of world
+time × knowledge time in which that version is what the graph shows (derived with keel.timeline's fold,
+so it agrees with `context`), and for notes the scope key that decides who may see them. A query keeps the
+segments visible at (at, known_at) to the caller's scopes and ranks entities by BM25 over them.
+"""
 from __future__ import annotations
 
+import json
 import math
-import re
 import unicodedata
-from collections import Counter
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
-_WORD = re.compile(r"[a-z0-9]+")
+import regex
+
+from .store.base import REF_LABEL, Key
+from .timeline import Assertion, Timeline
+from .times import Micros
+
 K1, B = 1.2, 0.75
+NEVER = 1 << 62            # an open end of an interval (valid_to None, not superseded)
+_UNSEGMENTED = (r"\p{scx=Han}\p{scx=Hiragana}\p{scx=Katakana}\p{scx=Thai}\p{scx=Lao}\p{scx=Khmer}"
+                r"\p{scx=Myanmar}")
+_RUNS = regex.compile(rf"(?P<u>[{_UNSEGMENTED}]+)|(?P<w>[[\p{{L}}\p{{M}}\p{{N}}]--[{_UNSEGMENTED}]]+)", regex.V1)
+_LATIN_MARKS = regex.compile(r"(?<=\p{Latin})\p{Mn}+")
+_LATIN_EXTRA = str.maketrans({"ø": "o", "đ": "d", "ł": "l", "æ": "ae", "œ": "oe", "ı": "i", "ŧ": "t", "ħ": "h"})
+
+
+def _fold(word: str) -> str:
+    """Latin accents off (NFKD, combining marks after a Latin letter dropped, NFC again)."""
+    if word.isascii():
+        return word
+    stripped = _LATIN_MARKS.sub("", unicodedata.normalize("NFKD", word))
+    return unicodedata.normalize("NFC", stripped).translate(_LATIN_EXTRA)
+
+
+def _runs(text: str) -> Iterator[tuple[bool, str]]:
+    for m in _RUNS.finditer(unicodedata.normalize("NFKC", text).casefold()):
+        unsegmented = m.group("u")
+        yield (True, unsegmented) if unsegmented else (False, _fold(m.group("w")))
 
 
 def tokens(text: str) -> list[str]:
-    """Lowercase, accents folded, split on anything that is not a letter or digit."""
-    folded = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode().lower()
-    return _WORD.findall(folded)
+    """Index tokens: folded words; for unsegmented runs every bigram and every character."""
+    out: list[str] = []
+    for unsegmented, run in _runs(text):
+        if unsegmented:
+            out += [run[i:i + 2] for i in range(len(run) - 1)]
+            out += list(run)
+        else:
+            out.append(run)
+    return out
 
 
-def _label_text(value: Any) -> str:
+def query_tokens(text: str) -> list[str]:
+    """Query tokens: folded words; unsegmented runs as their bigrams (one character alone as itself)."""
+    out: list[str] = []
+    for unsegmented, run in _runs(text):
+        if unsegmented and len(run) > 1:
+            out += [run[i:i + 2] for i in range(len(run) - 1)]
+        else:
+            out.append(run)
+    return list(dict.fromkeys(out))
+
+
+def value_text(value: Any) -> str:
+    """The searchable text of a JSON value (strings of lists and objects joined)."""
     if isinstance(value, (list, tuple)):
-        return " ".join(_label_text(v) for v in value)
+        return " ".join(value_text(v) for v in value)
     if isinstance(value, dict):
-        return " ".join(_label_text(v) for v in value.values())
-    return str(value)
+        return " ".join(value_text(v) for v in value.values())
+    return "" if value is None else str(value)
 
 
-class BM25Index:
-    """An immutable BM25 index over (entity, type, labels) documents, with postings lists so a query
-    scores only the documents that contain one of its words."""
+class Rectangle(NamedTuple):
+    """A value shown for valid times [valid_from, valid_to) by every knowledge time in [known_from, known_to)."""
+    value: Any
+    valid_from: Micros
+    valid_to: Micros
+    known_from: Micros
+    known_to: Micros
 
-    def __init__(self, documents: Iterable[tuple[str, str, dict[str, Any]]]) -> None:
-        self.docs: list[tuple[str, str, dict[str, Any]]] = []
-        self.lengths: list[int] = []
-        self.postings: dict[str, list[tuple[int, int]]] = {}
-        for i, (entity, etype, labels) in enumerate(documents):
-            words = tokens(entity.replace(":", " ")) + tokens(etype)
-            for value in labels.values():
-                words += tokens(_label_text(value))
-            self.docs.append((entity, etype, labels))
-            self.lengths.append(len(words))
-            for term, tf in Counter(words).items():
-                self.postings.setdefault(term, []).append((i, tf))
-        self.avg = (sum(self.lengths) / len(self.lengths)) if self.lengths else 0.0
 
-    def search(self, query: str, *, type: str | None = None, limit: int = 10) -> list[dict[str, Any]]:
-        terms = list(dict.fromkeys(tokens(query)))
-        n = len(self.docs)
-        if not terms or not n:
+def rectangles(assertions: Iterable[Assertion]) -> list[Rectangle]:
+    """Every version of a timeline with the knowledge interval in which it was believed (keel.timeline's fold
+    at each distinct recorded_at, equal versions of consecutive knowledge times merged)."""
+    tl = Timeline()
+    for a in assertions:
+        tl.add(a)
+    out: list[Rectangle] = []
+    open_: dict[tuple[str, Micros, Micros], Rectangle] = {}
+    for known in sorted({a.recorded_at for a in tl.assertions()}):
+        seen = set()
+        for v in tl.versions(known):
+            end = NEVER if v.valid_to is None else v.valid_to
+            key = (json.dumps(v.assertion.value, sort_keys=True), v.assertion.point, end)
+            seen.add(key)
+            if key not in open_:
+                open_[key] = Rectangle(v.assertion.value, v.assertion.point, end, known, NEVER)
+        for key in [k for k in open_ if k not in seen]:
+            out.append(open_.pop(key)._replace(known_to=known))
+    return out + list(open_.values())
+
+
+SearchEntity = tuple[str, Micros, list[tuple[Key, list[Assertion]]]]   # (entity, first recorded_at, timelines)
+
+
+class SearchIndex:
+    """An immutable BM25 index over segments (id, label versions, note versions), with postings lists so a
+    query looks only at segments containing one of its words."""
+
+    def __init__(self, entities: Iterable[SearchEntity]) -> None:
+        self.names: list[str] = []
+        self.first: list[Micros] = []
+        self.segments: list[list[int]] = []          # entity -> its label and note segments
+        self.starts: list[list[int]] = []            # entity -> segments of its labels (existence)
+        self.id_length: list[int] = []
+        # per segment: entity, scope key ("" for labels), rectangle, label name (None for notes), length
+        self.s_entity: list[int] = []
+        self.s_scope: list[str] = []
+        self.s_rect: list[Rectangle] = []
+        self.s_label: list[str | None] = []
+        self.s_length: list[int] = []
+        self.postings: dict[str, list[tuple[int, int]]] = {}   # term -> (segment, tf); segment -1-e: entity e's id
+        total = 0
+        for e, (entity, first, timelines) in enumerate(entities):
+            self.names.append(entity)
+            self.first.append(first)
+            segs: list[int] = []
+            starts: list[int] = []
+            words = tokens(entity.replace(":", " "))
+            self.id_length.append(len(words))
+            self._post(words, -1 - e)
+            current = len(words)
+            for key, assertions in timelines:
+                kind = key[0]
+                if kind not in "lef" or (kind == "f" and not key[3]):
+                    continue                  # relations and domain facts are not searched
+                label = key[2] if kind == "l" else "" if kind == "e" else None
+                for rect in rectangles(assertions):
+                    s = len(self.s_entity)
+                    text = value_text(rect.value) if kind == "f" or label not in ("", REF_LABEL) else ""
+                    seg_words = tokens(text)
+                    self.s_entity.append(e)
+                    self.s_scope.append(key[3] if kind == "f" else "")
+                    self.s_rect.append(rect)
+                    self.s_label.append(label)
+                    self.s_length.append(len(seg_words))
+                    self._post(seg_words, s)
+                    (starts if kind != "f" else segs).append(s)
+                    if rect.known_to == NEVER and rect.valid_to == NEVER:
+                        current += len(seg_words)
+            self.segments.append(segs + starts)
+            self.starts.append(starts)
+            total += current
+        self.avg = total / len(self.names) if self.names else 0.0
+
+    def _post(self, words: list[str], segment: int) -> None:
+        counts: dict[str, int] = {}
+        for w in words:
+            counts[w] = counts.get(w, 0) + 1
+        for term, tf in counts.items():
+            self.postings.setdefault(term, []).append((segment, tf))
+
+    def _visible(self, s: int, at: Micros, known: Micros, scopes: frozenset[str]) -> bool:
+        r = self.s_rect[s]
+        return (r.valid_from <= at < r.valid_to and r.known_from <= known < r.known_to
+                and self.s_scope[s] in scopes)
+
+    def _exists(self, e: int, at: Micros, known: Micros) -> bool:
+        """Known by `known`, and begun by `at` (a label version valid at or before it), when it has labels."""
+        if self.first[e] > known:
+            return False
+        starts = self.starts[e]
+        if not starts:
+            return True
+        return any(self.s_rect[s].valid_from <= at and self.s_rect[s].known_from <= known < self.s_rect[s].known_to
+                   for s in starts)
+
+    def search(self, query: str, *, at: Micros, known_at: Micros | None, scopes: Iterable[str],
+               type: str | None = None, limit: int = 10) -> list[dict[str, Any]]:
+        """Entities matching the query's words in the text visible at `at` as known at `known_at` to `scopes`
+        (scope keys, "" = labels), best first."""
+        terms = query_tokens(query)
+        known = NEVER - 1 if known_at is None else known_at
+        allowed = frozenset(scopes) | {""}
+        exists: dict[int, bool] = {}
+        hits: dict[int, list[int]] = {}
+        for ti, term in enumerate(terms):
+            for s, tf in self.postings.get(term, ()):
+                e = -1 - s if s < 0 else self.s_entity[s]
+                if type is not None and not self.names[e].startswith(type + ":"):
+                    continue
+                ok = exists.get(e)
+                if ok is None:
+                    ok = exists[e] = self._exists(e, at, known)
+                if not ok or (s >= 0 and not self._visible(s, at, known, allowed)):
+                    continue
+                counts = hits.get(e)
+                if counts is None:
+                    counts = hits[e] = [0] * len(terms)
+                counts[ti] += tf
+        if not hits:
             return []
-        scores: dict[int, float] = {}
-        for term in terms:
-            posting = self.postings.get(term)
-            if not posting:
-                continue
-            df = len(posting)
-            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-            for i, tf in posting:
-                norm = K1 * (1 - B + B * self.lengths[i] / self.avg) if self.avg else K1
-                scores[i] = scores.get(i, 0.0) + idf * tf * (K1 + 1) / (tf + norm)
-        ranked = sorted((-round(score, 6), self.docs[i][0], i) for i, score in scores.items()
-                        if score > 0 and (type is None or self.docs[i][1] == type))
-        return [{"entity": self.docs[i][0], "type": self.docs[i][1], "labels": self.docs[i][2], "score": -s}
-                for s, _, i in ranked[:limit]]
+        n = len(self.names)
+        df = [sum(1 for c in hits.values() if c[ti]) for ti in range(len(terms))]
+        idf = [math.log(1 + (n - d + 0.5) / (d + 0.5)) for d in df]
+        ranked = []
+        for e, counts in hits.items():
+            length = self.id_length[e] + sum(self.s_length[s] for s in self.segments[e]
+                                             if self._visible(s, at, known, allowed))
+            norm = K1 * (1 - B + B * length / self.avg) if self.avg else K1
+            score = sum(idf[ti] * tf * (K1 + 1) / (tf + norm) for ti, tf in enumerate(counts) if tf)
+            ranked.append((-round(score, 6), self.names[e], e))
+        ranked.sort()
+        return [{"entity": name, "type": name.partition(":")[0], "labels": self._labels(e, at, known),
+                 "score": -score} for score, name, e in ranked[:limit]]
+
+    def _labels(self, e: int, at: Micros, known: Micros) -> dict[str, Any]:
+        labels = {self.s_label[s]: self.s_rect[s].value for s in self.starts[e]
+                  if self.s_label[s] not in ("", REF_LABEL) and self._visible(s, at, known, frozenset(("",)))}
+        return dict(sorted(labels.items()))

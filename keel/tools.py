@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .cartridge import Cartridge
 from .envelope import ANNOTATED, ENTITY, TENANT
-from .errors import NoteRefused, UnknownEntity, UsageError
+from .errors import UnknownEntity, UnknownTenant, UsageError
 from .eventlog import EventLog
-from .notes import NotePolicy
-from .search import BM25Index
+from .notes import NotePolicy, anonymous
+from .search import SearchIndex
 from .store.base import GLOBAL_TENANT, Store, ViewRequest, of_relation, scope_key
 from .times import Micros, format_time, now_micros, parse_time
 
@@ -36,7 +36,7 @@ class Tools:
         self.log = log
         self.clock = clock
         self.policy = NotePolicy(cartridge, store, allow_global=allow_global_notes)
-        self._index: tuple[object, BM25Index] | None = None
+        self._index: tuple[object, SearchIndex] | None = None
 
     # ---- readers ----------------------------------------------------------------------------
 
@@ -51,7 +51,7 @@ class Tools:
                                          *self.policy.global_note_views(entity_type, list(rules))],
                                         at=t if t is not None else self.clock(), known_at=k)
         if view is None:
-            raise UnknownEntity(self.tenant, entity)
+            raise self._unknown(entity)
         info = view.info
         facts = view.facts + self.policy.global_notes(notes)
         return {"entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels,
@@ -62,55 +62,69 @@ class Tools:
         """Every version of an entity's facts, closed and corrected ones included, by predicate then valid_from."""
         entity = _entity_arg(entity)
         k = _time_arg(known_at, "known_at")
+        predicate = _opt_text(predicate, "predicate")
         self._require(entity, k)
-        versions = self.store.history(self.tenant, entity, predicate=_opt_text(predicate, "predicate"), known_at=k,
-                                      scopes=self.policy.visible_scopes(task=self.task, agent=self.agent))
+        scopes = self.policy.visible_scopes(task=self.task, agent=self.agent)
+        versions = self.store.history(self.tenant, entity, predicate=predicate, known_at=k, scopes=scopes)
+        if predicate is not None and not versions:
+            names = sorted({v["predicate"] for v in self.store.history(self.tenant, entity, known_at=k,
+                                                                        scopes=scopes)})
+            raise UsageError(f"predicate: {_clip(predicate)} is not a predicate of {entity}; use one of "
+                             f"{', '.join(names) or '(none: it has no facts)'}")
         return {"entity": entity, "versions": versions}
 
-    def search(self, query: str, type: str | None = None, limit: int = 10) -> dict[str, Any]:
-        """BM25 over the tenant's entity ids, types and labels."""
+    def search(self, query: str, type: str | None = None, limit: int = 10, at: str | None = None,
+               known_at: str | None = None) -> dict[str, Any]:
+        """BM25 over the tenant's entity ids, types, labels and the notes this caller may see, as they were at
+        `at` (world time, default now) as known at `known_at` (default now)."""
         if not isinstance(query, str) or not query.strip():
             raise UsageError("query: give one or more words, e.g. a name, a product or an entity type")
         if len(query) > MAX_TEXT:
             raise UsageError(f"query: at most {MAX_TEXT} characters")
-        if type is not None and type not in self.cartridge.spec.entities:
-            raise UsageError(f"type: {type!r} is not an entity type; use one of "
-                             f"{', '.join(sorted(self.cartridge.spec.entities))}")
+        if type is not None:
+            self._name_arg("type", "an entity type", type, self.cartridge.spec.entities)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise UsageError(f"limit: an integer from 1 to {MAX_LIMIT}")
-        results = self._search_index().search(query, type=type, limit=limit)
+        t, k = _time_arg(at, "at"), _time_arg(known_at, "known_at")
+        results = self._search_index().search(
+            query, at=t if t is not None else self.clock(), known_at=k, type=type, limit=limit,
+            scopes=self.policy.visible_scopes(task=self.task, agent=self.agent))
         if results:
             message = f"{len(results)} result{'s' if len(results) != 1 else ''}"
         else:
+            self._require_tenant()
             where = f"{type} entities" if type else "entities"
             message = (f"no {where} match {query!r}; try broader or fewer words (a name, a product, a label) "
                        f"or an entity type such as {', '.join(sorted(self.cartridge.spec.entities))}")
         return {"query": query, "results": results, "message": message}
 
-    def related(self, entity: str, relation: str | None = None, at: str | None = None) -> list[dict[str, Any]]:
-        """Relations valid at `at` with the entity at either end."""
+    def related(self, entity: str, relation: str | None = None, at: str | None = None,
+                known_at: str | None = None) -> list[dict[str, Any]]:
+        """Relations valid at `at` with the entity at either end, as known at `known_at`."""
         entity = _entity_arg(entity)
-        t = _time_arg(at, "at")
-        view = self.store.view(self.tenant, entity, at=t if t is not None else self.clock(), parts="r")
+        relation = _opt_text(relation, "relation")
+        if relation is not None:
+            self._name_arg("relation", "a relation", relation, self.cartridge.spec.relations)
+        t, k = _time_arg(at, "at"), _time_arg(known_at, "known_at")
+        view = self.store.view(self.tenant, entity, at=t if t is not None else self.clock(), known_at=k, parts="r")
         if view is None:                    # the view tells an unknown entity: no existence check first
-            raise UnknownEntity(self.tenant, entity)
-        return of_relation(view.relations, _opt_text(relation, "relation"))
+            raise self._unknown(entity)
+        return of_relation(view.relations, relation)
 
     # ---- the writer -------------------------------------------------------------------------
 
-    def annotate(self, entity: str, predicate: str, value: Any, scope: str, evidence: str | None = None,
-                 task: str | None = None) -> dict[str, Any]:
-        """Write a note (agent memory) as a keel.annotated event; returns the fact as the graph shows it."""
+    def annotate(self, entity: str, predicate: str, value: Any, scope: str,
+                 evidence: str | None = None) -> dict[str, Any]:
+        """Write a note (agent memory) as a keel.annotated event; returns the fact as the graph shows it.
+        Its task and agent are the caller's binding, never an argument."""
         entity = _entity_arg(entity)
         predicate = _opt_text(predicate, "predicate") or ""
         evidence = _opt_text(evidence, "evidence")
-        task = _opt_text(task, "task") or self.task
-        if self.task and task != self.task:
-            raise NoteRefused(f"this caller is bound to task {self.task!r}", tenant=self.tenant, entity=entity,
-                              scope=scope)
+        task = self.task
         _check_note_value(value)
         if self.log is None:
             raise UsageError("this Tools instance has no event log to write notes to")
+        self._require_tenant()
         self.policy.check(self.tenant, entity, scope, evidence, task=task, agent=self.agent)
         now = self.clock()
         payload: dict[str, Any] = {"predicate": predicate, "value": value, "scope": scope}
@@ -131,19 +145,34 @@ class Tools:
         where = GLOBAL_TENANT if scope == "global" else self.tenant
         for fact in self.store.history(where, entity, predicate=predicate, scopes=[scope_key(scope, owner)]):
             if fact["valid_from"] == stamp and fact["recorded_at"] == stamp:
-                return {"fact": fact}
+                return {"fact": anonymous(fact) if scope == "global" else fact}
         raise UsageError(f"note {envelope['id']} was logged but is not in the graph")
 
     # ---- helpers ----------------------------------------------------------------------------
 
     def _require(self, entity: str, known_at: Micros | None) -> None:
         if not self.store.exists(self.tenant, entity, known_at=known_at):
-            raise UnknownEntity(self.tenant, entity)
+            raise self._unknown(entity)
 
-    def _search_index(self) -> BM25Index:
+    def _require_tenant(self) -> None:
+        if not self.store.has_tenant(self.tenant):
+            raise UnknownTenant(self.tenant)
+
+    def _unknown(self, entity: str) -> UnknownEntity | UnknownTenant:
+        """What a missing entity means: an unknown tenant when the tenant has nothing at all."""
+        return UnknownEntity(self.tenant, entity) if self.store.has_tenant(self.tenant) else UnknownTenant(self.tenant)
+
+    @staticmethod
+    def _name_arg(arg: str, what: str, name: object, names: Iterable[str]) -> None:
+        """A name the cartridge declares, or a usage error listing the names it does."""
+        if not isinstance(name, str) or name not in names:
+            raise UsageError(f"{arg}: {_clip(name)} is not {what} of the cartridge; use one of "
+                             f"{', '.join(sorted(names))}")
+
+    def _search_index(self) -> SearchIndex:
         version = self.store.search_version(self.tenant)
         if self._index is None or version is None or self._index[0] != version:
-            self._index = (version, BM25Index(self.store.search_documents(self.tenant)))
+            self._index = (version, SearchIndex(self.store.search_entities(self.tenant)))
         return self._index[1]
 
 

@@ -177,11 +177,13 @@ def test_huge_and_odd_arguments_are_tool_errors(finance_events: Path) -> None:
 
 def test_tenant_is_never_an_argument(two_tenant_events: Path) -> None:
     async def body(s: Any) -> None:
-        text = await refused(s, "context", {"entity": "debt:mastercard", "tenant": TENANT_B})
-        assert "unknown entity" in text and TENANT_B not in text
-        visa = await ok(s, "context", {"entity": "debt:visa", "tenant": TENANT_B})
+        for tool, arguments in (("context", {"entity": "debt:visa"}), ("search", {"query": "Mastercard"})):
+            text = await refused(s, tool, {**arguments, "tenant": TENANT_B})   # strict: refused, never ignored
+            assert "unknown argument 'tenant'" in text and TENANT_B not in text
+        assert "unknown entity" in await refused(s, "context", {"entity": "debt:mastercard"})
+        visa = await ok(s, "context", {"entity": "debt:visa"})
         assert fact(visa, "balance_cop")["value"] == 3870000
-        assert (await ok(s, "search", {"query": "Mastercard", "tenant": TENANT_B}))["results"] == []
+        assert (await ok(s, "search", {"query": "Mastercard"}))["results"] == []
     run(serve(two_tenant_events, Identity(TENANT_A)), body)
 
     async def as_b(s: Any) -> None:

@@ -116,7 +116,8 @@ def assert_same_graph(m: MemoryStore, s: Store, tenant: str) -> None:
     assert digest(s, tenant) == digest(m, tenant)
     assert list(s.dump(tenant)) == list(m.dump(tenant))
     assert s.event_ids(tenant) == m.event_ids(tenant)
-    assert list(s.search_documents(tenant)) == list(m.search_documents(tenant))
+    assert list(s.search_entities(tenant)) == list(m.search_entities(tenant))
+    assert list(s.entity_indexes(tenant)) == list(m.entity_indexes(tenant))
     entities = sorted({e for key, _ in m.dump(tenant) for e in ((key[1], key[3]) if key[0] == "r" else (key[1],))})
     for e in entities:
         keys: list[Key] = m.keys(tenant, e)
@@ -324,7 +325,7 @@ class RedisChecks(RedisCase):
         assert s.tenants() == ["a"] and s.keys("b", "thing:x") == []
         assert not s.exists("b", "thing:x")
 
-    def test_search_version_and_documents(self) -> None:
+    def test_search_version_and_entities(self) -> None:
         s, m = self.redis_store(), MemoryStore()
         v0 = s.search_version("acme")
         for store in (s, m):
@@ -333,8 +334,11 @@ class RedisChecks(RedisCase):
             store.link("acme", "thing:a", "in", "group:g", d(1))
         v1 = s.search_version("acme")
         assert v1 != v0
-        assert list(s.search_documents("acme")) == list(m.search_documents("acme"))
-        assert list(s.search_documents("acme"))[1] == ("thing:a", "thing", {"name": "Alpha"})
+        assert list(s.search_entities("acme")) == list(m.search_entities("acme"))
+        entity, _, timelines = list(s.search_entities("acme"))[1]
+        labels = dict(timelines)
+        assert entity == "thing:a" and set(labels) == {("l", "thing:a", "name"), ("l", "thing:a", "ref")}
+        assert [a.value for a in labels[("l", "thing:a", "name")]] == ["Alpha 2", "Alpha"]
         assert s.search_version("acme") == v1
 
     # ---- generations ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from keel import NoteRefused, Tools, UnknownEntity, UsageError, load_cartridge
+from keel import NoteRefused, Tools, UnknownEntity, UnknownTenant, UsageError, load_cartridge
 from keel.embedded import build_embedded
 from keel.eventlog import FileLog
 from keel.times import parse_time
@@ -99,7 +99,8 @@ def test_search_ranks_and_guides_on_no_hits(env) -> None:
 
 def test_search_is_per_tenant(env) -> None:
     make, _, _ = env
-    assert make(tenant="other-home").search("visa")["results"] == []
+    with pytest.raises(UnknownTenant, match="other-home"):     # a tenant nothing is known about is reported
+        make(tenant="other-home").search("visa")
 
 
 def test_annotate_visibility_by_scope(env) -> None:
@@ -136,7 +137,7 @@ def test_tenant_notes_never_expire_and_need_real_evidence(env) -> None:
     with pytest.raises(PermissionError):
         t.annotate("debt:visa", "p", 1, "tenant", evidence="made-up")
     other = make(tenant="other-home")
-    with pytest.raises(NoteRefused):   # another tenant's event id is no evidence here
+    with pytest.raises(UnknownTenant):   # a tenant without events writes nothing
         other.annotate("debt:visa", "p", 1, "tenant", evidence="snap-visa-2026-10")
     fact = t.annotate("debt:visa", "p", 1, "tenant", evidence="snap-visa-2026-10")["fact"]
     assert fact["expires_at"] is None and fact["evidence"] == "snap-visa-2026-10"
@@ -184,11 +185,16 @@ def test_related_returns_the_list_either_direction(env) -> None:
     assert t.related("debt:visa", "owed_by", at="2026-08-01") == []
 
 
-def test_a_caller_bound_to_a_task_cannot_write_into_another_task(env) -> None:
+def test_the_task_of_a_note_is_the_callers_binding_never_an_argument(env) -> None:
     make, _, _ = env
-    with pytest.raises(NoteRefused, match="bound to task"):
-        make("a1", "t1").annotate("debt:visa", "p", 1, "task", task="t2")
-    assert make("a1", None).annotate("debt:visa", "p", 1, "task", task="t2")["fact"]["scope"] == "task"
+    with pytest.raises(TypeError):
+        make("a1", "t1").annotate("debt:visa", "p", 1, "task", task="t2")   # type: ignore[call-arg]
+    with pytest.raises(NoteRefused, match="bound to no task"):
+        make("a1", None).annotate("debt:visa", "p", 1, "task")
+    fact = make("a1", "t1").annotate("debt:visa", "p", 1, "task")["fact"]
+    assert fact["scope"] == "task"
+    assert ("p", 1, "task") in notes(make("a2", "t1").context("debt:visa"))
+    assert ("p", 1, "task") not in notes(make("a2", "t2").context("debt:visa"))
 
 
 def test_oversized_note_values_and_trailing_newlines_are_refused(env) -> None:

@@ -55,7 +55,8 @@ class Backend:
     def embedded(cls, cartridge: Cartridge, events: str | Path, *, allow_global_notes: bool = False,
                  stream: TextIO | None = None) -> Backend:
         """A memory store replayed from an events file; notes are appended to that file (bad lines → stream)."""
-        projector, report = build_embedded(cartridge, events, allow_global_notes=allow_global_notes, stream=stream)
+        projector, report = build_embedded(cartridge, events, allow_global_notes=True, stream=stream)  # reading
+        # the log's global notes needs no switch; the Tools' policy applies it to writing them
         return cls(cartridge, projector.store, FileLog(projector, events), blocking=False,
                    allow_global_notes=allow_global_notes, tenants=sorted(report.tenants))
 

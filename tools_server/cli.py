@@ -16,6 +16,8 @@ from keel.errors import UsageError
 
 from .config import CALL_LOGGER, DEFAULT_HOST, DEFAULT_PORT, MCP_PATH, Identity
 
+EXIT_UNAVAILABLE = 3        # `keel serve`: the port to listen on is busy or not ours to bind
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this package's subcommands to the `keel` parser."""
@@ -77,10 +79,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 raise UsageError("--tokens is for --transport http; stdio binds the caller with --tenant/--agent/--task")
             from keel.cli import pick_tenant
             identity = Identity(pick_tenant(args.tenant, backend.tenants), args.agent, args.task)
+            warn_empty_tenants(backend, [identity.tenant])
             server = build_server(ServerConfig(backend, identity=identity, call_log=log))
             run_server(server.run_stdio_async)
             return 0
-        from .http import serve_http
+        from .http import bind_socket, serve_http
         from .tokens import TokenTable, tokens_path
         path = tokens_path(args.tokens)
         if not path:
@@ -93,15 +96,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               allow_hosts=tuple(args.allow_host), call_log=log)
         server = build_server(config)
         shown = f"[{args.host}]" if ":" in args.host else args.host
+        try:
+            sock = bind_socket(args.host, args.port)      # before any success line: a busy port is one clear line
+        except OSError as e:
+            print(f"keel serve: cannot listen on {shown}:{args.port}: {e.strerror or e} (another server on this "
+                  f"port? pick another with --port)", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        warn_empty_tenants(backend, table.tenants())
         print(f"keel serve: http://{shown}:{args.port}{MCP_PATH} ({len(table)} token(s)); metrics at /metrics",
               file=sys.stderr)
         if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_host:
             print(f"keel serve: bound to {args.host}: requests are refused unless their Host is loopback; "
                   f"pass --allow-host NAME for the names clients use", file=sys.stderr)
-        run_server(partial(serve_http, server, config, json_response=not args.sse))
+        run_server(partial(serve_http, server, config, json_response=not args.sse, sock=sock))
         return 0
     finally:
         backend.close()
+
+
+def warn_empty_tenants(backend, tenants: list[str]) -> None:  # backend: Backend (imported lazily)
+    """One warning line per served tenant that has no events yet (its calls answer "unknown tenant")."""
+    for tenant in sorted(set(tenants)):
+        if not backend.store.has_tenant(tenant):
+            print(f"keel serve: warning: tenant {tenant!r} has no events yet; its calls answer 'unknown tenant' "
+                  f"until some are applied", file=sys.stderr)
 
 
 def _open_backend(args: argparse.Namespace):  # -> Backend (imported lazily)

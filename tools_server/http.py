@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -67,13 +68,28 @@ def http_app(server: MCPServer, config: ServerConfig, *, json_response: bool = T
                                       transport_security=security_settings(config), host=config.host)
 
 
-async def serve_http(server: MCPServer, config: ServerConfig, *, json_response: bool = True) -> None:
-    """Serve until cancelled (Ctrl-C). uvicorn parses HTTP with httptools (C) when installed, as it is here."""
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the server says it is up (raises OSError, e.g. the port is busy)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_http(server: MCPServer, config: ServerConfig, *, json_response: bool = True,
+                     sock: socket.socket | None = None) -> None:
+    """Serve until cancelled (Ctrl-C), on `sock` when given (see bind_socket). uvicorn parses HTTP with
+    httptools (C) when installed, as it is here."""
     import uvicorn
     app = http_app(server, config, json_response=json_response)
     uv = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                        access_log=False, lifespan="on"))
-    await uv.serve()
+    await uv.serve(sockets=None if sock is None else [sock])
 
 
 def run_server(main: Callable[[], Awaitable[None]]) -> None:

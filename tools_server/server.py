@@ -15,6 +15,7 @@ from mcp.server.caching import CacheHint
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult
+from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import PydanticJsonSchemaWarning
 
 from keel.errors import UsageError
@@ -48,7 +49,7 @@ def build_server(config: ServerConfig) -> MCPServer:
     if config.tokens is not None:
         auth = {"token_verifier": TokenFileVerifier(config.tokens), "auth": auth_settings(config.host, config.port)}
     server: MCPServer = MCPServer(
-        "keel", instructions=INSTRUCTIONS, version=_version(), tools=[_tool(s, handlers[s.name]) for s in SPECS],
+        "keel", instructions=INSTRUCTIONS, version=_version(), tools=[_tool(s, handlers[s.name], runner) for s in SPECS],
         log_level="WARNING", cache_hints={"tools/list": CacheHint(ttl_ms=LIST_TOOLS_TTL_MS, scope="public")},
         **auth)
     add_metrics_route(server, observer.metrics, config)
@@ -62,13 +63,43 @@ def _identity_source(config: ServerConfig) -> Callable[[], Identity | None]:
     return lambda: fixed
 
 
-def _tool(spec: ToolSpec, fn: Handler) -> Tool:
+def _tool(spec: ToolSpec, fn: Handler, run: CallRunner) -> Tool:
     with warnings.catch_warnings():     # the schema derived from the loose signature is replaced below
         warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
         tool = Tool.from_function(fn, name=spec.name, description=spec.description, annotations=spec.annotations,
                                   structured_output=False)
-    metadata = tool.fn_metadata.model_copy(update={"output_schema": spec.output_schema})
-    return tool.model_copy(update={"parameters": spec.input_schema, "fn_metadata": metadata})
+    names = tuple(spec.input_schema["properties"])
+
+    async def checked(**arguments: Any) -> CallToolResult:
+        unknown = arguments.pop(_UNKNOWN, ())
+        if unknown:                     # a tool error naming them, observed like every call
+            message = (f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                       f"{spec.name} takes {', '.join(names)}")
+            return await run.call(spec.name, lambda t: _refuse(message))
+        return await fn(**arguments)
+
+    metadata = tool.fn_metadata.model_copy(update={"output_schema": spec.output_schema,
+                                                   "arg_model": _strict(tool.fn_metadata.arg_model)})
+    return tool.model_copy(update={"parameters": spec.input_schema, "fn_metadata": metadata, "fn": checked})
+
+
+_UNKNOWN = "__unknown_arguments__"
+
+
+def _strict(model: type[BaseModel]) -> type[BaseModel]:
+    """The SDK's argument model, keeping the names of arguments the tool does not take so the tool can refuse
+    them by name (the SDK's own model would drop them silently)."""
+    class Strict(model):  # type: ignore[valid-type, misc]
+        model_config = ConfigDict(**{**model.model_config, "extra": "allow"})
+
+        def model_dump_one_level(self) -> dict[str, Any]:
+            return {**super().model_dump_one_level(), _UNKNOWN: sorted(self.model_extra or {})}
+    Strict.__name__ = model.__name__
+    return Strict
+
+
+def _refuse(message: str) -> dict[str, Any]:
+    raise UsageError(message)
 
 
 def _handlers(run: CallRunner) -> dict[str, Handler]:
@@ -85,19 +116,21 @@ def _handlers(run: CallRunner) -> dict[str, Handler]:
     async def history(entity: Any = None, predicate: Any = None, known_at: Any = None) -> CallToolResult:
         return await run.call("history", lambda t: t.history(entity, predicate=predicate, known_at=known_at))
 
-    async def search(query: Any = None, type: Any = None, limit: Any = 10) -> CallToolResult:
-        return await run.call("search", lambda t: t.search(query, type=type, limit=limit))
+    async def search(query: Any = None, type: Any = None, limit: Any = 10, at: Any = None,
+                     known_at: Any = None) -> CallToolResult:
+        return await run.call("search", lambda t: t.search(query, type=type, limit=limit, at=at, known_at=known_at))
 
     async def annotate(entity: Any = None, predicate: Any = None, value: Any = missing, scope: Any = None,
-                       evidence: Any = None, task: Any = None) -> CallToolResult:
+                       evidence: Any = None) -> CallToolResult:
         def write(t: Tools) -> dict[str, Any]:
             required("value", value)
-            return t.annotate(entity, predicate, value, scope, evidence=evidence, task=task)
+            return t.annotate(entity, predicate, value, scope, evidence=evidence)
         return await run.call("annotate", write, write=True)
 
-    async def related(entity: Any = None, relation: Any = None, at: Any = None) -> CallToolResult:
-        return await run.call("related", lambda t: {"entity": entity,
-                                                    "relations": t.related(entity, relation=relation, at=at)})
+    async def related(entity: Any = None, relation: Any = None, at: Any = None,
+                      known_at: Any = None) -> CallToolResult:
+        return await run.call("related", lambda t: {"entity": entity, "relations": t.related(
+            entity, relation=relation, at=at, known_at=known_at)})
 
     return {"context": context, "history": history, "search": search, "annotate": annotate, "related": related}
 

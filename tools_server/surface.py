@@ -14,6 +14,7 @@ from mcp_types import ToolAnnotations
 
 TOOL_NAMES = ("context", "history", "search", "annotate", "related")
 TOKEN_GOAL = 1500
+BYTES_LIMIT = 6000                      # the tools array of tools/list, compact JSON, UTF-8
 LIST_TOOLS_TTL_MS = 24 * 3600 * 1000    # the surface changes only with a Keel release
 
 _S: dict[str, Any] = {"type": "string"}
@@ -24,9 +25,9 @@ def _arg(description: str, **schema: Any) -> dict[str, Any]:
     return {"type": "string", **schema, "description": description}
 
 
-_ENTITY = _arg("Entity id <type>:<id>, e.g. from search")
-_AT = _arg("World time, RFC 3339 or YYYY-MM-DD; default now")
-_KNOWN_AT = _arg("Knowledge time: answer as known then; default now")
+_ENTITY = _arg("<type>:<id>, e.g. from search")
+_AT = _arg("World time, YYYY-MM-DD or RFC 3339; default now")
+_KNOWN_AT = _arg("As known at this time; default now")
 
 _FACT = {"type": "object", "properties": {
     "predicate": _S, "value": {}, "valid_from": _S, "valid_to": _SN, "recorded_at": _S, "source": _SN,
@@ -40,6 +41,11 @@ def _object(properties: dict[str, Any], required: list[str] | None = None) -> di
     if required:
         out["required"] = required
     return out
+
+
+def _input(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """An input schema: strict, an unknown argument is an error (tools_server.server enforces it)."""
+    return {**_object(properties, required), "additionalProperties": False}
 
 
 def _array(items: dict[str, Any]) -> dict[str, Any]:
@@ -61,54 +67,51 @@ _WRITER = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempote
 SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "context",
-        "Current state of one entity: labels, facts with evidence, relations, and the business rules for "
-        "its type. Use it for what is true about an entity; at gives another date, known_at what was "
-        "known then.",
-        _object({"entity": _ENTITY, "at": _AT, "known_at": _KNOWN_AT}, ["entity"]),
+        "An entity's labels, facts with evidence, relations and its type's rules. Use it for what is true; "
+        "at gives another date, known_at what was known then.",
+        _input({"entity": _ENTITY, "at": _AT, "known_at": _KNOWN_AT}, ["entity"]),
         _object({"entity": _S, "type": _S, "ref": _SN, "labels": {"type": "object"}, "at": _SN,
                  "known_at": _SN, "facts": _array(_FACT), "relations": _array(_RELATION),
                  "rules": {"type": "object"}}),
         _READER),
     ToolSpec(
         "history",
-        "Every version of an entity's facts over time, closed and corrected ones included, by predicate "
-        "then valid_from. Use it to explain how a value changed or why it was corrected.",
-        _object({"entity": _ENTITY, "predicate": _arg("Only this predicate"), "known_at": _KNOWN_AT},
-                ["entity"]),
+        "Every version of an entity's facts, closed and corrected ones too. Use it to explain how or why a "
+        "value changed.",
+        _input({"entity": _ENTITY, "predicate": _arg("Only this predicate"), "known_at": _KNOWN_AT}, ["entity"]),
         _object({"entity": _S, "versions": _array(_FACT)}),
         _READER),
     ToolSpec(
         "search",
-        "Find entity ids by words in their ids, labels or type (BM25). Use it first when you lack the "
-        "exact id; no match gives empty results and a message suggesting broader words.",
-        _object({"query": _arg("Words: a name, product, label or entity type"),
-                 "type": _arg("Only entities of this type"),
-                 "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,
-                           "description": "At most this many results"}}, ["query"]),
+        "Find entity ids by words of ids, types, labels or notes you may see, in any script. Use it first "
+        "when you lack an id.",
+        _input({"query": _arg("Words of a name, label, note or type"), "type": _arg("Only this entity type"),
+                "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,
+                          "description": "Max results"},
+                "at": _AT, "known_at": _KNOWN_AT}, ["query"]),
         _object({"query": _S, "results": _array({"type": "object", "properties": {
             "entity": _S, "type": _S, "labels": {"type": "object"}, "score": {"type": "number"}}}),
                  "message": _S}),
         _READER),
     ToolSpec(
         "annotate",
-        "Save a note (agent memory) on an entity; later context and history calls show it. Use it to record "
-        "a conclusion or next step, citing as evidence the id of the event it rests on.",
-        _object({"entity": _ENTITY,
-                 "predicate": _arg("Note name, e.g. next_step"),
-                 "value": {"description": "The note: text, number or JSON"},
-                 "scope": _arg("Who sees it: tenant (every agent), task (this task), agent (only you), "
-                               "global (all tenants; operator-enabled)",
-                               enum=["tenant", "task", "agent", "global"]),
-                 "evidence": _arg("Event id behind the note (a fact's evidence); some scopes require it"),
-                 "task": _arg("Task id for task scope; default your own")},
-                ["entity", "predicate", "value", "scope"]),
+        "Save a note on an entity for later context and history. Use it for a conclusion or next step; cite "
+        "the event it rests on as evidence.",
+        _input({"entity": _ENTITY,
+                "predicate": _arg("Note name, e.g. next_step"),
+                "value": {"description": "Text, number or JSON"},
+                "scope": _arg("tenant: every agent; task: your task; agent: you; global: all tenants, "
+                              "if enabled", enum=["tenant", "task", "agent", "global"]),
+                "evidence": _arg("Id of an event that wrote this entity; some scopes need it")},
+               ["entity", "predicate", "value", "scope"]),
         _object({"fact": _FACT}),
         _WRITER),
     ToolSpec(
         "related",
-        "Relations of one entity in either direction, with their validity. Use it to move from an entity to "
-        "the entities linked to it, then call context on them.",
-        _object({"entity": _ENTITY, "relation": _arg("Only this relation"), "at": _AT}, ["entity"]),
+        "An entity's relations, either direction, with validity. Use it to reach linked entities, then call "
+        "context.",
+        _input({"entity": _ENTITY, "relation": _arg("Only this relation"), "at": _AT, "known_at": _KNOWN_AT},
+               ["entity"]),
         _object({"entity": _S, "relations": _array(_RELATION)}),
         _READER),
 )

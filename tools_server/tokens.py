@@ -52,6 +52,10 @@ class TokenTable:
     def __len__(self) -> int:
         return len(self._by_hash)
 
+    def tenants(self) -> list[str]:
+        """The tenants the tokens are bound to."""
+        return sorted({identity.tenant for identity in self._by_hash.values()})
+
     def lookup(self, token: str) -> tuple[str, Identity] | None:
         """(hash, identity) of a presented token, None when unknown."""
         digest = hash_token(token)

@@ -197,6 +197,10 @@ class Store(ABC):
     def event_ids(self, tenant: str) -> list[str]:
         """Applied event ids of a tenant, sorted."""
 
+    def has_tenant(self, tenant: str) -> bool:
+        """Whether the tenant has any write or applied event (is in `tenants`)."""
+        return tenant in self.tenants()
+
     def recorded_many(self, tenant: str, entities: list[str]) -> list[Micros | None]:
         """`entity_recorded_at` of several entities; one request where possible."""
         return [self.entity_recorded_at(tenant, e) for e in entities]
@@ -210,21 +214,70 @@ class Store(ABC):
         """Coalesced versions of each key (relations); backends may cache them."""
         return [coalesce(v) for v in self.versions_many(tenant, keys, known_at)]
 
-    def search_documents(self, tenant: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
-        """(entity, type, latest labels) for every entity of a tenant; backends may index this."""
-        by_entity: dict[str, dict[str, Any]] = {}
+    def entity_indexes(self, tenant: str, type: str | None = None) -> Iterator[tuple[str, Micros, list[Key]]]:
+        """(entity, first recorded_at, timeline keys) of every entity of a tenant (of one type when given),
+        by entity; a whole-tenant walk that backends may answer from their own index."""
+        keys: dict[str, list[Key]] = {}
+        first: dict[str, Micros] = {}
         for key, assertions in self.dump(tenant):
-            if key[0] != "l" or key[2] == REF_LABEL:
-                for e in entities_of(key):
-                    by_entity.setdefault(e, {})
-                continue
-            labels = by_entity.setdefault(key[1], {})
-            last_point = assertions[-1].point
-            winner = [a for a in assertions if a.point == last_point][-1]
-            if not winner.closed:
-                labels[key[2]] = winner.value
-        for entity in sorted(by_entity):
-            yield entity, entity.partition(":")[0], by_entity[entity]
+            recorded = min(a.recorded_at for a in assertions)
+            for e in entities_of(key):
+                if type is None or e.partition(":")[0] == type:
+                    keys.setdefault(e, []).append(key)
+                    first[e] = min(first.get(e, recorded), recorded)
+        for entity in sorted(keys):
+            yield entity, first[entity], keys[entity]
+
+    def assertions_many(self, tenant: str, keys: list[Key]) -> list[list[Assertion]]:
+        """Every assertion of each key (by point, then log order), corrected ones included."""
+        wanted = set(keys)
+        found = {key: assertions for key, assertions in self.dump(tenant) if key in wanted}
+        return [found.get(key, []) for key in keys]
+
+    def search_entities(self, tenant: str) -> Iterator[tuple[str, Micros, list[tuple[Key, list[Assertion]]]]]:
+        """What the search index is built from: each entity, its first recorded_at, and the whole timelines of
+        its labels and notes (keys of scope other than domain facts)."""
+        batch: list[tuple[str, Micros, list[Key]]] = []
+
+        def flush() -> Iterator[tuple[str, Micros, list[tuple[Key, list[Assertion]]]]]:
+            wanted = [k for _, _, keys in batch for k in keys]
+            found = dict(zip(wanted, self.assertions_many(tenant, wanted))) if wanted else {}
+            for entity, first, keys in batch:
+                yield entity, first, [(k, found[k]) for k in keys]
+            batch.clear()
+
+        for entity, first, keys in self.entity_indexes(tenant):
+            batch.append((entity, first, [k for k in keys if k[1] == entity and (
+                k[0] in "le" or (k[0] == "f" and k[3]))]))
+            if len(batch) >= 500:
+                yield from flush()
+        yield from flush()
+
+    def event_touched(self, tenant: str, event_id: str, *, entity: str | None = None,
+                      type: str | None = None) -> bool:
+        """Whether a domain write of `event_id` (a label, a domain fact, or a relation from or to it) touched
+        `entity`, or any entity of `type`; read from the provenance (evidence) its assertions carry."""
+        if entity is not None:
+            index = self.index(tenant, entity)
+            candidates: Iterable[tuple[str, Micros, list[Key]]] = [] if index is None else [(entity, *index)]
+        else:
+            candidates = self.entity_indexes(tenant, type)
+        chunk: list[Key] = []
+        for _, _, keys in candidates:
+            chunk += (k for k in keys if k[0] in "elr" or (k[0] == "f" and not k[3]))
+            if len(chunk) >= 500:
+                if self._evidence_in(tenant, chunk, event_id):
+                    return True
+                chunk = []
+        return bool(chunk) and self._evidence_in(tenant, chunk, event_id)
+
+    def _evidence_in(self, tenant: str, keys: list[Key], event_id: str) -> bool:
+        return any(a.evidence == event_id for assertions in self.assertions_many(tenant, keys) for a in assertions)
+
+    def event_retracted(self, tenant: str, event_id: str) -> bool:
+        """Whether an applied event was later retracted (its writes withdrawn). The record of retractions is
+        the event record's (`keel.retracted`); a store without one has retracted nothing."""
+        return False
 
     def search_version(self, tenant: str) -> object:
         """A token that changes whenever the tenant's searchable content may have changed."""

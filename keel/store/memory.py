@@ -102,6 +102,10 @@ class MemoryStore(Store):
         timelines = self._timelines(tenant)
         return [timelines[k].runs(known_at) if k in timelines else [] for k in keys]
 
+    def has_tenant(self, tenant: str) -> bool:
+        g = self._tenants.get(tenant)
+        return g is not None and bool(g.events or g.timelines)
+
     def tenants(self) -> list[str]:
         return sorted(t for t, g in self._tenants.items() if g.events or g.timelines)
 
@@ -115,6 +119,19 @@ class MemoryStore(Store):
     def event_ids(self, tenant: str) -> list[str]:
         g = self._read(tenant)
         return sorted(g.events) if g else []
+
+    def entity_indexes(self, tenant: str, type: str | None = None) -> Iterator[tuple[str, Micros, list[Key]]]:
+        g = self._read(tenant)
+        if g is None:
+            return
+        prefix = None if type is None else type + ":"
+        for entity in sorted(g.by_entity):
+            if prefix is None or entity.startswith(prefix):
+                yield entity, g.first_recorded[entity], list(g.by_entity[entity])
+
+    def assertions_many(self, tenant: str, keys: list[Key]) -> list[list[Assertion]]:
+        timelines = self._timelines(tenant)
+        return [list(timelines[k].assertions()) if k in timelines else [] for k in keys]
 
     def search_version(self, tenant: str) -> object:
         g = self._read(tenant)

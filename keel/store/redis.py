@@ -63,7 +63,7 @@ from ..errors import StoreUnavailable, UsageError
 from ..timeline import Assertion, Timeline, Version, covering
 from ..times import Micros
 from . import redis_scripts
-from .base import GLOBAL_TENANT, REF_LABEL, EntityView, Key, Store, ViewRequest, Write, entity_view
+from .base import GLOBAL_TENANT, EntityView, Key, Store, ViewRequest, Write, entity_view
 
 Client = redis.Redis | RedisCluster
 Event = tuple[list[Write], str | None]
@@ -1093,6 +1093,11 @@ class RedisStore(Store):
             value = self._tx(tenant, lambda p, d: p.hget(d + "m", "sv"))[0]
         return (self._gen_guess(tenant)[0], int(value or 0))
 
+    def has_tenant(self, tenant: str) -> bool:
+        """Whether the tenant's current generation holds data (one transaction)."""
+        with self._guard("has_tenant", tenant):
+            return bool(self._tx(tenant, lambda p, d: p.exists(d + "ev", d + "ents"))[0])
+
     def tenants(self) -> list[str]:
         """Tenants of the namespace whose current generation holds data, sorted."""
         with self._guard("tenants"):
@@ -1150,30 +1155,25 @@ class RedisStore(Store):
             for key, tl in zip(chunk, self._timelines(tenant, chunk, gen=gen, provenance=prov)):
                 yield key, list(tl.assertions())
 
-    def search_documents(self, tenant: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
-        """(entity, type, latest labels): reads only the last assertion of each label timeline."""
-        with self._guard("search_documents", tenant):
+    def entity_indexes(self, tenant: str, type: str | None = None) -> Iterator[tuple[str, Micros, list[Key]]]:
+        """Every entity (of `type`) of the generation current when the walk starts, from its index list."""
+        with self._guard("entity_indexes", tenant):
             d = self._n(tenant).data(self._snapshot_gen(tenant))
-            index = self._entity_index(d)
-            labels: list[tuple[str, str, str]] = []
-            for entity, elements in index.items():
-                for el in elements:
-                    if el.startswith("l|"):
-                        key, _ = key_of(entity, el)
-                        if key[2] != REF_LABEL:
-                            labels.append((entity, key[2], el))
-            values: dict[str, dict[str, Any]] = {e: {} for e in index}
-            for chunk in _chunks(labels):
+            entities = sorted(self._client.smembers(d + "ents"))
+        if type is not None:
+            entities = [e for e in entities if e.startswith(type + ":")]
+        for chunk in _chunks(entities):
+            with self._guard("entity_indexes", tenant):
                 pipe = self._client.pipeline(transaction=False)
-                for entity, _, p in chunk:
-                    pipe.zrevrangebylex(d + "z:" + _escape(entity), "(" + p + "~", "[" + p, start=0, num=1)
-                for (entity, name, p), top in zip(chunk, pipe.execute()):
-                    if top:
-                        _, _, value, closed, _ = decode_member(top[0][len(p):])
-                        if not closed:
-                            values[entity][name] = value
-        for entity in sorted(values):
-            yield entity, entity.partition(":")[0], dict(sorted(values[entity].items()))
+                for e in chunk:
+                    pipe.lrange(d + "x:" + _escape(e), 0, -1)
+                rows = pipe.execute()
+            for e, row in zip(chunk, rows):
+                if row:
+                    yield e, int(row[0]), [_index_key(e, element) for element in row[1:]]
+
+    def assertions_many(self, tenant: str, keys: list[Key]) -> list[list[Assertion]]:
+        return [list(tl.assertions()) for tl in self._timelines(tenant, keys)] if keys else []
 
     # ---- generations ---------------------------------------------------------------------------
 
