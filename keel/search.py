@@ -124,6 +124,7 @@ class SearchIndex:
         self.segments: list[list[int]] = []          # entity -> its label and note segments
         self.starts: list[list[int]] = []            # entity -> segments of its labels (existence)
         self.id_length: list[int] = []
+        self.settled: list[tuple[Micros, Micros, int] | None] = []   # see _settled
         # per segment: entity, scope key ("" for labels), rectangle, label name (None for notes), length
         self.s_entity: list[int] = []
         self.s_scope: list[str] = []
@@ -161,8 +162,18 @@ class SearchIndex:
                         current += len(seg_words)
             self.segments.append(segs + starts)
             self.starts.append(starts)
+            self.settled.append(self._settled(segs, starts, current))
             total += current
         self.avg = total / len(self.names) if self.names else 0.0
+
+    def _settled(self, notes: list[int], starts: list[int], length: int) -> tuple[Micros, Micros, int] | None:
+        """(world, knowledge, length) when an entity has no notes and only label versions that never end nor
+        were replaced: from that world and knowledge time on, all of it is visible (the common case, checked
+        without looking at its segments)."""
+        if notes or any(self.s_rect[s].valid_to != NEVER or self.s_rect[s].known_to != NEVER for s in starts):
+            return None
+        return (max((self.s_rect[s].valid_from for s in starts), default=-NEVER),
+                max((self.s_rect[s].known_from for s in starts), default=-NEVER), length)
 
     def _post(self, words: list[str], segment: int) -> None:
         counts: dict[str, int] = {}
@@ -195,15 +206,21 @@ class SearchIndex:
         allowed = frozenset(scopes) | {""}
         exists: dict[int, bool] = {}
         hits: dict[int, list[int]] = {}
+        settled, first, s_entity = self.settled, self.first, self.s_entity
+        prefix = None if type is None else type + ":"
         for ti, term in enumerate(terms):
             for s, tf in self.postings.get(term, ()):
-                e = -1 - s if s < 0 else self.s_entity[s]
-                if type is not None and not self.names[e].startswith(type + ":"):
-                    continue
-                ok = exists.get(e)
-                if ok is None:
-                    ok = exists[e] = self._exists(e, at, known)
-                if not ok or (s >= 0 and not self._visible(s, at, known, allowed)):
+                e = -1 - s if s < 0 else s_entity[s]
+                fixed = settled[e]
+                if fixed is not None and at >= fixed[0] and known >= fixed[1] and first[e] <= known:
+                    pass                      # everything of the entity is visible
+                else:
+                    ok = exists.get(e)
+                    if ok is None:
+                        ok = exists[e] = self._exists(e, at, known)
+                    if not ok or (s >= 0 and not self._visible(s, at, known, allowed)):
+                        continue
+                if prefix is not None and not self.names[e].startswith(prefix):
                     continue
                 counts = hits.get(e)
                 if counts is None:
@@ -216,8 +233,12 @@ class SearchIndex:
         idf = [math.log(1 + (n - d + 0.5) / (d + 0.5)) for d in df]
         ranked = []
         for e, counts in hits.items():
-            length = self.id_length[e] + sum(self.s_length[s] for s in self.segments[e]
-                                             if self._visible(s, at, known, allowed))
+            fixed = settled[e]
+            if fixed is not None and at >= fixed[0] and known >= fixed[1]:
+                length = fixed[2]
+            else:
+                length = self.id_length[e] + sum(self.s_length[s] for s in self.segments[e]
+                                                 if self._visible(s, at, known, allowed))
             norm = K1 * (1 - B + B * length / self.avg) if self.avg else K1
             score = sum(idf[ti] * tf * (K1 + 1) / (tf + norm) for ti, tf in enumerate(counts) if tf)
             ranked.append((-round(score, 6), self.names[e], e))
