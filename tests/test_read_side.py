@@ -296,3 +296,39 @@ def test_unknown_tenant_in_the_python_api(tmp_path: Path) -> None:
             call()
     with pytest.raises(UsageError, match="not a relation of the cartridge"):
         finance_tools(copy_finance(tmp_path)).related("debt:visa", "nosuchrel")
+
+
+def test_http_tokens_on_redis(tmp_path: Path, redis_url: str, kafka_bootstrap: str) -> None:
+    """`keel serve --redis --transport http`: search in time and across scripts, strict arguments, and a token
+    of a tenant without events answered 'unknown tenant' (and warned about at start)."""
+    from keel.store.redis import RedisStore
+    tenant = f"club-{uuid.uuid4().hex[:8]}"
+    events = tmp_path / "events.jsonl"
+    events.write_text(CORPUS.joinpath("events.jsonl").read_text(encoding="utf-8").replace("club-norte", tenant),
+                      encoding="utf-8")
+    cartridge = load_cartridge(CORPUS)
+    store = RedisStore.from_url(redis_url, namespace=cartridge.name)
+    tokens = tmp_path / "tokens.jsonl"
+    member, empty = make_token(tokens, tenant, "a1", "t1"), make_token(tokens, f"{tenant}-empty", "a1")
+    try:
+        assert not replay_file(Projector(cartridge, store), events).rejected
+        with http_server(tmp_path, str(CORPUS), "--redis", redis_url, "--kafka", kafka_bootstrap,
+                         "--tokens", str(tokens)) as server:
+            async def go() -> None:
+                async with http_session(server.url, member) as s:
+                    hits = await ok(s, "search", {"query": "李小龙"})
+                    assert [r["entity"] for r in hits["results"]] == ["member:li"]
+                    assert (await ok(s, "search", {"query": "Pérez"}))["results"] == []
+                    then = await ok(s, "search", {"query": "Pérez", "at": "2026-03-01"})
+                    assert [r["entity"] for r in then["results"]] == ["member:ana"]
+                    noted = await ok(s, "search", {"query": "renovacion", "at": "2026-03-10"})
+                    assert [r["entity"] for r in noted["results"]] == ["member:tanaka"]
+                    assert "unknown argument 'tenant'" in await refused(s, "search", {"query": "x", "tenant": "y"})
+                async with http_session(server.url, empty) as s:
+                    assert "unknown tenant" in await refused(s, "context", {"entity": "member:li"})
+                    assert "unknown tenant" in await refused(s, "search", {"query": "li"})
+            anyio.run(go)
+            assert f"tenant '{tenant}-empty' has no events yet" in server.stderr()
+    finally:
+        store.drop_tenant(tenant)
+        store.close()
