@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import percentiles
 from search_legacy import LegacyIndex, documents
 
