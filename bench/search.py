@@ -11,7 +11,8 @@ Rows:
   that entity is among the first 3 (several entities may share a value).
 * synthetic: --members members named from Spanish, Chinese and Japanese name pools plus a number; queries
   are given and family name (many members share them): the row measures speed, its hit rate says little.
-Latency: p50/p99 in ms of one query on a built index (index builds reported apart), in-process, memory store.
+Latency: p50/p99 in ms of one query on a built index, both searches alike (index builds reported apart; the
+hit rates go through Tools.search, the whole path), in-process, memory store.
 Goal (issue 13): hit rate 100% on the corpus; latency of the same order as before.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import random
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ from search_legacy import LegacyIndex, documents
 
 from keel import MemoryStore, Tools, load_cartridge
 from keel.embedded import build_embedded
+from keel.notes import NotePolicy
+from keel.search import SearchIndex
 from keel.times import parse_time
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,25 +39,24 @@ NOW = parse_time("2026-11-30T12:00:00Z")
 Query = dict[str, Any]
 
 
-def run(tools_for: Any, legacy: LegacyIndex, queries: list[Query], repeat: int, top: int) -> dict[str, Any]:
-    """Hit rates and latencies of both searches over `queries` ({query, expect, agent?, task?, at?, known_at?});
-    latencies pooled over `repeat` calls cycling through the queries."""
+def run(tools_for: Any, legacy: LegacyIndex, index: SearchIndex, queries: list[Query], repeat: int,
+        top: int) -> dict[str, Any]:
+    """Hit rates (through Tools.search, the whole path) and latencies of one index query (both searches alike,
+    pooled over `repeat` calls cycling through the queries ({query, expect, agent?, task?, at?, known_at?})."""
     out: dict[str, Any] = {"queries": len(queries)}
     for name in ("old", "new"):
-        calls = []
+        calls, hits = [], 0
         for q in queries:
             if name == "old":
-                def call(q: Query = q) -> list[dict[str, Any]]:
-                    return legacy.search(q["query"], limit=10)
+                found = [r["entity"] for r in legacy.search(q["query"], limit=10)]
+                calls.append(partial(legacy.search, q["query"], limit=10))
             else:
                 tools = tools_for(q.get("agent"), q.get("task"))
-
-                def call(q: Query = q, tools: Tools = tools) -> list[dict[str, Any]]:
-                    return tools.search(q["query"], at=q.get("at"), known_at=q.get("known_at"))["results"]
-            calls.append(call)
-        hits = 0
-        for q, call in zip(queries, calls):
-            found = [r["entity"] for r in call()]
+                results = tools.search(q["query"], at=q.get("at"), known_at=q.get("known_at"))["results"]
+                found = [r["entity"] for r in results]
+                calls.append(partial(index.search, q["query"], at=parse_time(q.get("at") or NOW),
+                                     known_at=parse_time(q["known_at"]) if q.get("known_at") else None,
+                                     scopes=NotePolicy.visible_scopes(task=q.get("task"), agent=q.get("agent"))))
             hits += (not found) if q["expect"] is None else q["expect"] in found[:top]
         p50, p99 = percentiles(cycle(calls), repeat)
         out[name] = {"hit_rate": hits / len(queries), "p50_ms": p50, "p99_ms": p99}
@@ -76,13 +79,13 @@ def tools_factory(cartridge: Any, store: Any, tenant: str) -> Any:
     return tools_for
 
 
-def timed_builds(store: Any, tenant: str, tools: Tools) -> tuple[float, float, LegacyIndex]:
+def timed_builds(store: Any, tenant: str) -> tuple[float, float, LegacyIndex, SearchIndex]:
     t0 = time.perf_counter()
     legacy = LegacyIndex(documents(store, tenant))
     t1 = time.perf_counter()
-    tools.search("x")
+    index = SearchIndex(store.search_entities(tenant))
     t2 = time.perf_counter()
-    return (t1 - t0) * 1000, (t2 - t1) * 1000, legacy
+    return (t1 - t0) * 1000, (t2 - t1) * 1000, legacy, index
 
 
 def sample_rows(folder: Path, events: Path, queries: list[Query] | None, repeat: int) -> dict[str, Any]:
@@ -90,14 +93,14 @@ def sample_rows(folder: Path, events: Path, queries: list[Query] | None, repeat:
     projector, report = build_embedded(cartridge, events)
     tenant = min(report.tenants)
     tools_for = tools_factory(cartridge, projector.store, tenant)
-    old_ms, new_ms, legacy = timed_builds(projector.store, tenant, tools_for(None, None))
+    old_ms, new_ms, legacy, index = timed_builds(projector.store, tenant)
     top = 1
     if queries is None:
         top = 3
         queries = [{"query": value, "expect": entity}
                    for entity, _, labels in documents(projector.store, tenant)
                    for value in labels.values() if isinstance(value, str) and value.strip()]
-    row = run(tools_for, legacy, queries, repeat, top)
+    row = run(tools_for, legacy, index, queries, repeat, top)
     row["build_ms"] = {"old": round(old_ms, 2), "new": round(new_ms, 2)}
     return row
 
@@ -114,9 +117,9 @@ def synthetic(members: int, repeat: int) -> dict[str, Any]:
         store.upsert_entity("t", "member", f"m{i}", name=name, valid_from=NOW - 10**9, recorded_at=NOW - 10**9)
     cartridge = load_cartridge(ROOT / "tests" / "corpus" / "directory")
     tools_for = tools_factory(cartridge, store, "t")
-    old_ms, new_ms, legacy = timed_builds(store, "t", tools_for(None, None))
+    old_ms, new_ms, legacy, index = timed_builds(store, "t")
     queries = [{"query": name, "expect": entity} for name, entity in rng.sample(names, min(200, members))]
-    row = run(tools_for, legacy, queries, repeat, 10)
+    row = run(tools_for, legacy, index, queries, repeat, 10)
     row["build_ms"] = {"old": round(old_ms, 2), "new": round(new_ms, 2)}
     return row
 
