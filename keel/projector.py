@@ -33,11 +33,11 @@ class EventStore:
     __slots__ = ("_by", "_event", "_id", "_known", "_occurred", "_occurred_at", "_recorded", "_source",
                  "_store", "checks", "writes")
 
-    def __init__(self, store: Store, event: Event, checks: CatalogChecks) -> None:
+    def __init__(self, store: Store, checks: CatalogChecks) -> None:
         self._store = store
         self.checks = checks
         self._known = checks.known          # entity -> type of every entity that passed the checks
-        self.bind(event)
+        self.writes: list[Write] = []
 
     def bind(self, event: Event) -> None:
         """Make this the store of `event`, with an empty buffer (the previous buffer belongs to its event)."""
@@ -168,8 +168,8 @@ class Projector:
         self.catalog = Catalog(cartridge)
         self.checks = CatalogChecks(cartridge)
         self.notes = NotePolicy(cartridge, store, allow_global=allow_global_notes)
-        self._handlers: dict[str, Handler] = {}
-        self._view: EventStore | None = None
+        self._handlers: dict[str, tuple[Handler, bool]] = {}    # event type -> (handler, declarative)
+        self._view = EventStore(store, self.checks)
 
     def parse(self, raw: bytes | str | dict[str, Any], *, default_recorded_at: Micros | None = None) -> Event:
         return self.catalog.parse(raw, default_recorded_at=default_recorded_at)
@@ -181,16 +181,16 @@ class Projector:
         if event.type == ANNOTATED:
             self._apply_note(event)
             return "applied"
-        handler = self._handlers.get(event.type)
-        if handler is None:
-            handler = self.cartridge.registry.handler(event.type)
-            if handler is not None:
-                self._handlers[event.type] = handler    # a registry keeps the first handler of a type
-        if handler is None:
-            raise EnvelopeRejected(f"no handler for {event.type!r}", event_id=event.id, tenant=event.tenant)
+        entry = self._handlers.get(event.type)
+        if entry is None:
+            found = self.cartridge.registry.handler(event.type)
+            if found is None:
+                raise EnvelopeRejected(f"no handler for {event.type!r}", event_id=event.id, tenant=event.tenant)
+            entry = self._handlers[event.type] = (found, getattr(found, "declarative", False))
+        handler, declarative = entry
         view = self._view
-        if view is None:
-            view = self._view = EventStore(self.store, event, self.checks)
+        if declarative:
+            view.writes = []        # a compiled projection reads the event itself; it uses only checks and writes
         else:
             view.bind(event)
         try:

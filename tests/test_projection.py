@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from projection_twins import python_twin
 
 from keel import CartridgeInvalid, HandlerFailed, MemoryStore, Projector, load_cartridge
 from keel.digest import digest
@@ -17,22 +18,6 @@ from keel.embedded import build_embedded
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTRIDGES = sorted(p.parent for p in (ROOT / "cartridges").glob("*/cartridge.yaml"))
-PYTHON_TWINS = ROOT / "tests" / "data" / "python_handlers"
-
-
-def python_twin(folder: Path, tmp: Path) -> Path:
-    """A copy of a cartridge with every `project:` removed and, appended to its handlers.py, the Python handlers
-    those steps replaced (kept under tests/data/python_handlers/)."""
-    twin = tmp / f"{folder.name}-python"
-    shutil.copytree(folder, twin)
-    doc = yaml.safe_load((folder / "cartridge.yaml").read_text())
-    for event in doc["events"].values():
-        event.pop("project", None)
-    (twin / "cartridge.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    own = folder / "handlers.py"
-    head = own.read_text() if own.exists() else "from keel import Registry\n\nregistry = Registry()\n"
-    (twin / "handlers.py").write_text(head + "\n\n" + (PYTHON_TWINS / f"{folder.name}.py").read_text())
-    return twin
 
 
 def varied_stream(folder: Path, path: Path, seed: int = 11) -> Path:
