@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from projection_twins import python_twin
+from support.twins import python_twin
 
 from keel import CartridgeInvalid, HandlerFailed, MemoryStore, Projector, load_cartridge
 from keel.digest import digest

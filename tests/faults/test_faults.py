@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from projection_twins import python_twin
-from test_replay_support import BackgroundPublisher, count_lines, finance_file, split_file
-from test_workers_support import (
+from support.replay import BackgroundPublisher, count_lines, finance_file, split_file
+from support.twins import python_twin
+from support.workers import (
     WorkerProcess,
     embedded_digests,
     keel,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-PYTHON_HANDLERS = Path(__file__).resolve().parent / "data" / "python_handlers"
+PYTHON_HANDLERS = Path(__file__).resolve().parents[1] / "data" / "python_handlers"
 
 
 def python_twin(folder: Path, tmp: Path, handlers_of: str | None = None) -> Path:
