@@ -25,8 +25,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from common import finance_events, finance_writes, lines, percentiles, version_point
+from support.twins import python_twin
 
 from keel import MemoryStore, Projector, Tools, load_cartridge
 from keel.embedded import replay_file
@@ -92,6 +94,8 @@ def main() -> None:
         report = replay_file(projector, path)       # the embedded path: read, check, handle, store
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
         ref_cpu.append(cpu_of(lambda: reference(raw)))
+        twin = load_cartridge(python_twin(ROOT / "cartridges" / "finance", Path(tmp)))
+        twin_cpu = cpu_of(lambda: replay_file(Projector(twin, MemoryStore()), path))
         t0 = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "keel.cli", "digest", str(ROOT / "cartridges" / "finance"),
                                "--events", str(path), "--tenant", "tenant-00000"], capture_output=True, text=True,
@@ -105,6 +109,8 @@ def main() -> None:
           f"{rate / 50_000:.2f})")
     print(f"reference computation (json.loads + the same writes appended to per-key lists, no checks): "
           f"{ref:.1f} µs CPU/event; ratio replay/reference {per_event / ref:.2f}")
+    print(f"the same replay with the Python handlers the finance projections replaced (tests/data/python_handlers): "
+          f"{twin_cpu / len(raw) * 1e6:.1f} µs CPU/event; ratio declarative/Python {cpu / twin_cpu:.2f}")
     print(f"through the CLI, `keel digest --events` (process start included): {cli:.2f}s = "
           f"{len(raw) / cli:,.0f} events/s")
     # The replay runs without automatic garbage collection (keel.embedded.bulk_allocation); show what one full
