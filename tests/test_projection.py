@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.twins import python_twin
+from support.workers import WorkerProcess, keel, redis_digests, services_env, unique_cartridge, wait_applied
 
 from keel import CartridgeInvalid, HandlerFailed, MemoryStore, Projector, load_cartridge
 from keel.digest import digest
@@ -171,3 +172,30 @@ def test_values_never_become_code(tmp_path: Path) -> None:
     # an absent optional field leaves out the label and the fact that use it, and nothing else
     assert projector.store.entity("t", "thing:a1").labels == {"fixed": "'\"); import os  # {not a placeholder} \\n"}
     assert [f["predicate"] for f in projector.store.facts("t", "thing:a1")] == ["word"]
+
+
+@pytest.mark.services
+@pytest.mark.timeout(600)
+def test_through_the_workers_the_declarative_and_python_versions_build_the_same_graph(tmp_path: Path) -> None:
+    """One worker serving each shipped cartridge and its all-Python twin (unique names, fresh topics), fed the
+    same varied stream: equal Redis digests, equal to the embedded build."""
+    env = services_env()
+    pairs = []
+    for folder in CARTRIDGES:
+        declared = unique_cartridge(tmp_path / "declared", folder.name)
+        twin = python_twin(unique_cartridge(tmp_path / "python", folder.name), tmp_path / "python")
+        events = varied_stream(folder, tmp_path / f"{folder.name}.jsonl")
+        for f in (declared, twin):
+            keel("publish", str(f), str(events), "--quiet", env=env)
+        pairs.append((declared, twin, events))
+    worker = WorkerProcess([f for declared, twin, _ in pairs for f in (declared, twin)], env, tmp_path / "worker.log")
+    try:
+        for declared, twin, events in pairs:
+            expected = digests(declared, events)
+            assert expected.pop("rejected") == ""
+            count = sum(1 for line in events.read_text().splitlines() if line.strip())
+            for f in (declared, twin):
+                wait_applied(f, env, count, worker)
+                assert redis_digests(f, env, expected) == expected
+    finally:
+        worker.kill()
