@@ -89,7 +89,7 @@ events:
       - link: {relation: placed_for, to: "customer:{customer}"}
       - link: {relation: placed_by, to: "order:{customer}"}
       - facts: {subject: "client:{customer}", set: {total: "{event.amount}", Bad: 1}}
-      - facts: {at: "not a time", set: {note: "{note:>5}"}}
+      - facts: {at: "not a time", set: {note: "{note:>5}", seen: "{customer:date}", day: "{event.tenant:date}"}}
       - close: {facts: []}
       - upsert: {type: shipment, id: "{customer}"}
       - tally: {x: 1}
@@ -125,7 +125,9 @@ def test_validate_reports_every_problem_of_the_projections_at_once(tmp_path: Pat
         f"{where}[3].facts.set.total: {{event.amount}}: the event has no attribute 'amount'",
         f"{where}[3].facts.set: predicate 'Bad'",
         f"{where}[4].facts.at: 'not a time' is not a time",
-        f"{where}[4].facts.set.note: '{{note:>5}}': placeholders take no format spec or conversion",
+        f"{where}[4].facts.set.note: '{{note:>5}}': a placeholder takes no conversion, and no format but :date",
+        f"{where}[4].facts.set.seen: {{customer:date}}: customer is not a date or datetime field",
+        f"{where}[4].facts.set.day: {{event.tenant:date}}: only occurred_at and recorded_at are times",
         f"{where}[5].close.facts: expected a list of predicates",
         f"{where}[6].upsert.type: 'shipment' is not an entity type of the cartridge",
         f"{where}[7]: a step is a mapping with one key",
@@ -199,3 +201,17 @@ def test_through_the_workers_the_declarative_and_python_versions_build_the_same_
                 assert redis_digests(f, env, expected) == expected
     finally:
         worker.kill()
+
+
+def test_the_date_format_is_the_utc_calendar_day(tmp_path: Path) -> None:
+    folder = tmp_path / "days"
+    folder.mkdir()
+    (folder / "cartridge.yaml").write_text(yaml.safe_dump({
+        "name": "days", "entities": {"thing": {}},
+        "events": {"thing.seen": {"subject": "thing", "owner": "x", "payload": {"at": "datetime"},
+                                  "project": [{"upsert": {"labels": {"day": "{at:date}",
+                                                                     "seen": "on {event.occurred_at:date}"}}}]}}}))
+    projector = Projector(load_cartridge(folder), MemoryStore())
+    projector.apply_raw({"id": "e1", "tenant": "t", "type": "thing.seen", "subject": "thing:a",
+                         "occurred_at": "2026-03-01T23:30:00-05:00", "payload": {"at": "2026-02-28T21:00:00-05:00"}})
+    assert projector.store.entity("t", "thing:a").labels == {"day": "2026-03-01", "seen": "on 2026-03-02"}
