@@ -14,6 +14,7 @@ segments visible at (at, known_at) to the caller's scopes and ranks entities by 
 """
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import unicodedata
@@ -93,9 +94,7 @@ class Rectangle(NamedTuple):
 def rectangles(assertions: Iterable[Assertion]) -> list[Rectangle]:
     """Every version of a timeline with the knowledge interval in which it was believed (keel.timeline's fold
     at each distinct recorded_at, equal versions of consecutive knowledge times merged)."""
-    tl = Timeline()
-    for a in assertions:
-        tl.add(a)
+    tl = Timeline.over(list(assertions))         # by point, then log order, as every store gives them
     out: list[Rectangle] = []
     open_: dict[tuple[str, Micros, Micros], Rectangle] = {}
     for known in sorted({a.recorded_at for a in tl.assertions()}):
@@ -164,7 +163,7 @@ class SearchIndex:
             self.starts.append(starts)
             self.settled.append(self._settled(segs, starts, current))
             total += current
-        self.avg = total / len(self.names) if self.names else 0.0
+        self.avg = (total / len(self.names) if self.names else 0.0) or 1.0
 
     def _settled(self, notes: list[int], starts: list[int], length: int) -> tuple[Micros, Micros, int] | None:
         """(world, knowledge, length) when an entity has no notes and only label versions that never end nor
@@ -201,50 +200,46 @@ class SearchIndex:
                type: str | None = None, limit: int = 10) -> list[dict[str, Any]]:
         """Entities matching the query's words in the text visible at `at` as known at `known_at` to `scopes`
         (scope keys, "" = labels), best first."""
-        terms = query_tokens(query)
         known = NEVER - 1 if known_at is None else known_at
         allowed = frozenset(scopes) | {""}
-        exists: dict[int, bool] = {}
-        hits: dict[int, list[int]] = {}
-        settled, first, s_entity = self.settled, self.first, self.s_entity
-        prefix = None if type is None else type + ":"
-        for ti, term in enumerate(terms):
+        status: dict[int, int] = {}       # entity -> 0 not shown, 1 shown in part, 2 shown whole (settled)
+        per_term: list[dict[int, int]] = []
+        for term in query_tokens(query):
+            tfs: dict[int, int] = {}
             for s, tf in self.postings.get(term, ()):
-                e = -1 - s if s < 0 else s_entity[s]
-                fixed = settled[e]
-                if fixed is not None and at >= fixed[0] and known >= fixed[1] and first[e] <= known:
-                    pass                      # everything of the entity is visible
-                else:
-                    ok = exists.get(e)
-                    if ok is None:
-                        ok = exists[e] = self._exists(e, at, known)
-                    if not ok or (s >= 0 and not self._visible(s, at, known, allowed)):
-                        continue
-                if prefix is not None and not self.names[e].startswith(prefix):
-                    continue
-                counts = hits.get(e)
-                if counts is None:
-                    counts = hits[e] = [0] * len(terms)
-                counts[ti] += tf
-        if not hits:
-            return []
-        n = len(self.names)
-        df = [sum(1 for c in hits.values() if c[ti]) for ti in range(len(terms))]
-        idf = [math.log(1 + (n - d + 0.5) / (d + 0.5)) for d in df]
-        ranked = []
-        for e, counts in hits.items():
-            fixed = settled[e]
-            if fixed is not None and at >= fixed[0] and known >= fixed[1]:
-                length = fixed[2]
-            else:
-                length = self.id_length[e] + sum(self.s_length[s] for s in self.segments[e]
-                                                 if self._visible(s, at, known, allowed))
-            norm = K1 * (1 - B + B * length / self.avg) if self.avg else K1
-            score = sum(idf[ti] * tf * (K1 + 1) / (tf + norm) for ti, tf in enumerate(counts) if tf)
-            ranked.append((-round(score, 6), self.names[e], e))
-        ranked.sort()
+                e = -1 - s if s < 0 else self.s_entity[s]
+                state = status.get(e)
+                if state is None:
+                    state = status[e] = self._status(e, at, known, type)
+                if state == 2 or (state == 1 and (s < 0 or self._visible(s, at, known, allowed))):
+                    tfs[e] = tfs.get(e, 0) + tf
+            per_term.append(tfs)
+        n, norms, scores = len(self.names), {}, {}
+        for tfs in per_term:
+            idf = math.log(1 + (n - len(tfs) + 0.5) / (len(tfs) + 0.5))
+            for e, tf in tfs.items():
+                norm = norms.get(e)
+                if norm is None:
+                    norm = norms[e] = K1 * (1 - B + B * self._length(e, status[e], at, known, allowed) / self.avg)
+                scores[e] = scores.get(e, 0.0) + idf * tf * (K1 + 1) / (tf + norm)
+        names = self.names
+        ranked = heapq.nsmallest(limit, ((-score, names[e], e) for e, score in scores.items()))
         return [{"entity": name, "type": name.partition(":")[0], "labels": self._labels(e, at, known),
-                 "score": -score} for score, name, e in ranked[:limit]]
+                 "score": round(-score, 6)} for score, name, e in ranked]
+
+    def _status(self, e: int, at: Micros, known: Micros, type: str | None) -> int:
+        if type is not None and not self.names[e].startswith(type + ":"):
+            return 0
+        fixed = self.settled[e]
+        if fixed is not None and at >= fixed[0] and known >= fixed[1] and self.first[e] <= known:
+            return 2
+        return 1 if self._exists(e, at, known) else 0
+
+    def _length(self, e: int, state: int, at: Micros, known: Micros, allowed: frozenset[str]) -> int:
+        if state == 2:
+            return self.settled[e][2]           # type: ignore[index]
+        return self.id_length[e] + sum(self.s_length[s] for s in self.segments[e]
+                                       if self._visible(s, at, known, allowed))
 
     def _labels(self, e: int, at: Micros, known: Micros) -> dict[str, Any]:
         labels = {self.s_label[s]: self.s_rect[s].value for s in self.starts[e]
