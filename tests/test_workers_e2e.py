@@ -117,7 +117,9 @@ def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_goes_on(env: dic
         assert store.event_ids(tenant.decode()) == sorted(e["id"] for e in good)
         store.close()
         doc = status(folder, env)
-        assert doc["dead_letters"] == len(bad) and doc["dead_letters_without_tenant"] == 2     # broken JSON, binary
+        assert doc["dead_letters"]["total"] == doc["dead_letters"]["open"] == len(bad)
+        assert doc["dead_letters"]["by_tenant"][""] == 2                                  # broken JSON, binary
+        assert sum(doc["dead_letters_counted_by_workers"].values()) == len(bad)
     finally:
         worker.kill()
 

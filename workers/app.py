@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import faust
@@ -22,6 +26,9 @@ from keel.kafka import bootstrap_list, ensure_topics
 from .ingest import CartridgeIngest, WorkerOptions
 from .names import dlq_topic, events_topic
 
+TERM_BOUND_S = 14.0     # SIGTERM → exit, at the latest (the promise is 15 s; ingest's budget is 10 s)
+EXIT_WATCHDOG = 3       # the watchdog ended the process (as an outage would; see docs/operations.md)
+
 
 def create_app(cartridges: list[Cartridge], settings: Settings) -> faust.App:
     """A faust App for these cartridges (no module-level app: built per process from Settings)."""
@@ -33,12 +40,35 @@ def create_app(cartridges: list[Cartridge], settings: Settings) -> faust.App:
     return app
 
 
+class KeelWorker(faust.Worker):
+    """faust's Worker, plus a promise: after SIGTERM/SIGINT the process ends within TERM_BOUND_S.
+
+    The graceful path (workers/ingest.py: finish the write under way, close the clients, each bounded)
+    normally takes well under that; the watchdog is for what cannot be bounded from inside the loop (a
+    thread blocked in a client call, a library stuck in its own task). Ending there is as safe as SIGKILL:
+    Redis holds each tenant's applied offset with its writes and redelivered records are skipped."""
+
+    def _schedule_shutdown(self, signal: signal.Signals) -> None:     # mode's hook for SIGTERM and SIGINT
+        if not self._signal_stop_time:
+            timer = threading.Timer(TERM_BOUND_S, _watchdog_exit, args=(signal.name,))
+            timer.daemon = True
+            timer.start()
+        super()._schedule_shutdown(signal)
+
+
+def _watchdog_exit(name: str) -> None:
+    logging.getLogger("keel.worker").error("watchdog: still running %.0fs after %s; exiting now (what was not "
+                                           "committed is redelivered)", TERM_BOUND_S, name)
+    logging.shutdown()
+    os._exit(EXIT_WATCHDOG)
+
+
 def create_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions, *,
                   loglevel: str = "info", quiet: bool = False) -> faust.Worker:
     """The faust Worker running the app and one CartridgeIngest per cartridge."""
     app = create_app(cartridges, settings)
     services = [CartridgeIngest(c, settings, options) for c in cartridges]
-    return faust.Worker(app, *services, loglevel=loglevel, quiet=quiet, redirect_stdouts=False)
+    return KeelWorker(app, *services, loglevel=loglevel, quiet=quiet, redirect_stdouts=False)
 
 
 def preflight(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions) -> None:
