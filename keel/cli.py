@@ -16,6 +16,7 @@ from .digest import digest
 from .embedded import build_embedded, print_reject, replay_file
 from .errors import CartridgeInvalid, DomainError, KeelError, UsageError
 from .eventlog import FileLog
+from .logs import install as install_log_limit
 from .projector import Projector
 from .store.base import Store
 from .store.memory import MemoryStore
@@ -113,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
-    try:
+    install_log_limit()       # library log lines: one per cause per interval (commands that configure logging
+    try:                      # again call it again)
         return int(args.run(args) or 0)
     except BrokenPipeError:                      # output piped into `head` and closed: not an error
         sys.stderr.close()

@@ -212,7 +212,11 @@ def status(cartridge: Path, env: dict[str, str]) -> dict[str, Any]:
     from keel.config import resolve
     from workers.status import gather_status
     settings = resolve({"kafka": env["KEEL_KAFKA_BOOTSTRAP"], "redis": env["KEEL_REDIS_URL"]})
-    return gather_status(load_cartridge(cartridge), settings, per_tenant=False)
+    doc = gather_status(load_cartridge(cartridge), settings, per_tenant=False)
+    if "kafka" in doc["unavailable"]:       # callers wait through an outage by catching this
+        from keel.errors import KafkaUnavailable
+        raise KafkaUnavailable(doc["unavailable"]["kafka"])
+    return doc
 
 
 def wait_applied(cartridge: Path, env: dict[str, str], expected: int, worker: WorkerProcess | None = None,

@@ -22,6 +22,7 @@ from faust.app.base import BootStrategy
 from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.kafka import bootstrap_list, ensure_topics
+from keel.logs import install as install_log_limit
 
 from .ingest import CartridgeIngest, WorkerOptions
 from .names import dlq_topic, events_topic
@@ -47,6 +48,9 @@ class KeelWorker(faust.Worker):
     normally takes well under that; the watchdog is for what cannot be bounded from inside the loop (a
     thread blocked in a client call, a library stuck in its own task). Ending there is as safe as SIGKILL:
     Redis holds each tenant's applied offset with its writes and redelivered records are skipped."""
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        install_log_limit()       # faust replaced the handlers: library lines one per cause per interval again
 
     def _schedule_shutdown(self, signal: signal.Signals) -> None:     # mode's hook for SIGTERM and SIGINT
         if not self._signal_stop_time:
