@@ -80,3 +80,16 @@ def test_what_cannot_be_read_is_said() -> None:
     text = render_status(doc)
     assert "CANNOT READ KAFKA: Kafka connect failed" in text and "lag ?" in text
     assert "dead letters counted by workers (Redis; relay/webhook letters not included): 3" in text
+
+
+def test_keel_status_with_kafka_and_redis_down_says_so_and_exits_3(tmp_path) -> None:
+    """Issue 10: with Redis down `keel status` exited 1 and showed no Kafka lag either."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "keel.cli", "status", str(root / "cartridges" / "finance"),
+                          "--kafka", "127.0.0.1:1", "--redis", "redis://127.0.0.1:1/0"],
+                         capture_output=True, text=True, cwd=root, timeout=120, check=False)
+    assert out.returncode == 3, out.stderr
+    assert "CANNOT READ KAFKA" in out.stdout and "CANNOT READ REDIS" in out.stdout and "lag ?" in out.stdout
