@@ -17,12 +17,12 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]     # as pytest's pythonpath
 
 
 def main() -> int:
-    from test_rebalance_support import SCENARIOS, Size, run_scenario
-    from test_workers_support import services_env
+    from support.rebalance import SCENARIOS, Size, run_scenario
+    from support.workers import services_env
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=0, help="number of runs (default: until --minutes pass)")

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_rebalance_support import CI, SCENARIOS, run_scenario
-from test_workers_support import services, services_env
+from support.rebalance import CI, SCENARIOS, run_scenario
+from support.workers import services, services_env
 
 pytestmark = [services, pytest.mark.timeout(900)]
 

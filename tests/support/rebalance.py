@@ -10,14 +10,15 @@ tenant's Redis digest equal to the embedded build, every worker still alive ends
 from __future__ import annotations
 
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from test_workers_support import (
-    ROOT,
+from common import finance_events
+
+from keel.cartridge import load_cartridge
+from support.workers import (
     WorkerProcess,
     embedded_digests,
     keel,
@@ -26,11 +27,6 @@ from test_workers_support import (
     wait_until,
     write_jsonl,
 )
-
-from keel.cartridge import load_cartridge
-
-sys.path.insert(0, str(ROOT / "bench"))
-from common import finance_events
 
 TERM_BOUND_S = 15.0          # the worker's own promise (workers/ingest.py: SHUTDOWN_BUDGET_S + its watchdog)
 SCENARIOS = ("join", "double_join", "kill", "term_during_rebalance")
@@ -145,7 +141,7 @@ def run_scenario(kind: str, tmp: Path, env: dict[str, str], size: Size, seed: in
 
 
 def _fresh_cartridge(tmp: Path) -> Path:
-    from test_workers_support import unique_cartridge
+    from support.workers import unique_cartridge
     return unique_cartridge(tmp, "finance", prefix="rb")
 
 
