@@ -117,7 +117,7 @@ def main() -> None:
             time.sleep(0.2)
         info = client.info("memory")
         keys = client.dbsize()
-        aof = sum(f.stat().st_size for f in tmp.rglob("*.aof"))
+        aof = sum(f.stat().st_size for f in (tmp / "appendonlydir").iterdir())     # base (RDB preamble) + incr
         out.update(redis_used_memory_bytes_per_event=round(info["used_memory"] / args.events),
                    redis_keys=keys, redis_keys_per_event=round(keys / args.events, 3),
                    aof_bytes_per_event=round(aof / args.events))

@@ -298,7 +298,6 @@ class CartridgeIngest(Service):
             self._reported = (now, self.records)
 
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._revoking = False
         self.log.info("%s: assigned partitions %s", self.topic, sorted(tp.partition for tp in assigned) or "none")
 
     def on_revoked(self, revoked: set[TopicPartition]) -> None:
@@ -311,6 +310,7 @@ class CartridgeIngest(Service):
     async def on_stop(self) -> None:
         """SIGTERM: the loop sees should_stop after its fetch or batch, finishes the write under way and
         ends; wait for that (bounded, then cancel it), then close the clients (each bounded)."""
+        cancelled = False
         if self._loop_task is not None and not self._loop_task.done():
             try:
                 await asyncio.wait_for(self._loop_done.wait(), self.options.shutdown_timeout_s)
@@ -318,6 +318,7 @@ class CartridgeIngest(Service):
                 self.log.warning("%s: the consume loop did not end within %.0fs; cancelled (what it had not "
                                  "committed is redelivered)", self.label, self.options.shutdown_timeout_s)
                 self._loop_task.cancel()
+                cancelled = True
                 await asyncio.gather(self._loop_task, return_exceptions=True)
         for what, client in (("consumer", self.consumer), ("producer", self.producer)):
             if client is not None:
@@ -326,7 +327,7 @@ class CartridgeIngest(Service):
                 except (KafkaError, TimeoutError) as e:
                     self.log.warning("%s: %s stop: %s", self.label, what, type(e).__name__)
         if self.pipeline is not None:
-            self.pipeline.close(wait=self._loop_done.is_set())
+            self.pipeline.close(wait=not cancelled)      # a thread of the cancelled loop may still be busy
         for store in self.stores:
             store.close()
         self.log.info("%s: stopped after %d batch(es), %d record(s)", self.label, self.batches, self.records)
