@@ -12,6 +12,7 @@ from common import finance_events
 from support.workers import (
     CARTRIDGES,
     WorkerProcess,
+    committed,
     embedded_digests,
     keel,
     produce_raw,
@@ -133,10 +134,6 @@ def generated(path: Path, n: int, tenants: int, seed: int) -> Path:
             if q:
                 out.append(q.pop(0))
     return write_jsonl(path, out)
-
-
-def committed(folder: Path, env: dict[str, str]) -> int:
-    return sum(p["committed"] or 0 for p in status(folder, env)["partitions"])
 
 
 def test_kill_9_at_random_moments_then_restart_changes_nothing(env: dict[str, str], tmp_path: Path) -> None:

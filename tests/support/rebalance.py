@@ -20,6 +20,7 @@ from common import finance_events
 from keel.cartridge import load_cartridge
 from support.workers import (
     WorkerProcess,
+    committed,
     embedded_digests,
     keel,
     redis_digests,
@@ -58,15 +59,6 @@ def interleaved_events(path: Path, n: int, tenants: int, seed: int) -> Path:
     return write_jsonl(path, out)
 
 
-def committed(folder: Path, env: dict[str, str]) -> int:
-    """Offsets the group committed so far (0 while the group's coordinator is not known yet)."""
-    from keel.errors import KafkaUnavailable
-    try:
-        return sum(p["committed"] or 0 for p in status(folder, env)["partitions"])
-    except KafkaUnavailable:
-        return 0
-
-
 class Group:
     """The worker processes of one scenario, each logging to its own file."""
 
@@ -91,9 +83,10 @@ class Group:
             w.kill()
 
 
-def _wait_progress(group: Group, before: int, at_least: int = 1) -> None:
-    wait_until(lambda: committed(group.folder, group.env) >= before + at_least, 180, "the workers to make progress",
-               interval=0.1, on_timeout=group.texts)
+def _wait_progress(group: Group, before: int, at_least: int, total: int) -> None:
+    """Until the group committed `at_least` more records than `before` (or everything)."""
+    wait_until(lambda: committed(group.folder, group.env) >= min(before + at_least, total), 180,
+               "the workers to make progress", interval=0.1, on_timeout=group.texts)
 
 
 def run_scenario(kind: str, tmp: Path, env: dict[str, str], size: Size, seed: int,
@@ -110,7 +103,7 @@ def run_scenario(kind: str, tmp: Path, env: dict[str, str], size: Size, seed: in
         first = group.start()
         if kind == "double_join":
             group.start()
-        _wait_progress(group, 0, rng.randrange(1, max(2, size.events // 10)))
+        _wait_progress(group, 0, rng.randrange(1, max(2, size.events // 10)), size.events)
         time.sleep(rng.uniform(0, 1.5))            # somewhere in a batch: planned, being written, or between
         if kind in ("join", "double_join"):
             group.start()
@@ -118,7 +111,7 @@ def run_scenario(kind: str, tmp: Path, env: dict[str, str], size: Size, seed: in
             group.start()                          # a second change while the first rebalance may still run
         elif kind == "kill":
             group.start()
-            _wait_progress(group, committed(folder, env), rng.randrange(1, size.batch * 4))
+            _wait_progress(group, committed(folder, env), rng.randrange(1, size.batch * 4), size.events)
             time.sleep(rng.uniform(0, 1))
             first.kill()
         elif kind == "term_during_rebalance":
