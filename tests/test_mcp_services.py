@@ -69,11 +69,11 @@ def redis_store(redis_url: str, tenant: str) -> Iterator[Any]:
 
 def kafka_log_available() -> None:
     try:
-        from workers.log import KafkaLog  # noqa: F401
+        from keel.kafka_log import KafkaLog  # noqa: F401
     except ImportError as e:
         if os.environ.get("KEEL_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"workers.log.KafkaLog is not importable: {e}")
-        pytest.skip(f"workers.log.KafkaLog not available yet: {e}")
+            pytest.fail(f"keel.kafka_log.KafkaLog is not importable: {e}")
+        pytest.skip(f"keel.kafka_log.KafkaLog not available yet: {e}")
 
 
 def test_reads_over_redis(tmp_path: Path, tenant: str, redis_store: Any) -> None:
