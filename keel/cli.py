@@ -158,8 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 class Session:
     """A cartridge, its opened graph (keel.connect) and the tenant a query command works on.
 
-    The events file is the first argument unless `--redis URL` is given; without `--redis`, a first argument
-    that is not a file means the Redis graph of KEEL_REDIS_URL when that is set."""
+    The events file is the first argument unless `--redis URL` is given; without `--redis`, when KEEL_REDIS_URL
+    is set and the first argument is neither a file nor a `.jsonl` path, the command reads that Redis graph."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.cartridge = load_cartridge(args.cartridge)
@@ -169,7 +169,7 @@ class Session:
         if not args.redis:
             if not rest:
                 raise UsageError("give the events file (or --redis URL)")
-            if Path(rest[0]).is_file() or not settings.redis_url:
+            if not settings.redis_url or Path(rest[0]).is_file() or rest[0].endswith(".jsonl"):
                 events = rest.pop(0)
         self.graph = open_graph(self.cartridge, settings, events)
         self.store, self.log = self.graph.store, self.graph.log
