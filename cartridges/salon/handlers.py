@@ -13,17 +13,6 @@ def _day(when):
     return str(when)[:10]
 
 
-@registry.on("stylist.joined")
-def stylist_joined(event, store):
-    p, when = event.payload, event.occurred_at
-    labels = {"name": p["name"], "specialty": p["specialty"]}
-    if p.get("instagram"):
-        labels["instagram"] = p["instagram"]
-    store.upsert_entity(event.tenant, "stylist", event.subject_id, ref=f"staff.stylists#{event.subject_id}",
-                        **labels)
-    store.open_fact(event.tenant, event.subject, "chair", p["chair"], valid_from=when)
-    store.open_fact(event.tenant, event.subject, "status", "active", valid_from=when)
-
 
 @registry.on("client.registered")
 def client_registered(event, store):
