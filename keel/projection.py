@@ -18,8 +18,8 @@ Steps, applied in order (each a mapping with one key):
 Defaults: `type`/`id` are the event's subject, `subject` and `from` are `{event.subject}`, `at` is the event's
 occurred_at. A value is a YAML scalar; a string may hold placeholders: `{field}` is a payload field,
 `{event.X}` an attribute of the event (id tenant type subject subject_type subject_id source by occurred_at
-recorded_at); `{{` and `}}` are literal braces. A string that is exactly one placeholder keeps the value's
-JSON type; any other string with placeholders is text. A label, fact or ref whose value uses an optional
+recorded_at), `{name:date}` the UTC calendar day (YYYY-MM-DD) of a time; `{{` and `}}` are literal braces.
+A string that is exactly one placeholder keeps the value's JSON type; any other string is text. A label, fact or ref whose value uses an optional
 payload field that is absent (or null) is left out; a step whose entity, relation end or time uses one is
 skipped.
 """
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import BadTime
 from .store.base import REF_LABEL, Write, checked_label_writes
 from .timeline import Assertion
-from .times import parse_time
+from .times import format_time, parse_time
 
 if TYPE_CHECKING:   # the spec classes live in .cartridge, which imports this module
     from .cartridge import CartridgeSpec, EventSpec
@@ -42,6 +42,7 @@ if TYPE_CHECKING:   # the spec classes live in .cartridge, which imports this mo
 EVENT_ATTRIBUTES = ("id", "tenant", "type", "subject", "subject_type", "subject_id", "source", "by",
                     "occurred_at", "recorded_at")
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+DAY = "date"        # the one placeholder format: `{occurred_at:date}` is the UTC calendar day YYYY-MM-DD
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STEPS: dict[str, tuple[frozenset[str], frozenset[str]]] = {     # step -> (allowed keys, required keys)
     "upsert": (frozenset({"type", "id", "ref", "labels"}), frozenset()),
@@ -55,8 +56,9 @@ Handler = Callable[[Any, Any], None]
 
 @dataclass(frozen=True)
 class Ref:
-    """A placeholder: `event.<attribute>` or a payload field."""
+    """A placeholder: `event.<attribute>` or a payload field; `day`: its `:date` form (the UTC calendar day)."""
     name: str
+    day: bool = False
 
     @property
     def attribute(self) -> str | None:
@@ -100,16 +102,21 @@ def parse_value(raw: object, at: str, event: EventSpec, problems: _Problems) -> 
             parts.append(literal)
         if field is None:
             continue
-        if spec or conversion:
-            problems.add(at, f"{raw!r}: placeholders take no format spec or conversion")
-        ref = Ref(field)
+        if conversion or spec not in ("", DAY):
+            problems.add(at, f"{raw!r}: a placeholder takes no conversion, and no format but :{DAY} "
+                             "(the UTC calendar day of a time)")
+        ref = Ref(field, spec == DAY)
         attribute = ref.attribute
         if attribute is not None:
             if attribute not in EVENT_ATTRIBUTES:
                 problems.add(at, f"{{{field}}}: the event has no attribute {attribute!r}; use one of "
                                  f"{' '.join(EVENT_ATTRIBUTES)}")
+            elif ref.day and attribute not in ("occurred_at", "recorded_at"):
+                problems.add(at, f"{{{field}:{DAY}}}: only occurred_at and recorded_at are times")
         elif not _FIELD.match(field) or field not in event.payload:
             problems.add(at, f"{{{field}}}: not a payload field of this event type")
+        elif ref.day and event.fields()[field].type not in ("date", "datetime"):
+            problems.add(at, f"{{{field}:{DAY}}}: {field} is not a date or datetime field")
         parts.append(ref)
     if not any(isinstance(p, Ref) for p in parts):
         return "".join(p for p in parts if isinstance(p, str))
@@ -264,7 +271,7 @@ class _Source:
         self.optional = {name for name, f in event.fields().items() if f.optional}
         self.subject_type = event.subject
         self.namespace: dict[str, Any] = {"_new": tuple.__new__, "_W": Write, "_A": Assertion,
-                                          "_labels": checked_label_writes, "_point": _point}
+                                          "_labels": checked_label_writes, "_point": _point, "_day": _day}
         self.lines: list[str] = []
         self.reads: list[str] = []              # the payload reads, done once at the top
         self.fields: dict[str, str] = {}        # payload field -> its local name
@@ -275,6 +282,11 @@ class _Source:
         return name
 
     def ref(self, ref: Ref) -> str:
+        """The expression of a placeholder's value (its `:date` form applied)."""
+        return f"_day({self.read(ref)})" if ref.day else self.read(ref)
+
+    def read(self, ref: Ref) -> str:
+        """The expression of the value a placeholder names: an event attribute, or a payload field read once."""
         attribute = ref.attribute
         if attribute is not None:
             return f"event.{attribute}"         # a checked name of EVENT_ATTRIBUTES
@@ -295,7 +307,7 @@ class _Source:
 
     def guard(self, *values: Value) -> str | None:
         """The condition under which every optional payload field the values use is present."""
-        names = sorted({self.ref(r) for v in values for r in refs_of(v) if r.name in self.optional})
+        names = sorted({self.read(r) for v in values for r in refs_of(v) if r.name in self.optional})
         return " and ".join(f"{n} is not None" for n in names) or None
 
     def point(self, at: Value) -> str:
@@ -322,6 +334,11 @@ class _Source:
 def _point(when: object) -> int:
     """The valid-time point of a value the way EventStore reads one (an Instant is already micros)."""
     return int(when) if isinstance(when, int) and not isinstance(when, bool) else parse_time(when)
+
+
+def _day(when: object) -> str:
+    """The UTC calendar day of a time, as `str(event.occurred_at)[:10]` gives it in a Python handler."""
+    return format_time(_point(when))[:10]
 
 
 def _write(src: _Source, indent: int, key: str, value: str, closed: bool, point: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.twins import python_twin
+from support.workers import WorkerProcess, keel, redis_digests, services_env, unique_cartridge, wait_applied
 
 from keel import CartridgeInvalid, HandlerFailed, MemoryStore, Projector, load_cartridge
 from keel.digest import digest
@@ -88,7 +89,7 @@ events:
       - link: {relation: placed_for, to: "customer:{customer}"}
       - link: {relation: placed_by, to: "order:{customer}"}
       - facts: {subject: "client:{customer}", set: {total: "{event.amount}", Bad: 1}}
-      - facts: {at: "not a time", set: {note: "{note:>5}"}}
+      - facts: {at: "not a time", set: {note: "{note:>5}", seen: "{customer:date}", day: "{event.tenant:date}"}}
       - close: {facts: []}
       - upsert: {type: shipment, id: "{customer}"}
       - tally: {x: 1}
@@ -124,7 +125,9 @@ def test_validate_reports_every_problem_of_the_projections_at_once(tmp_path: Pat
         f"{where}[3].facts.set.total: {{event.amount}}: the event has no attribute 'amount'",
         f"{where}[3].facts.set: predicate 'Bad'",
         f"{where}[4].facts.at: 'not a time' is not a time",
-        f"{where}[4].facts.set.note: '{{note:>5}}': placeholders take no format spec or conversion",
+        f"{where}[4].facts.set.note: '{{note:>5}}': a placeholder takes no conversion, and no format but :date",
+        f"{where}[4].facts.set.seen: {{customer:date}}: customer is not a date or datetime field",
+        f"{where}[4].facts.set.day: {{event.tenant:date}}: only occurred_at and recorded_at are times",
         f"{where}[5].close.facts: expected a list of predicates",
         f"{where}[6].upsert.type: 'shipment' is not an entity type of the cartridge",
         f"{where}[7]: a step is a mapping with one key",
@@ -171,3 +174,44 @@ def test_values_never_become_code(tmp_path: Path) -> None:
     # an absent optional field leaves out the label and the fact that use it, and nothing else
     assert projector.store.entity("t", "thing:a1").labels == {"fixed": "'\"); import os  # {not a placeholder} \\n"}
     assert [f["predicate"] for f in projector.store.facts("t", "thing:a1")] == ["word"]
+
+
+@pytest.mark.services
+@pytest.mark.timeout(600)
+def test_through_the_workers_the_declarative_and_python_versions_build_the_same_graph(tmp_path: Path) -> None:
+    """One worker serving each shipped cartridge and its all-Python twin (unique names, fresh topics), fed the
+    same varied stream: equal Redis digests, equal to the embedded build."""
+    env = services_env()
+    pairs = []
+    for folder in CARTRIDGES:
+        declared = unique_cartridge(tmp_path / "declared", folder.name)
+        twin = python_twin(unique_cartridge(tmp_path / "python", folder.name), tmp_path / "python")
+        events = varied_stream(folder, tmp_path / f"{folder.name}.jsonl")
+        for f in (declared, twin):
+            keel("publish", str(f), str(events), "--quiet", env=env)
+        pairs.append((declared, twin, events))
+    worker = WorkerProcess([f for declared, twin, _ in pairs for f in (declared, twin)], env, tmp_path / "worker.log")
+    try:
+        for declared, twin, events in pairs:
+            expected = digests(declared, events)
+            assert expected.pop("rejected") == ""
+            count = sum(1 for line in events.read_text().splitlines() if line.strip())
+            for f in (declared, twin):
+                wait_applied(f, env, count, worker)
+                assert redis_digests(f, env, expected) == expected
+    finally:
+        worker.kill()
+
+
+def test_the_date_format_is_the_utc_calendar_day(tmp_path: Path) -> None:
+    folder = tmp_path / "days"
+    folder.mkdir()
+    (folder / "cartridge.yaml").write_text(yaml.safe_dump({
+        "name": "days", "entities": {"thing": {}},
+        "events": {"thing.seen": {"subject": "thing", "owner": "x", "payload": {"at": "datetime"},
+                                  "project": [{"upsert": {"labels": {"day": "{at:date}",
+                                                                     "seen": "on {event.occurred_at:date}"}}}]}}}))
+    projector = Projector(load_cartridge(folder), MemoryStore())
+    projector.apply_raw({"id": "e1", "tenant": "t", "type": "thing.seen", "subject": "thing:a",
+                         "occurred_at": "2026-03-01T23:30:00-05:00", "payload": {"at": "2026-02-28T21:00:00-05:00"}})
+    assert projector.store.entity("t", "thing:a").labels == {"day": "2026-03-01", "seen": "on 2026-03-02"}
