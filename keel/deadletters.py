@@ -20,14 +20,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from .kafka import admin_client, bootstrap_list, kafka_guard
+from .wire import REASON, REDRIVEN, SOURCE, TENANT
 
-REASON = "keel.reason"
-TENANT = "keel.tenant"
-EVENT_ID = "keel.event_id"
-SOURCE = "keel.source"
-REDRIVEN = "keel.redriven"            # on a marker record: the letter it redrove, "<partition>:<offset>"
-REDRIVEN_AT = "keel.redriven_at"      # on a marker record: when
-REDRIVE_OF = "keel.redrive.of"        # on the re-sent event: "<dlq topic>:<partition>:<offset>"
 HOUR_MS = 3_600_000
 
 

@@ -47,33 +47,38 @@ class Version(NamedTuple):
     corrected_by: str | None
 
 
+def insert(entries: list[Assertion], a: Assertion) -> None:
+    """Put an assertion in its place in a timeline's list: by point, after any assertion at the same point
+    (log order kept). Stores that keep plain lists call this; the common case is an append."""
+    if not entries or entries[-1].point <= a.point:
+        entries.append(a)                   # in valid-time order, or a same-point correction
+    else:
+        insort_right(entries, a, key=_point)
+
+
 class Timeline:
     """Assertions of one key, kept in one list sorted by point, then log order; as-of lookups are a
-    bisect (O(log n)). Most timelines hold a single assertion, so this is one object and one list."""
+    bisect (O(log n)). Most timelines hold a single assertion, so this is one object and one list.
+    The list only grows, so the cached coalesced versions stay valid while its length is unchanged;
+    `over` wraps a list a store keeps (and appends to with `insert`) without copying it."""
     __slots__ = ("_runs", "entries")
 
     def __init__(self, first: Assertion | None = None) -> None:
         self.entries: list[Assertion] = [] if first is None else [first]
-        self._runs: list[Version] | None = None
+        self._runs: tuple[int, list[Version]] | None = None
+
+    @classmethod
+    def over(cls, entries: list[Assertion]) -> Timeline:
+        tl = cls()
+        tl.entries = entries
+        return tl
 
     def add(self, a: Assertion) -> None:
-        self._runs = None
-        entries = self.entries
-        if not entries or entries[-1].point <= a.point:
-            entries.append(a)               # the common case: in valid-time order (or a same-point correction)
-        else:
-            insort_right(entries, a, key=_point)   # after any assertion at the same point: log order kept
+        insert(self.entries, a)
 
     def assertions(self) -> Iterator[Assertion]:
         """Every assertion, by point, then log order."""
         return iter(self.entries)
-
-    def latest_value(self) -> Any:
-        """The value at the last point in valid time (current belief), or None when ended."""
-        if not self.entries:
-            return None
-        w = self.entries[-1]
-        return None if w.closed else w.value
 
     # --- the fold ---------------------------------------------------------------------------
     # A *group* is the slice entries[start:end] of the assertions at one point.
@@ -119,12 +124,7 @@ class Timeline:
             start = self._group_start(end)
             winner, seen = self._winner(start, end, known_at)
             if winner is not None:
-                if winner.closed:
-                    return None
-                version = _version(winner, seen, self._next_point(end, known_at))
-                if version.valid_to is not None and version.valid_to <= t:
-                    return None
-                return version
+                return version_at(winner, seen, self._next_point(end, known_at), t)
             end = start
         return None
 
@@ -150,12 +150,9 @@ class Timeline:
         """Coalesced versions (see `coalesce`); cached for the current belief."""
         if known_at is not None:
             return coalesce(self.versions(known_at))
-        if self._runs is None:
-            self._runs = coalesce(self.versions())
-        return self._runs
-
-    def first_recorded(self) -> Micros:
-        return min(a.recorded_at for a in self.entries)
+        if self._runs is None or self._runs[0] != len(self.entries):
+            self._runs = (len(self.entries), coalesce(self.versions()))
+        return self._runs[1]
 
 
 _point = itemgetter(0)     # Assertion.point, as a C-level key for bisect
@@ -184,7 +181,20 @@ def covering(versions: list[Version], t: Micros) -> Version | None:
     return v if v.valid_to is None or t < v.valid_to else None
 
 
+def version_at(winner: Assertion, seen: int, next_point: Micros | None, t: Micros) -> Version | None:
+    """THE version rule, as of world time t: the version of the winning assertion at the greatest point <= t,
+    or None when that winner is an end or its version ended by t. `seen` counts the assertions visible at
+    the winner's point (more than one: a correction), `next_point` is the next visible point. Every store
+    uses it (the Redis VIEW script's Lua `winner_at` mirrors it; tests/test_version_rule.py checks both)."""
+    if winner.closed:
+        return None
+    version = _version(winner, seen, next_point)
+    return None if version.valid_to is not None and version.valid_to <= t else version
+
+
 def _version(winner: Assertion, seen: int, next_point: Micros | None) -> Version:
+    """The version a winning assertion starts: valid to the next point or its expiry, whichever comes first;
+    corrected_by names who corrected it when several assertions share its point."""
     valid_to = next_point
     if winner.expires_at is not None and (valid_to is None or winner.expires_at < valid_to):
         valid_to = winner.expires_at

@@ -19,9 +19,8 @@ from support.workers import (
 )
 
 from keel.cartridge import load_cartridge
-from keel.deadletters import REDRIVE_OF
 from keel.times import now_micros, parse_time
-from workers.names import events_topic
+from keel.wire import REDRIVE_OF, events_topic
 
 pytestmark = [services, pytest.mark.timeout(600)]
 

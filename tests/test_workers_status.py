@@ -6,9 +6,10 @@ from types import SimpleNamespace
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from keel.deadletters import REDRIVEN, fold
+from keel.deadletters import fold
 from keel.kafka import GroupDescription, GroupMember, PartitionOffsets
-from workers.status import commit_metadata, partition_for, render_status, shape_status
+from keel.wire import REDRIVEN, partition_for
+from workers.status import commit_metadata, render_status, shape_status
 
 NOW = 1_800_000_000.0
 

@@ -16,14 +16,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keel.cartridge import Cartridge
-from keel.deadletters import REDRIVE_OF, REDRIVEN, REDRIVEN_AT, DeadLetters, Letter, read_dead_letters
+from keel.deadletters import DeadLetters, Letter, read_dead_letters
 from keel.envelope import Catalog
 from keel.errors import EnvelopeRejected, UsageError
 from keel.kafka import kafka_guard, new_producer
 from keel.times import format_time, now_micros, parse_time
-
-from .names import dlq_topic, events_topic
-from .publish import canonical_bytes
+from keel.wire import (
+    EVENT_ID,
+    REDRIVE_OF,
+    REDRIVEN,
+    REDRIVEN_AT,
+    canonical_bytes,
+    dlq_topic,
+    events_topic,
+    record_key,
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ def load(cartridge: Cartridge, bootstrap: str) -> DeadLetters:
 
 def letter_doc(x: Letter, dead: DeadLetters, *, value: bool = False) -> dict[str, Any]:
     doc: dict[str, Any] = {"ref": x.ref, "at": format_time(x.timestamp_ms * 1000), "tenant": x.tenant or None,
-                           "writer": x.writer, "event_id": x.headers.get("keel.event_id"), "reason": x.reason,
+                           "writer": x.writer, "event_id": x.headers.get(EVENT_ID), "reason": x.reason,
                            "redriven_at": None if x.ref not in dead.redriven
                            else format_time(dead.redriven[x.ref] * 1000)}
     if value:
@@ -124,7 +131,7 @@ def plan_redrive(cartridge: Cartridge, letters: list[Letter], recorded_at: int
         except EnvelopeRejected as e:
             refused.append((x.ref, f"still rejected: {e.reason}"))
             continue
-        ok.append((x, event.tenant.encode(), canonical_bytes(event)))
+        ok.append((x, record_key(event.tenant), canonical_bytes(event)))
     return ok, refused
 
 

@@ -16,26 +16,20 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from aiokafka.partitioner import murmur2
-
 from keel.cartridge import Cartridge
 from keel.config import Settings
+from keel.connect import open_redis_store
 from keel.deadletters import DeadLetters, read_dead_letters
-from keel.errors import KafkaUnavailable, StoreUnavailable
+from keel.errors import EXIT_UNAVAILABLE, KafkaUnavailable, StoreUnavailable
 from keel.kafka import GroupDescription, PartitionOffsets, describe_group, group_offsets, topic_exists
+from keel.wire import dlq_topic, events_topic, group_id, partition_for
 
 from .dlq import DeadLetterCounts
-from .names import dlq_topic, events_topic, group_id
 
 NO_TENANT = ""      # dead letters whose tenant could not be read
-EXIT_PARTIAL = 3    # Kafka or Redis could not be read: the status printed is partial
+EXIT_PARTIAL = EXIT_UNAVAILABLE    # Kafka or Redis could not be read: the status printed is partial
 KAFKA_TIMEOUT_S = 15.0
 STALLED_AFTER_S = 60.0
-
-
-def partition_for(tenant: str, partitions: int) -> int:
-    """The partition Kafka's default partitioner gives a record keyed by this tenant."""
-    return (murmur2(tenant.encode()) & 0x7FFFFFFF) % partitions
 
 
 def commit_metadata(client_id: str) -> str:
@@ -154,9 +148,8 @@ def shape_status(name: str, partitions: list[PartitionOffsets], group: GroupDesc
 
 def _redis_part(cartridge: Cartridge, settings: Settings, partitions: list[PartitionOffsets], tenant: str | None,
                 per_tenant: bool) -> tuple[dict[str, dict[str, int | None]], dict[str, int]]:
-    from keel.store.redis import RedisStore
     topic = events_topic(cartridge.name)
-    store = RedisStore.from_url(settings.redis_url or "", namespace=cartridge.name)
+    store = open_redis_store(cartridge, settings)
     try:
         counts = DeadLetterCounts(store.client, cartridge.name).counts()
         tenants = [] if not per_tenant else [tenant] if tenant else store.tenants()
