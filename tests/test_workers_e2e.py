@@ -213,11 +213,12 @@ def test_two_workers_one_killed_the_other_takes_over(env: dict[str, str], tmp_pa
         wait_until(lambda: all(share(w) and len(share(w) or []) < 8 for w in (a, b)), 60,
                    "both workers to share the partitions", on_timeout=lambda: a.text() + b.text())
         keel("publish", str(folder), str(events), env=env)
-        wait_until(lambda: sum(p["committed"] or 0 for p in status(folder, env)["partitions"]) > 300, 120,
-                   "the workers to start applying", on_timeout=lambda: a.text() + b.text())
+        wait_until(lambda: committed(folder, env) > 300, 120, "the workers to start applying",
+                   on_timeout=lambda: a.text() + b.text())
         a.kill()
-        wait_applied(folder, env, 3000, b)                      # b gets a's partitions after the session timeout
-        assert "assigned partitions [0, 1, 2, 3, 4, 5, 6, 7]" in b.text()
+        wait_until(lambda: "assigned partitions [0, 1, 2, 3, 4, 5, 6, 7]" in b.text(), 120,   # after the session
+                   "b to take a's partitions", on_timeout=b.text)                        # timeout
+        wait_applied(folder, env, 3000, b)
         expected = embedded_digests(load_cartridge(folder), events)
         assert redis_digests(folder, env, expected) == expected
     finally:
