@@ -17,10 +17,11 @@ from faust.app.base import BootStrategy
 
 from keel.cartridge import Cartridge
 from keel.config import Settings
+from keel.connect import open_redis_store
 from keel.kafka import bootstrap_list, ensure_topics
+from keel.wire import dlq_topic, events_topic
 
 from .ingest import CartridgeIngest, WorkerOptions
-from .names import dlq_topic, events_topic
 
 
 def create_app(cartridges: list[Cartridge], settings: Settings) -> faust.App:
@@ -43,11 +44,10 @@ def create_worker(cartridges: list[Cartridge], settings: Settings, options: Work
 
 def preflight(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions) -> None:
     """Fail fast, with a one-line error, when Kafka or Redis cannot be reached; creates missing topics."""
-    from keel.store.redis import RedisStore
     topics = [t for c in cartridges for t in (events_topic(c.name), dlq_topic(c.name))]
     asyncio.run(ensure_topics(settings.kafka_bootstrap, topics, options.topics))
     for c in cartridges:
-        RedisStore.from_url(settings.redis_url or "", namespace=c.name).close()
+        open_redis_store(c, settings).close()
 
 
 def run_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions, *,
