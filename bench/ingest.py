@@ -45,7 +45,7 @@ from keel.cartridge import load_cartridge
 from keel.config import resolve
 from keel.embedded import build_embedded
 from keel.kafka import TopicSpec, admin_client, bootstrap_list
-from workers.names import dlq_topic, events_topic, group_id
+from keel.wire import dlq_topic, events_topic, group_id
 from workers.publish import prepare, publish_prepared
 
 GOAL_RATE = 15_000
@@ -196,7 +196,12 @@ def run_workers(folder: Path, env: dict[str, str], total: int, batch: int,
         for proc in procs:
             proc.terminate()
         for proc in procs:
-            proc.wait(60)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:       # the figures are taken; say so and do not leave it running
+                print(f"worker {proc.pid} did not stop within 60 s of SIGTERM; killed", file=sys.stderr)
+                proc.kill()
+                proc.wait()
     (workers_ready, redis_ready), (workers_done, redis_done) = cpu
     workers = None if workers_ready is None or workers_done is None else workers_done - workers_ready
     return done - (ready or started), done - started, workers, redis_done - redis_ready

@@ -104,7 +104,7 @@ SPECS: tuple[ToolSpec, ...] = (
                               "if enabled", enum=["tenant", "task", "agent", "global"]),
                 "evidence": _arg("Id of an event that wrote this entity; some scopes need it")},
                ["entity", "predicate", "value", "scope"]),
-        _object({"fact": _FACT}),
+        _object({"fact": _FACT, "applied": {"type": "boolean"}, "event_id": _S, "message": _S}),
         _WRITER),
     ToolSpec(
         "related",

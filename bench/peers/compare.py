@@ -36,7 +36,7 @@ from ingest import cartridge_copy, cleanup, faust_probe_rate, run_workers, write
 
 from keel.cartridge import load_cartridge
 from keel.kafka import TopicSpec, admin_client, bootstrap_list
-from workers.names import events_topic
+from keel.wire import events_topic
 from workers.publish import prepare, publish_prepared
 
 GOAL_RATE = 15_000
@@ -98,9 +98,11 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
           f"({report.partitions} partitions); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     env = {"KEEL_KAFKA_BOOTSTRAP": args.kafka, "KEEL_REDIS_URL": args.redis}
     t0 = time.perf_counter()
-    ready_s, _, worker_cpu, redis_cpu = run_workers(folder, env, total, args.batch, [tmp / "worker.log"])
+    logs = [tmp / f"worker{i}.log" for i in range(args.workers)]
+    ready_s, _, worker_cpu, redis_cpu = run_workers(folder, env, total, args.batch, logs)
     keel_rate = total / ready_s
-    print(f"keel worker: {keel_rate:,.0f} events/s, worker CPU "
+    who = "keel worker" if args.workers == 1 else f"{args.workers} keel workers (rate from their start)"
+    print(f"{who}: {keel_rate:,.0f} events/s, worker CPU "
           f"{'?' if worker_cpu is None else f'{worker_cpu / total * 1e6:.0f}'} µs/event, "
           f"Redis CPU {redis_cpu / total * 1e6:.0f} µs/event (run {time.perf_counter() - t0:.0f}s)")
     quix = quix_peer(args.kafka, topic, total, tmp, f"{cartridge.name}-quix")
@@ -134,6 +136,8 @@ def main() -> None:
     ap.add_argument("--tenants", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batch", type=int, default=5000, help="worker --batch")
+    ap.add_argument("--workers", type=int, default=1, help="keel worker processes in the group (the goal is per "
+                    "process; 2 shows what a second process gains here)")
     ap.add_argument("--kafka", default=os.environ.get("KEEL_KAFKA_BOOTSTRAP"))
     ap.add_argument("--redis", default=os.environ.get("KEEL_REDIS_URL"))
     ap.add_argument("--no-faust", action="store_true", help="skip the bare faust agent")
