@@ -28,12 +28,14 @@ from mode import Service
 
 from keel.cartridge import Cartridge
 from keel.config import Settings
-from keel.errors import UsageError
+from keel.errors import StoreUnavailable, UsageError
+from keel.health import Health
 from keel.kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_consumer, new_producer
-from keel.store.redis import RedisStore
+from keel.store.redis import GenerationChanged, RedisStore
 
 from .applier import BatchApplier, BatchPlan
 from .dlq import DeadLetterCounts, DeadLetterQueue
+from .metrics import CartridgeMetrics
 from .names import dlq_topic, events_topic, group_id
 from .pipeline import BatchPipeline
 from .records import Record
@@ -73,7 +75,8 @@ class _Rebalance(ConsumerRebalanceListener):
 class CartridgeIngest(Service):
     """Consumes `keel.<cartridge>.events` in group `keel.<cartridge>.worker` and writes batches to Redis."""
 
-    def __init__(self, cartridge: Cartridge, settings: Settings, options: WorkerOptions, **kwargs: object) -> None:
+    def __init__(self, cartridge: Cartridge, settings: Settings, options: WorkerOptions, *,
+                 metrics: CartridgeMetrics, health: Health, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         if not settings.redis_url:
             raise UsageError("the worker needs Redis: pass --redis URL or set KEEL_REDIS_URL")
@@ -82,6 +85,11 @@ class CartridgeIngest(Service):
         self.options = options
         self.topic = events_topic(cartridge.name)
         self.log = logging.getLogger(f"keel.worker.{cartridge.name}")
+        self.metrics = metrics
+        self.health = health
+        self.beat_name = f"consume {cartridge.name}"
+        self.assigned_once = False            # readiness: the group gave this worker its share
+        self._kafka_failing: str | None = None    # readiness: why the last fetch failed (None: it worked)
         self._idle = asyncio.Event()         # set: no batch planned or being written
         self._idle.set()
         self._revoking = False
@@ -119,7 +127,12 @@ class CartridgeIngest(Service):
                                max_mirrored_tenants=o.max_mirrored_tenants)
         self.pipeline = BatchPipeline(applier, DeadLetterQueue(self.producer, dlq_topic(self.cartridge.name),
                                                                self.cartridge.name, s.kafka_bootstrap),
-                                      DeadLetterCounts(writer.client, self.cartridge.name), log=self.log)
+                                      DeadLetterCounts(writer.client, self.cartridge.name), log=self.log,
+                                      on_outage=self._outage)
+        self.health.check(f"kafka {self.cartridge.name}", lambda: self._kafka_failing)
+        self.health.check(f"partitions {self.cartridge.name}",
+                          lambda: None if self.assigned_once else "waiting for the group's partition assignment")
+        self.health.check(f"redis {self.cartridge.name}", self._redis_reachable)
         self.log.info("%s: consuming %s as group %s into Redis namespace %r", self.label, self.topic,
                       group_id(self.cartridge.name), self.cartridge.name)
 
@@ -130,6 +143,7 @@ class CartridgeIngest(Service):
         self._loop_done.clear()
         try:
             while not self.should_stop:
+                self.health.beat(self.beat_name)
                 fetched = await self._fetch()
                 if self.should_stop:
                     break
@@ -154,6 +168,8 @@ class CartridgeIngest(Service):
         finally:
             self._idle.set()
             self._loop_done.set()
+            if self.should_stop:
+                self.health.retire(self.beat_name)
 
     async def _fetch(self) -> dict[TopicPartition, list]:
         assert self.consumer is not None
@@ -163,11 +179,44 @@ class CartridgeIngest(Service):
         except ConsumerStoppedError:
             return {}
         except KafkaError as e:
+            self.metrics.kafka_errors.inc()
+            self._kafka_failing = f"fetch failed: {type(e).__name__}: {e}"
             self.log.warning("%s: fetch failed, retrying: %s: %s", self.label, type(e).__name__, e)
             await asyncio.sleep(1.0)
             return {}
+        self._kafka_failing = None
         assigned = self.consumer.assignment()
-        return {tp: recs for tp, recs in fetched.items() if recs and tp in assigned}
+        fetched = {tp: recs for tp, recs in fetched.items() if recs and tp in assigned}
+        if not fetched:
+            await self._caught_up(assigned)
+        return fetched
+
+    async def _caught_up(self, assigned: set[TopicPartition]) -> None:
+        """Nothing new was fetched: the lag of each partition is its log end minus the consumer's position."""
+        assert self.consumer is not None
+        for tp in assigned:
+            end = self.consumer.highwater(tp)
+            if end is not None:
+                try:
+                    self.metrics.lag(tp.partition, end - await self.consumer.position(tp))
+                except (KafkaError, AssertionError):    # assignment changed meanwhile
+                    continue
+
+    def _outage(self, error: BaseException) -> None:
+        """A retried outage in the pipeline: count it; the retrying loop is alive."""
+        if isinstance(error, GenerationChanged):
+            return
+        (self.metrics.redis_errors if isinstance(error, StoreUnavailable) else self.metrics.kafka_errors).inc()
+        self.health.beat(self.beat_name)
+
+    def _redis_reachable(self) -> str | None:
+        if not self.stores:
+            return "not connected yet"
+        try:
+            self.stores[0].ping()
+        except StoreUnavailable as e:
+            return f"ping failed: {type(e).__name__}: {e}"
+        return None
 
     @staticmethod
     def _records(fetched: dict[TopicPartition, list]) -> list[Record]:
@@ -204,6 +253,11 @@ class CartridgeIngest(Service):
         self.batches += 1
         self.records += len(batch.records)
         self.dead_letters += len(plan.dead_letters)
+        m = self.metrics
+        m.applied.inc(plan.applied)
+        m.dead_lettered.inc(len(plan.dead_letters))
+        m.records.inc(len(batch.records))
+        m.batch_size.observe(len(batch.records))
         if self.log.isEnabledFor(logging.DEBUG):
             self.log.debug("%s: batch of %d: %d applied, %d duplicate, %d skipped (already in Redis), %d dead, "
                            "%d tenant step(s); last plan %.3fs, last write %.3fs", self.label, len(batch.records),
@@ -216,10 +270,17 @@ class CartridgeIngest(Service):
                              len(plan.dead_letters), len(batch.records), first.record.partition,
                              first.record.offset, first.reason)
         offsets = {tp: recs[-1].offset + 1 for tp, recs in batch.fetched.items()}
+        for tp, next_offset in offsets.items():
+            end = self.consumer.highwater(tp)
+            if end is not None:
+                m.lag(tp.partition, end - next_offset)
+        committing = time.perf_counter()
         try:
             async with kafka_guard("commit offsets", self.settings.kafka_bootstrap):
                 await self.consumer.commit(offsets)
+            m.commit_latency.observe(self.pipeline.timings[1] + time.perf_counter() - committing)
         except KafkaUnavailable as e:
+            m.kafka_errors.inc()
             # Redis already holds the batch: a redelivery is skipped by offset. Those partitions may be
             # owned elsewhere by now, so their mirrors are forgotten.
             level = logging.INFO if isinstance(e.__cause__, CommitFailedError) else logging.WARNING
@@ -243,6 +304,9 @@ class CartridgeIngest(Service):
 
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
         self._revoking = False
+        self.assigned_once = True
+        self.metrics.rebalances.inc()
+        self.metrics.assigned.set(len(assigned))
         self.log.info("%s: assigned partitions %s", self.topic, sorted(tp.partition for tp in assigned) or "none")
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
@@ -251,6 +315,8 @@ class CartridgeIngest(Service):
         await self._idle.wait()
         if self.pipeline is not None and revoked:
             n = await self.pipeline.forget({(tp.topic, tp.partition) for tp in revoked})
+            for tp in revoked:
+                self.metrics.drop_lag(tp.partition)
             self.log.info("%s: partitions %s revoked; %d mirrored tenant(s) dropped", self.label,
                           sorted(tp.partition for tp in revoked), n)
 

@@ -31,6 +31,7 @@ from keel.config import Settings
 from keel.envelope import TENANT
 from keel.errors import KeelError, StoreUnavailable, UsageError
 from keel.kafka import KafkaUnavailable
+from keel.store.layout import stamp_layout
 from keel.store.redis import GenerationLoader, RedisStore
 
 from .names import events_topic
@@ -113,7 +114,10 @@ def replay(cartridge: Cartridge, settings: Settings, *, tenants: list[str] | Non
     replayer = Replayer(cartridge, settings, options or ReplayOptions(),
                         progress or Progress(f"replay {cartridge.name}", quiet=True))
     try:
-        return asyncio.run(replayer.run(tenants))
+        report = asyncio.run(replayer.run(tenants))
+        if tenants is None and all(r.switched for r in report.results):
+            stamp_layout(replayer.store.client, cartridge.name)    # every tenant is in this version's layout
+        return report
     finally:
         replayer.close()
 
@@ -127,7 +131,8 @@ class Replayer:
         self.options = options
         self.progress = progress
         self.topic = events_topic(cartridge.name)
-        self.store = RedisStore.from_url(settings.redis_url or "", namespace=cartridge.name)
+        self.store = RedisStore.from_url(settings.redis_url or "", namespace=cartridge.name,
+                                         upgrading_layout=True)
         self.state = ReplayState(self.store)
         self.report = ReplayReport(cartridge.name, self.topic)
         self.claimed: dict[str, TenantResult] = {}          # shadows written and not switched yet

@@ -1,11 +1,14 @@
-"""Progress of a replay on stderr: a one-line bar with events/s and ETA on a terminal, plain lines otherwise."""
+"""Progress of a replay on stderr: a rich progress bar (records scanned, events/s, ETA) on a terminal, plain
+lines otherwise (logs, CI)."""
 from __future__ import annotations
 
 import sys
 import time
 from typing import TextIO
 
-BAR = 24
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as Bar
 
 
 class Progress:
@@ -20,7 +23,8 @@ class Progress:
         self.quiet = quiet
         self.started = time.monotonic()
         self._last = 0.0
-        self._drawn = False
+        self._bar: Bar | None = None
+        self._task = None
 
     def update(self, scanned: int, total: int, applied: int, *, force: bool = False) -> None:
         if self.quiet:
@@ -29,32 +33,37 @@ class Progress:
         if not force and now - self._last < self.every_s:
             return
         self._last = now
-        elapsed = max(now - self.started, 1e-6)
-        rate = applied / elapsed
-        scan_rate = scanned / elapsed
-        left = max(total - scanned, 0)
-        eta = f"{left / scan_rate:,.0f}s" if scan_rate > 0 else "?"
+        rate = applied / max(now - self.started, 1e-6)
         if self.tty:
-            done = min(scanned / total, 1.0) if total else 1.0
-            bar = "#" * int(done * BAR) + "." * (BAR - int(done * BAR))
-            self.stream.write(f"\r{self.label} [{bar}] {done:6.1%}  {scanned:,}/{total:,} records  "
-                              f"{rate:,.0f} events/s  ETA {eta}   ")
-            self._drawn = True
-        else:
-            self.stream.write(f"{self.label}: {scanned:,}/{total:,} records scanned, {applied:,} events applied, "
-                              f"{rate:,.0f} events/s, ETA {eta}\n")
+            self._draw(scanned, total, rate)
+            return
+        scan_rate = scanned / max(now - self.started, 1e-6)
+        eta = f"{max(total - scanned, 0) / scan_rate:,.0f}s" if scan_rate > 0 else "?"
+        self.stream.write(f"{self.label}: {scanned:,}/{total:,} records scanned, {applied:,} events applied, "
+                          f"{rate:,.0f} events/s, ETA {eta}\n")
         self.stream.flush()
+
+    def _draw(self, scanned: int, total: int, rate: float) -> None:
+        if self._bar is None:
+            self._bar = Bar(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                            MofNCompleteColumn(), TextColumn("records  {task.fields[rate]:,.0f} events/s  ETA"),
+                            TimeRemainingColumn(), console=Console(file=self.stream, force_terminal=True),
+                            transient=False, auto_refresh=False)
+            self._bar.start()
+            self._task = self._bar.add_task(self.label, total=max(total, 1), rate=0.0)
+        self._bar.update(self._task, completed=scanned, total=max(total, scanned, 1), rate=rate, refresh=True)
 
     def note(self, text: str) -> None:
         """A line of its own (a switch, a retry), not overwritten by the bar."""
         if self.quiet:
             return
-        self.end()
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+            return
         self.stream.write(text + "\n")
         self.stream.flush()
 
     def end(self) -> None:
-        if self._drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._drawn = False
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

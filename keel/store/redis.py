@@ -4,6 +4,7 @@ Key layout. Every key of a tenant carries the hash tag `{<namespace>/<tenant>}`,
 one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
 
     keel:{<ns>}:tenants                    set: tenants ever written in the namespace (a registry)
+    keel:{<ns>}:layout                     string: the layout version (keel/store/layout.py), checked at start
     keel:{<ns>/<t>}:gen                    string: the current generation (absent = 1)
     keel:{<ns>/<t>}:gseq                   string: the highest generation handed out
     keel:{<ns>/<t>}:g<N>:ev                set: applied event ids
@@ -64,6 +65,7 @@ from ..timeline import Assertion, Timeline, Version, covering
 from ..times import Micros
 from . import redis_scripts
 from .base import GLOBAL_TENANT, REF_LABEL, EntityView, Key, Store, ViewRequest, Write, entity_view
+from .layout import check_layout
 
 Client = redis.Redis | RedisCluster
 Event = tuple[list[Write], str | None]
@@ -701,10 +703,13 @@ class RedisStore(Store):
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None,
-                 strict_generations: bool = False, **options: Any) -> RedisStore:
-        """Connect to `redis://…`; `cluster=None` asks the server (`INFO cluster`) whether it is a Cluster node."""
+                 strict_generations: bool = False, upgrading_layout: bool = False, **options: Any) -> RedisStore:
+        """Connect to `redis://…`; `cluster=None` asks the server (`INFO cluster`) whether it is a Cluster node.
+        With `cluster=None` (what every process uses) it also refuses a namespace written in another key layout
+        (keel.store.layout; a replay is `upgrading_layout`); with `cluster` given it connects lazily."""
         options.setdefault("socket_connect_timeout", 5)
         options.setdefault("socket_timeout", 30)
+        probed = cluster is None
         try:
             if cluster is None:
                 probe = redis.Redis.from_url(url, **options)
@@ -717,6 +722,8 @@ class RedisStore(Store):
                 client = RedisCluster.from_url(url, decode_responses=True, **options)
             else:
                 client = redis.Redis.from_url(url, decode_responses=True, **options)
+            if probed:                       # a process opening its store: connected now, check the layout
+                check_layout(client, _check_name("namespace", namespace), upgrading=upgrading_layout)
         except RedisError as e:
             raise StoreUnavailable(f"cannot connect to Redis at {url}: {type(e).__name__}: {e}") from e
         return cls(client, namespace=namespace, strict_generations=strict_generations)
@@ -724,6 +731,11 @@ class RedisStore(Store):
     @property
     def client(self) -> Client:
         return self._client
+
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless the server answers (readiness probes)."""
+        with self._guard("ping"):
+            self._client.ping()
 
     def close(self) -> None:
         if self._owns_client:
