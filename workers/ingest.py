@@ -41,6 +41,7 @@ from .pipeline import BatchPipeline
 from .records import Record
 
 PROGRESS_EVERY_S = 10.0
+LAG_EVERY_S = 5.0               # how often an idle worker asks the broker for its partitions' log ends
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class CartridgeIngest(Service):
         self.beat_name = f"consume {cartridge.name}"
         self.assigned_once = False            # readiness: the group gave this worker its share
         self._kafka_failing: str | None = None    # readiness: why the last fetch failed (None: it worked)
+        self._lag_at = 0.0                        # monotonic time the idle lag was last measured
         self._idle = asyncio.Event()         # set: no batch planned or being written
         self._idle.set()
         self._revoking = False
@@ -192,15 +194,20 @@ class CartridgeIngest(Service):
         return fetched
 
     async def _caught_up(self, assigned: set[TopicPartition]) -> None:
-        """Nothing new was fetched: the lag of each partition is its log end minus the consumer's position."""
+        """Nothing new was fetched: every LAG_EVERY_S, the lag of each assigned partition is its log end (asked
+        from the broker: partitions that returned no records have no known high watermark) minus the
+        consumer's position, which is where the written batches end."""
         assert self.consumer is not None
-        for tp in assigned:
-            end = self.consumer.highwater(tp)
-            if end is not None:
-                try:
-                    self.metrics.lag(tp.partition, end - await self.consumer.position(tp))
-                except (KafkaError, AssertionError):    # assignment changed meanwhile
-                    continue
+        now = time.monotonic()
+        if not assigned or now - self._lag_at < LAG_EVERY_S:
+            return
+        self._lag_at = now
+        try:
+            ends = await self.consumer.end_offsets(list(assigned))
+            for tp, end in ends.items():
+                self.metrics.lag(tp.partition, end - await self.consumer.position(tp))
+        except (KafkaError, AssertionError):    # assignment changed meanwhile: next time
+            return
 
     def _outage(self, error: BaseException) -> None:
         """A retried outage in the pipeline: count it; the retrying loop is alive."""
