@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from test_workers_support import keel, services, services_env, unique_cartridge
+from support.workers import keel, services, services_env, unique_cartridge
 
 from keel.cartridge import load_cartridge
-from keel.store.layout import LAYOUT_VERSION, LayoutIncompatible, layout_key
 from keel.store.redis import RedisStore
+from keel.store.redis.keys import layout_key
+from keel.store.redis.layout import LAYOUT_VERSION, LayoutIncompatible
 
 pytestmark = [services, pytest.mark.timeout(300)]
 

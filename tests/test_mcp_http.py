@@ -12,7 +12,7 @@ import httpx2
 import pytest
 from mcp import MCPError
 from prometheus_client.parser import text_string_to_metric_families
-from test_mcp_support import (
+from support.mcp_sessions import (
     FINANCE,
     MCP_HEADERS,
     TENANT_A,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -13,9 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.parser import text_string_to_metric_families
-from test_mcp_support import free_port
-from test_outbox_support import (
+from support.mcp_sessions import free_port
+from support.outbox import (
     Background,
     fresh_schema,
     ingress_env,
@@ -24,29 +22,13 @@ from test_outbox_support import (
     relay_process,
     sample_envelopes,
 )
-from test_workers_support import WorkerProcess, keel, services, services_env, unique_cartridge, wait_until
+from support.probes import Samples, get, samples
+from support.workers import WorkerProcess, keel, services, services_env, unique_cartridge, wait_until
 
 from keel.cartridge import load_cartridge
 from keel.health import Health, HealthServer
 from keel.ingress.auth import sign
 from keel.logs import FIELDS, JsonFormatter, TextFormatter, dict_config
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except OSError as e:
-        return 0, str(e)
-
-
-def samples(text: str) -> Samples:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def scrape(port: int) -> Samples:

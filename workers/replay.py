@@ -31,8 +31,8 @@ from keel.config import Settings
 from keel.envelope import TENANT
 from keel.errors import KeelError, StoreUnavailable, UsageError
 from keel.kafka import KafkaUnavailable
-from keel.store.layout import stamp_layout
 from keel.store.redis import GenerationLoader, RedisStore
+from keel.store.redis.layout import stamp_layout
 
 from .names import events_topic
 from .replay_build import Event, PartitionBuild

@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import finance_events
-from test_mcp_support import fact, finance_story, http_session, ok
-from test_probes import get, samples
-from test_workers_support import embedded_digests, write_jsonl
+from support.mcp_sessions import fact, finance_story, http_session, ok
+from support.probes import get, samples
+from support.workers import embedded_digests, write_jsonl
 
 from keel.cartridge import load_cartridge
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from keel.errors import UsageError
+from ...errors import UsageError
+from .keys import layout_key
 
 LAYOUT_VERSION = 1
 
@@ -28,10 +29,6 @@ class LayoutIncompatible(UsageError):
                       f"tenant in layout {expected}, then stamps the namespace); see CHANGELOG.md")
         super().__init__(f"Redis namespace {namespace!r} has key layout version {found}, this Keel reads and "
                          f"writes version {expected}: {advice}")
-
-
-def layout_key(namespace: str) -> str:
-    return f"keel:{{{namespace}}}:layout"
 
 
 def check_layout(client: Any, namespace: str, *, upgrading: bool = False) -> int:
