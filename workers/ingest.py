@@ -89,7 +89,7 @@ class CartridgeIngest(Service):
         self.metrics = metrics
         self.health = health
         self.beat_name = f"consume {cartridge.name}"
-        self.assigned_once = False            # readiness: the group gave this worker its share
+        self.assigned_count = 0               # readiness: partitions the group gave this worker
         self._kafka_failing: str | None = None    # readiness: why the last fetch failed (None: it worked)
         self._lag_at = 0.0                        # monotonic time the idle lag was last measured
         self._idle = asyncio.Event()         # set: no batch planned or being written
@@ -133,7 +133,8 @@ class CartridgeIngest(Service):
                                       on_outage=self._outage)
         self.health.check(f"kafka {self.cartridge.name}", lambda: self._kafka_failing)
         self.health.check(f"partitions {self.cartridge.name}",
-                          lambda: None if self.assigned_once else "waiting for the group's partition assignment")
+                          lambda: None if self.assigned_count else "no partition assigned: waiting for the group, "
+                                                                   "or more workers than partitions")
         self.health.check(f"redis {self.cartridge.name}", self._redis_reachable)
         self.log.info("%s: consuming %s as group %s into Redis namespace %r", self.label, self.topic,
                       group_id(self.cartridge.name), self.cartridge.name)
@@ -311,7 +312,7 @@ class CartridgeIngest(Service):
 
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
         self._revoking = False
-        self.assigned_once = True
+        self.assigned_count = len(assigned)
         self.metrics.rebalances.inc()
         self.metrics.assigned.set(len(assigned))
         self.log.info("%s: assigned partitions %s", self.topic, sorted(tp.partition for tp in assigned) or "none")
