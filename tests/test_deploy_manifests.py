@@ -107,7 +107,10 @@ def test_references_resolve(docs: list[dict[str, Any]]) -> None:
                 else:
                     assert ref["secretRef"]["name"] in secrets
     cartridge = next(c for n, c in configmaps.items() if n.startswith("keel-cartridge"))
-    assert set(cartridge["data"]) == {"cartridge.yaml", "handlers.py"}
+    assert "cartridge.yaml" in cartridge["data"]
+    folder = ROOT / "cartridges" / yaml.safe_load(cartridge["data"]["cartridge.yaml"])["name"]
+    assert all((folder / name).read_text() == text for name, text in cartridge["data"].items())
+    assert ((folder / "handlers.py").exists()) == ("handlers.py" in cartridge["data"])    # what it needs to load
 
 
 def test_compose_file_has_the_stack_with_health_checks_and_start_order() -> None:
