@@ -378,6 +378,23 @@ def _upsert(src: _Source, a: dict[str, Value]) -> None:
         _write(src, indent, f"('l', ent, {src.const(name)})", src.expr(value), False, "occ")
 
 
+def _facts(src: _Source, a: dict[str, Value], closed: bool) -> None:
+    """open_fact / close_fact per predicate. The subject and the time are checked as those calls check them:
+    only when a write is made, so a step whose every value is an absent optional field checks nothing."""
+    indent = src.block(src.guard(a["subject"], a["at"]))
+    values = {name: None if closed else value for name, value in a["set"].items()}
+    lazy = any(src.guard(v) for v in values.values())
+    if not lazy:
+        _checked_entity(src, indent, src.expr(a["subject"]), "subj")
+        src.emit(indent, f"pt = {src.point(a['at'])}")
+    for name, value in values.items():
+        inner = src.block_at(indent, src.guard(value))
+        if lazy:
+            _checked_entity(src, inner, src.expr(a["subject"]), "subj")
+            src.emit(inner, f"pt = {src.point(a['at'])}")
+        _write(src, inner, f"('f', subj, {src.const(name)}, '')", "None" if closed else src.expr(value), closed, "pt")
+
+
 def compile_steps(event_type: str, event: EventSpec, steps: list[Step]) -> Handler:
     """One function `fn(event, store)` doing the steps' writes on the projector's EventStore."""
     src = _Source(event)
@@ -386,16 +403,7 @@ def compile_steps(event_type: str, event: EventSpec, steps: list[Step]) -> Handl
         if step.kind == "upsert":
             _upsert(src, a)
         elif step.kind in ("facts", "close"):
-            indent = src.block(src.guard(a["subject"], a["at"]))
-            _checked_entity(src, indent, src.expr(a["subject"]), "subj")
-            src.emit(indent, f"pt = {src.point(a['at'])}")
-            if step.kind == "facts":
-                for name, value in a["set"].items():
-                    inner = src.block_at(indent, src.guard(value))
-                    _write(src, inner, f"('f', subj, {src.const(name)}, '')", src.expr(value), False, "pt")
-            else:
-                for name in a["set"]:
-                    _write(src, indent, f"('f', subj, {src.const(name)}, '')", "None", True, "pt")
+            _facts(src, a, closed=step.kind == "close")
         else:
             indent = src.block(src.guard(a["from"], a["to"], a["at"]))
             rel = src.const(a["relation"])

@@ -26,9 +26,9 @@ from support.workers import (
     write_jsonl,
 )
 
+from keel import wire
 from keel.cartridge import load_cartridge
-from workers import dlq
-from workers.names import dlq_topic, events_topic
+from keel.wire import dlq_topic, events_topic, keel_headers
 
 pytestmark = [services, pytest.mark.timeout(600)]
 
@@ -99,15 +99,15 @@ def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_goes_on(env: dic
         letters = read_topic(env, dlq_topic(name), len(bad))
         assert worker.alive()
         assert sorted(r.value for r in letters) == sorted(v for _, v in bad)     # the original bytes
-        by_value = {r.value: dlq.reason_of(r.headers) for r in letters}
-        assert "not valid JSON" in by_value[bad[0][1]][dlq.REASON]
-        assert "unknown event type 'debt.vanished'" in by_value[bad[1][1]][dlq.REASON]
-        assert by_value[bad[1][1]][dlq.EVENT_ID] == "u-1"
-        assert by_value[bad[1][1]][dlq.TENANT] == tenant.decode()
-        assert "payload.balance_cop: expected number" in by_value[bad[2][1]][dlq.REASON]
+        by_value = {r.value: keel_headers(r.headers) for r in letters}
+        assert "not valid JSON" in by_value[bad[0][1]][wire.REASON]
+        assert "unknown event type 'debt.vanished'" in by_value[bad[1][1]][wire.REASON]
+        assert by_value[bad[1][1]][wire.EVENT_ID] == "u-1"
+        assert by_value[bad[1][1]][wire.TENANT] == tenant.decode()
+        assert "payload.balance_cop: expected number" in by_value[bad[2][1]][wire.REASON]
         for headers in by_value.values():
-            assert headers[dlq.SOURCE_TOPIC] == events_topic(name)
-            assert int(headers[dlq.SOURCE_OFFSET]) >= 0 and int(headers[dlq.SOURCE_PARTITION]) >= 0
+            assert headers[wire.SOURCE_TOPIC] == events_topic(name)
+            assert int(headers[wire.SOURCE_OFFSET]) >= 0 and int(headers[wire.SOURCE_PARTITION]) >= 0
         from keel.store.redis import RedisStore
         store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=name)
         assert store.event_ids(tenant.decode()) == sorted(e["id"] for e in good)
@@ -177,7 +177,7 @@ def test_sigterm_under_load_writes_and_commits_what_it_planned(env: dict[str, st
         worker.kill()
     # Graceful: what Redis holds is exactly what Kafka's committed offsets say (no batch left half done)
     from keel.store.redis import RedisStore
-    from workers.status import partition_for
+    from keel.wire import partition_for
     name = load_cartridge(folder).name
     doc = status(folder, env)
     store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=name)

@@ -4,7 +4,8 @@ from __future__ import annotations
 from aiokafka.partitioner import DefaultPartitioner
 
 from keel.kafka import PartitionOffsets
-from workers.status import partition_for, render_status, shape_status
+from keel.wire import partition_for
+from workers.status import render_status, shape_status
 
 
 def test_partition_of_a_tenant_is_kafkas_default_partitioner() -> None:

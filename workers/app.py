@@ -19,13 +19,14 @@ from prometheus_client import CollectorRegistry
 
 from keel.cartridge import Cartridge
 from keel.config import Settings
+from keel.connect import open_redis_store
 from keel.health import DEFAULT_STALL_S, Health, HealthServer
 from keel.kafka import bootstrap_list, ensure_topics
 from keel.logs import LEVELS, dict_config
+from keel.wire import dlq_topic, events_topic
 
 from .ingest import CartridgeIngest, WorkerOptions
 from .metrics import WorkerMetrics
-from .names import dlq_topic, events_topic
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,10 @@ def create_worker(cartridges: list[Cartridge], settings: Settings, options: Work
 
 def preflight(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions) -> None:
     """Fail fast, with a one-line error, when Kafka or Redis cannot be reached; creates missing topics."""
-    from keel.store.redis import RedisStore
     topics = [t for c in cartridges for t in (events_topic(c.name), dlq_topic(c.name))]
     asyncio.run(ensure_topics(settings.kafka_bootstrap, topics, options.topics))
     for c in cartridges:
-        RedisStore.from_url(settings.redis_url or "", namespace=c.name).close()
+        open_redis_store(c, settings).close()
 
 
 def run_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions,

@@ -1,4 +1,4 @@
-"""Subcommands this package adds to `keel` (see keel.cli.EXTENSION_MODULES): publish, worker, status, replay.
+"""Subcommands this package adds to `keel` (entry point `workers` of the group `keel.commands`): publish, worker, status, replay.
 
 Heavy imports (faust, aiokafka, redis) happen inside the commands, so `keel --help` stays fast.
 """
@@ -10,8 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from keel.cli import positive_int
-from keel.config import Settings, resolve
+from keel.commandline import positive_int, settings_of
 from keel.health import add_probe_arguments
 from keel.logs import add_log_arguments
 
@@ -85,11 +84,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
     p.set_defaults(run=cmd_replay)
 
-
-
-
-def settings_of(args: argparse.Namespace) -> Settings:
-    return resolve(vars(args))
 
 
 # ---- commands --------------------------------------------------------------------------------

@@ -28,15 +28,16 @@ from mode import Service
 
 from keel.cartridge import Cartridge
 from keel.config import Settings
+from keel.connect import open_redis_store
 from keel.errors import StoreUnavailable, UsageError
 from keel.health import Health
 from keel.kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_consumer, new_producer
 from keel.store.redis import GenerationChanged, RedisStore
+from keel.wire import dlq_topic, events_topic, group_id
 
 from .applier import BatchApplier, BatchPlan
 from .dlq import DeadLetterCounts, DeadLetterQueue
 from .metrics import CartridgeMetrics
-from .names import dlq_topic, events_topic, group_id
 from .pipeline import BatchPipeline
 from .records import Record
 
@@ -113,9 +114,8 @@ class CartridgeIngest(Service):
     async def on_start(self) -> None:
         s, o = self.settings, self.options
         for _ in range(2):
-            self.stores.append(await asyncio.to_thread(RedisStore.from_url, s.redis_url,   # strict: a replay's
-                                                       namespace=self.cartridge.name,   # cutover makes a batch
-                                                       strict_generations=True))        # be planned again
+            self.stores.append(await asyncio.to_thread(open_redis_store, self.cartridge, s,  # strict: a replay's
+                                                       strict_generations=True))   # cutover makes a batch be planned again
         reader, writer = self.stores
         await ensure_topics(s.kafka_bootstrap, [self.topic, dlq_topic(self.cartridge.name)], o.topics)
         self.producer = new_producer(s.kafka_bootstrap)

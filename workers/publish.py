@@ -8,7 +8,6 @@ reported with their line numbers and not sent.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -16,19 +15,13 @@ from pathlib import Path
 
 from keel.cartridge import Cartridge
 from keel.embedded import Rejected
-from keel.envelope import Catalog, Event
+from keel.envelope import Catalog
 from keel.errors import EnvelopeRejected
 from keel.kafka import TopicSpec, ensure_topics, kafka_guard, new_producer
-
-from .names import events_topic
+from keel.wire import canonical_bytes, events_topic, record_key
 
 Progress = Callable[[int, int], None]
 _WINDOW = 20_000            # records in flight before waiting for acknowledgements
-
-
-def canonical_bytes(event: Event) -> bytes:
-    """The record value of an event: its canonical envelope as compact JSON."""
-    return json.dumps(event.to_envelope(), ensure_ascii=False, separators=(",", ":")).encode()
 
 
 @dataclass
@@ -57,7 +50,7 @@ def checked_records(cartridge: Cartridge, path: str | Path, into: Prepared,
                     on_reject(rejected)
                 continue
             into.tenants.add(event.tenant)
-            yield event.tenant.encode(), canonical_bytes(event)
+            yield record_key(event.tenant), canonical_bytes(event)
 
 
 def prepare(cartridge: Cartridge, path: str | Path, on_reject: Callable[[Rejected], None] | None = None) -> Prepared:

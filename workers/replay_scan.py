@@ -6,9 +6,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from keel.errors import UsageError
 from keel.kafka import admin_client, bootstrap_list, kafka_guard, topic_exists
+from keel.wire import partition_for
 
 from .records import Record
-from .status import partition_for
 
 
 async def partition_count(bootstrap: str, topic: str) -> int:

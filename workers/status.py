@@ -6,21 +6,15 @@ import asyncio
 from dataclasses import asdict
 from typing import Any
 
-from aiokafka.partitioner import murmur2
-
 from keel.cartridge import Cartridge
 from keel.config import Settings
+from keel.connect import open_redis_store
 from keel.kafka import PartitionOffsets, group_offsets, topic_exists
+from keel.wire import dlq_topic, events_topic, group_id, partition_for
 
 from .dlq import DeadLetterCounts
-from .names import dlq_topic, events_topic, group_id
 
 NO_TENANT = ""      # dead letters whose tenant could not be read
-
-
-def partition_for(tenant: str, partitions: int) -> int:
-    """The partition Kafka's default partitioner gives a record keyed by this tenant."""
-    return (murmur2(tenant.encode()) & 0x7FFFFFFF) % partitions
 
 
 def shape_status(cartridge: str, partitions: list[PartitionOffsets], applied: dict[str, dict[int, int | None]],
@@ -47,8 +41,7 @@ def gather_status(cartridge: Cartridge, settings: Settings, *, tenant: str | Non
     applied: dict[str, dict[int, int | None]] = {}
     dead: dict[str, int] = {}
     if settings.redis_url:
-        from keel.store.redis import RedisStore
-        store = RedisStore.from_url(settings.redis_url, namespace=cartridge.name)
+        store = open_redis_store(cartridge, settings)
         try:
             dead = DeadLetterCounts(store.client, cartridge.name).counts()
             tenants = [] if not per_tenant else [tenant] if tenant else store.tenants()

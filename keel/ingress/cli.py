@@ -1,4 +1,4 @@
-"""Subcommands this package adds to `keel` (see keel.cli.EXTENSION_MODULES): `outbox init`, `outbox relay`,
+"""Subcommands this package adds to `keel` (entry point `ingress` of the group `keel.commands`): `outbox init`, `outbox relay`,
 `webhook`. Also runnable alone: `python -m keel.ingress.cli outbox relay ...`.
 
 Configuration: flags, then KEEL_POSTGRES_DSN / KEEL_KAFKA_BOOTSTRAP from the environment.
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from keel.cartridge import load_cartridge
-from keel.cli import positive_int
+from keel.commandline import positive_int
 from keel.config import resolve
 from keel.errors import UsageError
 from keel.health import add_probe_arguments, metrics_port

@@ -18,7 +18,7 @@ from keel.cartridge import Cartridge
 from keel.health import Health
 
 from .encode import Encoded, RowEncoder
-from .errors import KafkaUnavailable, OutboxUnavailable
+from .errors import KafkaUnavailable, OutboxUnavailable, RelayBusy
 from .metrics import Probes, RelayMetrics
 from .producer import Acks, KafkaSink, TopicSpec
 from .source import START, Cursor, OutboxSource
@@ -215,7 +215,7 @@ async def _lock(source: OutboxSource, options: RelayOptions, log: Log, stop: asy
     while not await source.try_lock(options.name):
         health.beat(BEAT)
         if options.once:
-            raise OutboxUnavailable(f"another relay named {options.name!r} is running on {source.tables}")
+            raise RelayBusy(options.name, source.tables)
         if not waited:
             log(f"another relay named {options.name!r} holds {source.tables}; standing by")
             waited = True

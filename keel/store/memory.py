@@ -1,17 +1,17 @@
 """The embedded store: the whole graph in process memory (demo, CLI, cartridge development, tests)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from ..timeline import Assertion, Timeline, Version, insert
 from ..times import Micros
-from .base import Key, Store, Write
+from .base import EventWrites, Key, Position, Store, Write
 
 
 class _TenantGraph:
     """A tenant's timelines as plain lists of assertions (appending is the write path's whole job), and the
     Timeline objects reads fold them with, made at a key's first read and sharing its list."""
-    __slots__ = ("by_entity", "events", "first_recorded", "generation", "timelines", "views")
+    __slots__ = ("by_entity", "events", "first_recorded", "generation", "offsets", "timelines", "views")
 
     def __init__(self) -> None:
         self.timelines: dict[Key, list[Assertion]] = {}
@@ -19,6 +19,7 @@ class _TenantGraph:
         self.by_entity: dict[str, dict[Key, None]] = {}     # entity -> its keys, insertion ordered
         self.first_recorded: dict[str, Micros] = {}
         self.events: set[str] = set()
+        self.offsets: dict[tuple[str, int], int] = {}       # (topic, partition) -> applied offset
         self.generation = 0
 
 
@@ -94,6 +95,20 @@ class MemoryStore(Store):
             keys[key] = None
             if first[entity] > recorded_at:  # noqa: PLR1730 - a compare, not a call (hot path)
                 first[entity] = recorded_at
+
+    def commit_batch(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
+        """The batch contract in process: each event as `apply_writes` (skipped when its id was applied), then
+        the offset, which only moves forward. Atomic as far as one thread sees."""
+        for writes, event_id in events:
+            self.apply_writes(tenant, writes, event_id)
+        if position is not None:
+            offsets = self._graph(tenant).offsets
+            where = (position[0], int(position[1]))
+            offsets[where] = max(offsets.get(where, -1), int(position[2]))
+
+    def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
+        g = self._tenants.get(tenant)           # like has_event: never needs the timelines up to date
+        return None if g is None else g.offsets.get((topic, int(partition)))
 
     def has_event(self, tenant: str, event_id: str) -> bool:
         g = self._tenants.get(tenant)           # event ids only: never needs the timelines up to date

@@ -108,6 +108,10 @@ class RedisStore(GenerationAdmin, Store):
 
     # ---- the public interface of the key layout (the bulk loader uses it) ------------------------
 
+    def tenant_keys(self, tenant: str) -> TenantKeys:
+        """The key names of a tenant (its name checked)."""
+        return self._n(tenant)
+
     def data_prefix(self, tenant: str, gen: int) -> str:
         """The prefix of every data key of one generation of a tenant."""
         return self._n(tenant).data(int(gen))
