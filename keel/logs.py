@@ -4,6 +4,12 @@ Every line carries `ts` (UTC, ISO 8601, milliseconds), `level`, `logger` and `me
 structured fields a caller passes as `extra={"fields": {...}}` (a tool call's tool, tenant, latency...).
 `json` writes them as one JSON object per line (for collectors); `text` as
 `<ts> <LEVEL> <logger>: <message> key=value ...` (for people). Lines go to stderr.
+
+Client libraries log every retry (with Kafka down for 35 s the webhook once wrote 160,568 aiokafka ERROR
+lines, issue 10), so records of the LIBRARIES' loggers at WARNING and above are rate-limited: one line per
+cause (logger, level, message template) per interval, the next one saying how many were held back.
+`setup_logging` installs the filter; an entry point that configures logging otherwise (faust's Worker
+replaces the handlers at start) calls `install()` afterwards.
 """
 from __future__ import annotations
 
@@ -12,8 +18,9 @@ import json
 import logging
 import logging.config
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 LOG_FORMATS = ("text", "json")
@@ -87,8 +94,69 @@ def dict_config(fmt: str, level: str | int = "INFO", *, libraries: str | int = "
 
 
 def setup_logging(fmt: str, level: str | int = "INFO", *, libraries: str | int = "WARNING") -> None:
-    """Configure the process's logging once, at its entry point."""
+    """Configure the process's logging once, at its entry point (the library rate limit included)."""
     logging.config.dictConfig(dict_config(fmt, level, libraries=libraries))
+    install()
 
 
 LEVELS = {"crit": "CRITICAL", "error": "ERROR", "warn": "WARNING", "info": "INFO", "debug": "DEBUG"}
+
+
+# ---- client libraries' lines, rate-limited --------------------------------------------------------
+
+LIBRARIES = ("aiokafka", "kafka", "redis", "aiohttp", "faust", "mode", "asyncio", "psycopg", "mcp", "uvicorn")
+INTERVAL_S = 30.0
+
+
+class RateLimitFilter(logging.Filter):
+    """Lets one record per cause per interval through (library loggers, WARNING and above)."""
+
+    def __init__(self, interval_s: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic,
+                 libraries: tuple[str, ...] = LIBRARIES) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self.clock = clock
+        self.libraries = libraries
+        self._causes: dict[tuple[str, int, str], list[float | int]] = {}    # cause -> [last let through, held]
+        self._lock = threading.Lock()
+
+    def _limited(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        return record.levelno >= logging.WARNING and any(
+            name == lib or name.startswith(lib + ".") for lib in self.libraries)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self._limited(record):
+            return True
+        cause = (record.name, record.levelno, str(record.msg))
+        now = self.clock()
+        with self._lock:
+            state = self._causes.get(cause)
+            if state is not None and now - float(state[0]) < self.interval_s:
+                state[1] = int(state[1]) + 1
+                return False
+            held = 0 if state is None else int(state[1])
+            self._causes[cause] = [now, 0]
+            if len(self._causes) > 10_000:            # causes are message templates: few; this is a safety net
+                self._causes = {cause: self._causes[cause]}
+        if held:
+            record.msg = f"{record.msg} [{held} more like this in the last {self.interval_s:.0f}s not shown]"
+        return True
+
+
+_installed: RateLimitFilter | None = None
+
+
+def install(interval_s: float = INTERVAL_S) -> RateLimitFilter:
+    """Put the (one, shared) filter on the root logger's handlers and on logging.lastResort; idempotent,
+    and to be called again after a framework replaced the handlers (faust does, at start)."""
+    global _installed
+    if _installed is None:
+        _installed = RateLimitFilter(interval_s)
+    handlers = list(logging.getLogger().handlers)
+    if logging.lastResort is not None:
+        handlers.append(logging.lastResort)
+    for handler in handlers:
+        if _installed not in handler.filters:
+            handler.addFilter(_installed)
+    return _installed

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import os
+import signal
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,9 +24,11 @@ from prometheus_client import CollectorRegistry
 from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.connect import open_redis_store
+from keel.errors import EXIT_UNAVAILABLE
 from keel.health import DEFAULT_STALL_S, Health, HealthServer
 from keel.kafka import bootstrap_list, ensure_topics
 from keel.logs import LEVELS, dict_config
+from keel.logs import install as install_log_limit
 from keel.wire import dlq_topic, events_topic
 
 from .ingest import CartridgeIngest, WorkerOptions
@@ -48,6 +54,9 @@ class Probes:
     def __post_init__(self) -> None:
         self.metrics = WorkerMetrics(self.registry)
 
+TERM_BOUND_S = 14.0     # SIGTERM → exit, at the latest (the promise is 15 s; ingest's budget is 10 s)
+EXIT_WATCHDOG = EXIT_UNAVAILABLE    # the watchdog ended the process (see docs/operations.md)
+
 
 def create_app(cartridges: list[Cartridge], settings: Settings) -> faust.App:
     """A faust App for these cartridges (no module-level app: built per process from Settings)."""
@@ -59,6 +68,32 @@ def create_app(cartridges: list[Cartridge], settings: Settings) -> faust.App:
     return app
 
 
+class KeelWorker(faust.Worker):
+    """faust's Worker, plus a promise: after SIGTERM/SIGINT the process ends within TERM_BOUND_S.
+
+    The graceful path (workers/ingest.py: finish the write under way, close the clients, each bounded)
+    normally takes well under that; the watchdog is for what cannot be bounded from inside the loop (a
+    thread blocked in a client call, a library stuck in its own task). Ending there is as safe as SIGKILL:
+    Redis holds each tenant's applied offset with its writes and redelivered records are skipped."""
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        install_log_limit()       # faust replaced the handlers: library lines one per cause per interval again
+
+    def _schedule_shutdown(self, signal: signal.Signals) -> None:     # mode's hook for SIGTERM and SIGINT
+        if not self._signal_stop_time:
+            timer = threading.Timer(TERM_BOUND_S, _watchdog_exit, args=(signal.name,))
+            timer.daemon = True
+            timer.start()
+        super()._schedule_shutdown(signal)
+
+
+def _watchdog_exit(name: str) -> None:
+    logging.getLogger("keel.worker").error("watchdog: still running %.0fs after %s; exiting now (what was not "
+                                           "committed is redelivered)", TERM_BOUND_S, name)
+    logging.shutdown()
+    os._exit(EXIT_WATCHDOG)
+
+
 def create_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions,
                   process: ProcessOptions, probes: Probes) -> faust.Worker:
     """The faust Worker running the app and one CartridgeIngest per cartridge, logging with Keel's format."""
@@ -67,8 +102,8 @@ def create_worker(cartridges: list[Cartridge], settings: Settings, options: Work
                 for c in cartridges]
     level = LEVELS.get(process.loglevel, "INFO")
     logging_config = dict_config(process.log_format, level, libraries="DEBUG" if level == "DEBUG" else "WARNING")
-    return faust.Worker(app, *services, loglevel=level, quiet=process.quiet, redirect_stdouts=False,
-                        logging_config=logging_config)
+    return KeelWorker(app, *services, loglevel=level, quiet=process.quiet, redirect_stdouts=False,
+                      logging_config=logging_config)
 
 
 def preflight(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions) -> None:
