@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -167,8 +168,9 @@ def test_worker_serves_health_readiness_and_metrics(tmp_path: Path) -> None:
         status, body = get(f"http://127.0.0.1:{port}/healthz")
         assert status == 200 and f"consume {name}" in json.loads(body)["loops"]
         assert worker.terminate() == 0
-        lines = [line for line in worker.text().splitlines() if line.strip()]
-        docs = [json.loads(line) for line in lines]         # every line is JSON
+        # every log line is JSON (stdout shares the file: mode may write a terminal "show cursor" code)
+        lines = [re.sub(r"\x08|\x1b\[[0-9;?]*[A-Za-z]", "", line) for line in worker.text().splitlines()]
+        docs = [json.loads(line) for line in lines if line.strip()]
         assert all({"ts", "level", "logger", "message"} <= set(d) for d in docs)
         assert any("assigned partitions" in d["message"] for d in docs)
     finally:
