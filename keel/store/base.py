@@ -181,10 +181,6 @@ class Store(ABC):
     def keys(self, tenant: str, entity: str) -> list[Key]:
         """Every timeline key involving the entity, in a stable order."""
 
-    @abstractmethod
-    def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
-                   known_at: Micros | None) -> list[Version | None]:
-        """The version of each key valid at `at`, believed at `known_at`."""
 
     @abstractmethod
     def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
@@ -201,6 +197,12 @@ class Store(ABC):
     @abstractmethod
     def event_ids(self, tenant: str) -> list[str]:
         """Applied event ids of a tenant, sorted."""
+
+    def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
+                   known_at: Micros | None) -> list[Version | None]:
+        """The version of each key valid at `at`, believed at `known_at`: the one covering `at` among all its
+        versions (a backend may bisect its timelines instead)."""
+        return [covering(versions, at) for versions in self.versions_many(tenant, keys, known_at)]
 
     def recorded_many(self, tenant: str, entities: list[str]) -> list[Micros | None]:
         """`entity_recorded_at` of several entities; one request where possible."""
