@@ -30,6 +30,7 @@ from .errors import (
     ServiceUnavailable,
     UsageError,
 )
+from .logs import install as install_log_limit
 from .projector import Projector
 from .store.memory import MemoryStore
 from .tools import Tools
@@ -130,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return EXIT_USAGE
-    try:
+    install_log_limit()       # library log lines: one per cause per interval (commands that configure logging
+    try:                      # again call it again)
         return int(args.run(args) or 0)
     except BrokenPipeError:                      # output piped into `head` and closed: not an error
         sys.stderr.close()

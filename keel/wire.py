@@ -26,6 +26,11 @@ SOURCE_OFFSET = "keel.source.offset"
 SOURCE_TIMESTAMP = "keel.source.timestamp"
 VALUE_OMITTED = "keel.value_omitted"         # the value was too large to keep
 MAX_REASON = 4000                            # characters of a reason header
+# Redrives (`keel dlq`, keel/deadletters.py): a marker in the dead-letter topic closes a letter, and the
+# re-sent event says which letter it came from.
+REDRIVEN = "keel.redriven"                   # on a marker record: the letter, "<partition>:<offset>"
+REDRIVEN_AT = "keel.redriven_at"             # on a marker record: when
+REDRIVE_OF = "keel.redrive.of"               # on a re-sent event: "<dlq topic>:<partition>:<offset>"
 
 
 def events_topic(cartridge: str) -> str:

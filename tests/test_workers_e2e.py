@@ -12,6 +12,7 @@ from common import finance_events
 from support.workers import (
     CARTRIDGES,
     WorkerProcess,
+    committed,
     embedded_digests,
     keel,
     produce_raw,
@@ -113,7 +114,9 @@ def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_goes_on(env: dic
         assert store.event_ids(tenant.decode()) == sorted(e["id"] for e in good)
         store.close()
         doc = status(folder, env)
-        assert doc["dead_letters"] == len(bad) and doc["dead_letters_without_tenant"] == 2     # broken JSON, binary
+        assert doc["dead_letters"]["total"] == doc["dead_letters"]["open"] == len(bad)
+        assert doc["dead_letters"]["by_tenant"][""] == 2                                  # broken JSON, binary
+        assert sum(doc["dead_letters_counted_by_workers"].values()) == len(bad)
     finally:
         worker.kill()
 
@@ -131,10 +134,6 @@ def generated(path: Path, n: int, tenants: int, seed: int) -> Path:
             if q:
                 out.append(q.pop(0))
     return write_jsonl(path, out)
-
-
-def committed(folder: Path, env: dict[str, str]) -> int:
-    return sum(p["committed"] or 0 for p in status(folder, env)["partitions"])
 
 
 def test_kill_9_at_random_moments_then_restart_changes_nothing(env: dict[str, str], tmp_path: Path) -> None:
@@ -214,11 +213,12 @@ def test_two_workers_one_killed_the_other_takes_over(env: dict[str, str], tmp_pa
         wait_until(lambda: all(share(w) and len(share(w) or []) < 8 for w in (a, b)), 60,
                    "both workers to share the partitions", on_timeout=lambda: a.text() + b.text())
         keel("publish", str(folder), str(events), env=env)
-        wait_until(lambda: sum(p["committed"] or 0 for p in status(folder, env)["partitions"]) > 300, 120,
-                   "the workers to start applying", on_timeout=lambda: a.text() + b.text())
+        wait_until(lambda: committed(folder, env) > 300, 120, "the workers to start applying",
+                   on_timeout=lambda: a.text() + b.text())
         a.kill()
-        wait_applied(folder, env, 3000, b)                      # b gets a's partitions after the session timeout
-        assert "assigned partitions [0, 1, 2, 3, 4, 5, 6, 7]" in b.text()
+        wait_until(lambda: "assigned partitions [0, 1, 2, 3, 4, 5, 6, 7]" in b.text(), 120,   # after the session
+                   "b to take a's partitions", on_timeout=b.text)                        # timeout
+        wait_applied(folder, env, 3000, b)
         expected = embedded_digests(load_cartridge(folder), events)
         assert redis_digests(folder, env, expected) == expected
     finally:
