@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test test-deploy test-embedded images lint bench soak services-up services-down clean
+.PHONY: install demo test test-deploy test-embedded images lint bench bench-peers soak services-up services-down clean
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,10 @@ lint: install
 
 bench: install
 	$(BIN)/python bench/embedded.py
+
+bench-peers: install  ## the worker, a quix-streams app and a bare faust agent on one topic (needs KEEL_KAFKA_BOOTSTRAP)
+	$(BIN)/pip install -q -e ".[dev,bench]"
+	$(BIN)/python bench/peers/compare.py
 
 SOAK ?= --minutes 30
 soak: install  ## opt-in: the rebalance scenarios many times, big backlogs, random moments (SOAK="--runs 20 --events 300000")
