@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import CartridgeInvalid
+from .limits import Limits
 from .registry import Registry
 from .times import parse_duration
 
@@ -83,6 +84,7 @@ class CartridgeSpec(_Strict):
     events: dict[str, EventSpec] = Field(default_factory=dict)
     rules: dict[str, RuleSpec] = Field(default_factory=dict)
     memory: MemorySpec = Field(default_factory=MemorySpec)
+    limits: Limits = Field(default_factory=Limits)
 
 
 class Cartridge:

@@ -171,8 +171,6 @@ class Session:
             if not rest:
                 raise UsageError("give the events file (or --redis URL)")
             self.events_path = Path(rest.pop(0))
-            if not self.events_path.is_file():
-                raise UsageError(f"events file {self.events_path} not found")
             projector, report = build_embedded(self.cartridge, self.events_path,
                                                allow_global_notes=settings.allow_global_notes)
             self.store = projector.store
@@ -239,6 +237,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.events:
         projector = Projector(cartridge, MemoryStore(), allow_global_notes=True)
         report = replay_file(projector, args.events, on_reject=print_reject(args.events))
+        for warning in report.clamped:
+            print(f"{args.events}:line {warning.line}: event {warning.event_id}: warning: {warning.reason}",
+                  file=sys.stderr)
         if report.rejected:
             print(f"{args.events}: {len(report.rejected)} bad line(s) of {report.applied + len(report.rejected)}",
                   file=sys.stderr)

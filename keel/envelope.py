@@ -1,6 +1,7 @@
 """The event envelope (DESIGN §2): structural model, catalog checks, and the Event handlers receive."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Annotated, Any, NotRequired
@@ -10,7 +11,7 @@ from typing_extensions import TypedDict
 
 from .cartridge import Cartridge, FieldSpec
 from .errors import BadTime, EnvelopeRejected
-from .times import Micros, format_time, parse_time
+from .times import Micros, format_time, now_micros, parse_time
 
 ANNOTATED = "keel.annotated"
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -55,6 +56,7 @@ class Event:
     """What a handler receives: a checked envelope with times parsed and defaults filled."""
     __slots__ = (
         "by",
+        "clamped_from",
         "id",
         "occurred_at",
         "payload",
@@ -79,6 +81,7 @@ class Event:
         self.source = source
         self.by = by
         self.payload = payload
+        self.clamped_from: Instant | None = None
 
     @classmethod
     def _checked(cls, id: str, tenant: str, type: str, subject: str, subject_type: str, subject_id: str,
@@ -90,7 +93,22 @@ class Event:
         e.subject_type, e.subject_id = subject_type, subject_id
         e.occurred_at, e.recorded_at = occurred_at, recorded_at
         e.source, e.by, e.payload = source, by, payload
+        e.clamped_from = None
         return e
+
+    def clamp_recorded_at(self, latest: Micros) -> None:
+        """Take the event as recorded at `latest` (the tenant's latest recorded_at), keeping what it said."""
+        self.clamped_from = self.recorded_at
+        self.recorded_at = Instant(latest)
+
+    def content_hash(self) -> str:
+        """The event's identity for idempotency: a short sha256 of its canonical envelope without
+        `recorded_at` (which a broker may assign). Two envelopes under one id are identical when their
+        hashes are equal; see docs/envelope.md."""
+        doc = self.to_envelope()
+        del doc["recorded_at"]
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
     def to_envelope(self) -> dict[str, Any]:
         """The canonical envelope: what `keel publish` sends, so file and topic build equal graphs."""
@@ -117,17 +135,36 @@ class Catalog:
         self._types = {ev: (PayloadCheck(ev, spec.fields()), spec.subject, spec.owner)
                        for ev, spec in cartridge.spec.events.items()}
         self._instants: dict[str, Instant] = {}
+        self._max_bytes = cartridge.spec.limits.envelope_bytes
+        self._future = cartridge.spec.limits.future_micros
 
     def parse(self, raw: bytes | str | dict[str, Any], *, default_recorded_at: Micros | None = None) -> Event:
-        """Raw envelope → Event. `default_recorded_at` applies when the envelope has none (Kafka record
-        time); otherwise recorded_at defaults to occurred_at (file mode). Raises EnvelopeRejected."""
+        """Raw envelope → Event. `default_recorded_at` is the Kafka record's time: the moment Keel learned
+        the event, and its recorded_at when the envelope has none. Without it (file mode) the moment is now
+        and recorded_at defaults to occurred_at. A recorded_at after that moment is taken as that moment;
+        more than `limits.future_tolerance` after it is refused. Raises EnvelopeRejected."""
+        if not isinstance(raw, dict) and len(raw) > self._max_bytes:
+            event_id, tenant = _peek_ids(raw[:4096])
+            raise EnvelopeRejected(f"envelope of {len(raw)} bytes is over the {self._max_bytes}-byte limit "
+                                   f"(limits.envelope_bytes); keep documents elsewhere and a pointer in the "
+                                   f"payload", event_id=event_id, tenant=tenant)
         env = _structure(raw)
         occurred = self._instant(env["occurred_at"], "occurred_at", env)
+        read_at = default_recorded_at if default_recorded_at is not None else now_micros()
         recorded_text = env.get("recorded_at")
         if recorded_text is not None:
             recorded = self._instant(recorded_text, "recorded_at", env)
+            if recorded > read_at:
+                if recorded - read_at > self._future:
+                    raise EnvelopeRejected(
+                        f"recorded_at {recorded_text} is in the future: more than "
+                        f"{self.cartridge.spec.limits.future_tolerance} (limits.future_tolerance) after Keel "
+                        f"read the event at {format_time(read_at)}", event_id=env["id"], tenant=env["tenant"])
+                recorded = Instant(read_at)
+        elif default_recorded_at is not None:
+            recorded = Instant(default_recorded_at)
         else:
-            recorded = Instant(default_recorded_at) if default_recorded_at is not None else occurred
+            recorded = occurred if occurred <= read_at else Instant(read_at)
         event_type, subject = env["type"], env["subject"]
         subject_type, _, subject_id = subject.partition(":")
         source = env.get("source")

@@ -35,6 +35,21 @@ class Write(NamedTuple):
     assertion: Assertion
 
 
+class EventId(str):
+    """An event id with what a store keeps next to it: `mark` (`<content hash> <where first seen>`, the
+    idempotency check) and `recorded_at` (the tenant's latest recorded_at follows it). It is a str, so it
+    travels wherever an event id goes (mirrors, batches, replay steps) and each store keeps the mark in the
+    same atomic step as the id; a plain str id carries neither."""
+    mark: str | None = None
+    recorded_at: Micros | None = None
+
+
+def event_key(event_id: str, mark: str | None, recorded_at: Micros | None) -> EventId:
+    key = EventId(event_id)
+    key.mark, key.recorded_at = mark, recorded_at
+    return key
+
+
 def new_write(key: Key, assertion: Assertion) -> Write:
     """`Write(key, assertion)` without the NamedTuple's Python-level __new__ (hot path: a write per call)."""
     return _tuple_new(Write, (key, assertion))
@@ -196,6 +211,19 @@ class Store(ABC):
     @abstractmethod
     def event_ids(self, tenant: str) -> list[str]:
         """Applied event ids of a tenant, sorted."""
+
+    def event_mark(self, tenant: str, event_id: str) -> str | None:
+        """The mark kept with an applied event id (`<content hash> <where first seen>`), None if none."""
+        return None
+
+    def event_marks(self, tenant: str) -> dict[str, str]:
+        """Every applied event id's mark (what a worker's mirror loads instead of the graph)."""
+        return {}
+
+    def latest_recorded(self, tenant: str) -> Micros | None:
+        """The latest recorded_at of the tenant's applied events (None before the first): recorded_at
+        never goes backwards within a tenant's log."""
+        return None
 
     def recorded_many(self, tenant: str, entities: list[str]) -> list[Micros | None]:
         """`entity_recorded_at` of several entities; one request where possible."""

@@ -9,14 +9,26 @@ from .base import Key, Store, Write
 
 
 class _TenantGraph:
-    __slots__ = ("by_entity", "events", "first_recorded", "generation", "timelines")
+    __slots__ = ("by_entity", "events", "first_recorded", "generation", "latest", "marks", "timelines")
 
     def __init__(self) -> None:
         self.timelines: dict[Key, Timeline] = {}
         self.by_entity: dict[str, dict[Key, None]] = {}     # entity -> its keys, insertion ordered
         self.first_recorded: dict[str, Micros] = {}
         self.events: set[str] = set()
+        self.marks: dict[str, str] = {}         # event id -> its mark (EventId.mark)
+        self.latest: Micros | None = None       # the latest recorded_at of an applied event
         self.generation = 0
+
+    def note(self, event_id: str) -> None:
+        """Mark an event applied, keeping its mark and moving `latest`."""
+        self.events.add(str(event_id))
+        mark = getattr(event_id, "mark", None)
+        if mark is not None:
+            self.marks[str(event_id)] = mark
+        rec = getattr(event_id, "recorded_at", None)
+        if rec is not None and (self.latest is None or rec > self.latest):
+            self.latest = rec
 
 
 class MemoryStore(Store):
@@ -59,7 +71,7 @@ class MemoryStore(Store):
             if key[0] == "r" and first[key[3]] > rec:
                 first[key[3]] = rec
         if event_id is not None:
-            g.events.add(event_id)
+            g.note(event_id)
         g.generation += 1
 
     @staticmethod
@@ -78,6 +90,18 @@ class MemoryStore(Store):
     def has_event(self, tenant: str, event_id: str) -> bool:
         g = self._tenants.get(tenant)           # event ids only: never needs the timelines up to date
         return g is not None and event_id in g.events
+
+    def event_mark(self, tenant: str, event_id: str) -> str | None:
+        g = self._tenants.get(tenant)           # like has_event: never needs the timelines
+        return None if g is None else g.marks.get(event_id)
+
+    def event_marks(self, tenant: str) -> dict[str, str]:
+        g = self._tenants.get(tenant)
+        return {} if g is None else dict(g.marks)
+
+    def latest_recorded(self, tenant: str) -> Micros | None:
+        g = self._tenants.get(tenant)
+        return None if g is None else g.latest
 
     def entity_recorded_at(self, tenant: str, entity: str) -> Micros | None:
         g = self._read(tenant)
@@ -120,12 +144,16 @@ class MemoryStore(Store):
         g = self._read(tenant)
         return None if g is None else g.generation
 
-    def load(self, tenant: str, timelines: Iterator[tuple[Key, list[Assertion]]], event_ids: list[str]) -> None:
+    def load(self, tenant: str, timelines: Iterator[tuple[Key, list[Assertion]]], event_ids: list[str], *,
+             marks: dict[str, str] | None = None, latest: Micros | None = None) -> None:
         """Fill a tenant from a dump of another store (a worker's in-process mirror of Redis)."""
         self._tenants.pop(tenant, None)
         for key, assertions in timelines:
             self.apply_writes(tenant, [Write(key, a) for a in assertions])
-        self._graph(tenant).events.update(event_ids)
+        g = self._graph(tenant)
+        g.events.update(event_ids)
+        g.marks.update(marks or {})
+        g.latest = latest
 
     def drop(self, tenant: str) -> None:
         self._tenants.pop(tenant, None)

@@ -1,0 +1,181 @@
+"""Write-side integrity in file mode, through the public CLI and the Python API (issue 12): recorded_at never
+goes backwards and is never in the future, ids are idempotency keys, handlers write JSON within limits."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_integrity_support import acct_set, ledger_cartridge, odd, write_events
+
+from keel.cartridge import load_cartridge
+from keel.cli import main
+from keel.digest import digest
+from keel.embedded import build_embedded
+from keel.tools import Tools
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ledger_cartridge(tmp_path_factory.mktemp("cart") / "ledger")
+
+
+def balances(capsys, cartridge: Path, events: Path, *extra: object) -> list[tuple[object, str | None]]:
+    code, out, err = run(capsys, "history", cartridge, events, "acct:a1", "--predicate", "balance", "--json", *extra)
+    assert code == 0, err
+    return [(v["value"], v["recorded_at"]) for v in json.loads(out)["versions"]]
+
+
+# ---- 1. recorded_at never goes backwards ------------------------------------------------------------
+
+def test_recorded_at_going_backwards_is_taken_as_the_tenants_latest(ledger: Path, tmp_path: Path, capsys) -> None:
+    events = write_events(tmp_path / "e.jsonl", [
+        acct_set("e1", "a1", 100, "2026-01-01", "2026-01-10T00:00:00Z"),
+        acct_set("e2", "a1", 200, "2026-01-05", "2026-01-03T00:00:00Z"),     # learned "before" e1: impossible
+    ])
+    code, out, err = run(capsys, "validate", ledger, "--events", events)
+    assert code == 0
+    assert "line 2: event e2: warning: recorded_at 2026-01-03T00:00:00Z is earlier than the tenant's latest" in err
+    assert "2 events ok" in out
+    assert balances(capsys, ledger, events) == [(100, "2026-01-10T00:00:00Z"), (200, "2026-01-10T00:00:00Z")]
+    # Keel had neither event on 2026-01-04: no known_at shows e2 without e1
+    code, _, err = run(capsys, "context", ledger, events, "acct:a1", "--known-at", "2026-01-04")
+    assert code == 1 and "unknown entity" in err
+
+
+def test_recorded_at_in_the_future_is_refused_and_the_default_known_at_is_now(ledger: Path, tmp_path: Path,
+                                                                              capsys) -> None:
+    events = write_events(tmp_path / "e.jsonl", [
+        acct_set("e1", "a1", 100, "2026-01-01", "2026-01-02T00:00:00Z"),
+        acct_set("e2", "a1", 999, "2026-02-01", "2099-01-01T00:00:00Z"),
+    ])
+    code, _, err = run(capsys, "validate", ledger, "--events", events)
+    assert code == 2
+    assert "line 2: event e2: recorded_at 2099-01-01T00:00:00Z is in the future: more than 5m" in err
+    assert balances(capsys, ledger, events) == [(100, "2026-01-02T00:00:00Z")]
+    now = balances(capsys, ledger, events, "--known-at", "2099-12-31")
+    assert now == balances(capsys, ledger, events)
+
+
+def test_future_tolerance_is_configurable(tmp_path: Path) -> None:
+    cartridge = load_cartridge(ledger_cartridge(tmp_path / "c", extra="limits: {future_tolerance: 100000d}\n"))
+    events = write_events(tmp_path / "e.jsonl", [acct_set("e1", "a1", 1, "2026-01-01", "2099-01-01T00:00:00Z")])
+    projector, report = build_embedded(cartridge, events)
+    assert report.applied == 1 and not report.rejected
+    # accepted within the tolerance, but taken as recorded when Keel read it: never after "now"
+    (version,) = projector.store.history("t1", "acct:a1")
+    assert version["recorded_at"] < "2099"
+
+
+# ---- 2. ids are idempotency keys ------------------------------------------------------------------
+
+def test_identical_duplicates_are_ignored_and_a_reused_id_is_refused(ledger: Path, tmp_path: Path, capsys) -> None:
+    first = acct_set("e1", "a1", 100, "2026-01-01")
+    same_but_broker_time = {**first, "recorded_at": "2026-01-01T00:00:00Z", "source": "ledger"}
+    events = write_events(tmp_path / "e.jsonl", [
+        first, same_but_broker_time, acct_set("e1", "a1", 555, "2026-01-01"),
+    ])
+    code, _, err = run(capsys, "validate", ledger, "--events", events)
+    assert code == 2
+    assert "line 3: event e1: id 'e1' was first seen at line 1 with different content" in err
+    assert "line 2" not in err
+    assert balances(capsys, ledger, events) == [(100, "2026-01-01T00:00:00Z")]
+
+
+# ---- 3. handlers write JSON values within limits ----------------------------------------------------
+
+@pytest.mark.parametrize(("kind", "size", "expected"), [
+    ("set", None, "a set is not a JSON value"),
+    ("datetime", None, "a datetime is not a JSON value"),
+    ("nan", None, "nan is not a finite number"),
+    ("intkey", None, "key 1 is not a string"),
+    ("deep", None, "inf at a[1].b is not a finite number"),
+    ("swallow", None, "a set is not a JSON value"),
+    ("big", 5000, "value of 5000 bytes is over the 4096-byte limit (limits.value_bytes)"),
+    ("label", 5000, "label note: value of 5000 bytes is over the 4096-byte limit"),
+])
+def test_a_handler_writing_a_bad_value_refuses_its_whole_event(ledger: Path, tmp_path: Path, capsys,
+                                                               kind: str, size: int | None, expected: str) -> None:
+    events = write_events(tmp_path / "e.jsonl", [acct_set("e1", "a1", 100, "2026-01-01"), odd("e2", kind, size)])
+    code, _, err = run(capsys, "validate", ledger, "--events", events)
+    assert code == 2
+    assert "line 2: event e2: handler acct_odd for acct.odd wrote" in err and expected in err
+    code, out, _ = run(capsys, "context", ledger, events, "acct:a1", "--json")
+    assert code == 0
+    assert [f["predicate"] for f in json.loads(out)["facts"]] == ["balance"]    # nothing of e2, not even `before`
+    assert run(capsys, "digest", ledger, "--events", events)[0] == 0
+    assert run(capsys, "search", ledger, events, "a1")[0] == 0
+
+
+def test_limits_are_overridable_and_the_envelope_is_limited(tmp_path: Path, capsys) -> None:
+    roomy = ledger_cartridge(tmp_path / "roomy", extra="limits: {value_bytes: 10000}\n")
+    events = write_events(tmp_path / "e.jsonl", [odd("e1", "big", 5000)])
+    assert run(capsys, "validate", roomy, "--events", events)[0] == 0
+    huge = acct_set("e2", "a1", 1, "2026-01-01", holder="h" * 300_000)
+    events = write_events(tmp_path / "big.jsonl", [acct_set("e1", "a1", 1, "2026-01-01"), huge])
+    code, _, err = run(capsys, "validate", roomy, "--events", events)
+    assert code == 2 and "line 2: event e2: envelope of 300" in err and "over the 262144-byte limit" in err
+
+
+# ---- the known_at definition with out-of-order recorded_at ---------------------------------------
+
+DAYS = [f"2026-01-{d:02d}" for d in range(1, 29)]
+
+
+def _answers(tools: Tools, entities: list[str], known_at: str | None) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for entity in entities:
+        try:
+            out[entity] = (tools.context(entity, at="2026-06-01", known_at=known_at),
+                           tools.history(entity, known_at=known_at)["versions"])
+        except LookupError:
+            out[entity] = None
+    for answer in out.values():
+        if answer is not None:
+            answer[0]["known_at"] = None       # the echo of the question is not part of the answer
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["a1", "a2"]), st.integers(0, 9), st.sampled_from(DAYS),
+                          st.sampled_from(DAYS), st.sampled_from(["", "h1", "h2"])), min_size=1, max_size=12))
+def test_known_at_is_the_log_prefix_keel_had_then(ledger: Path, tmp_path: Path, log: list) -> None:
+    cartridge = load_cartridge(ledger)
+    envelopes = [acct_set(f"e{i}", acct, balance, occurred, f"{recorded}T12:00:00Z",
+                          **({"holder": holder} if holder else {}))
+                 for i, (acct, balance, occurred, recorded, holder) in enumerate(log)]
+    full = write_events(tmp_path / "full.jsonl", envelopes)
+    projector, _ = build_embedded(cartridge, full)
+    whole = Tools(cartridge, projector.store, "t1")
+    entities = ["acct:a1", "acct:a2", "owner:h1", "owner:h2"]
+    learned = [v["recorded_at"] for v in projector.store.history("t1", "acct:a1")
+               + projector.store.history("t1", "acct:a2")]
+    for day in DAYS[::3] + [r[:10] for r in learned]:
+        known_at = f"{day}T12:00:00Z"
+        # the prefix Keel had at known_at: the events read until the first one learned later
+        effective, latest = [], ""
+        for env in envelopes:
+            latest = max(latest, env["recorded_at"])
+            effective.append(latest)
+        prefix = [env for env, t in zip(envelopes, effective) if t <= known_at]
+        assert prefix == envelopes[:len(prefix)]
+        part = write_events(tmp_path / "prefix.jsonl", prefix)
+        then, _ = build_embedded(cartridge, part)
+        assert _answers(whole, entities, known_at) == _answers(Tools(cartridge, then.store, "t1"), entities, None)
+
+
+def test_digest_unchanged_by_a_rejected_conflict(ledger: Path, tmp_path: Path) -> None:
+    cartridge = load_cartridge(ledger)
+    clean = write_events(tmp_path / "a.jsonl", [acct_set("e1", "a1", 1, "2026-01-01")])
+    noisy = write_events(tmp_path / "b.jsonl", [acct_set("e1", "a1", 1, "2026-01-01"),
+                                                acct_set("e1", "a1", 2, "2026-01-01"), odd("e3", "set")])
+    assert digest(build_embedded(cartridge, clean)[0].store, "t1") == digest(build_embedded(cartridge, noisy)[0].store,
+                                                                               "t1")
