@@ -124,7 +124,7 @@ class BatchApplier:
         self.recorder.take()
         self.recorder.recording = True
         try:
-            outcome = self.projector.apply(event)
+            outcome = self.projector.apply(event, record.origin)
         except StoreUnavailable:
             raise
         except EnvelopeRejected as e:

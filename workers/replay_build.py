@@ -74,7 +74,7 @@ class PartitionBuild:
         mirror = self.mirror
         mirror.recording = True
         try:
-            outcome = self.projector.apply(event)
+            outcome = self.projector.apply(event, record.origin)
         except StoreUnavailable:
             raise
         except (EnvelopeRejected, HandlerFailed, KeelError):

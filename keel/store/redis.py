@@ -7,7 +7,9 @@ one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
     keel:{<ns>/<t>}:gen                    string: the current generation (absent = 1)
     keel:{<ns>/<t>}:gseq                   string: the highest generation handed out
     keel:{<ns>/<t>}:g<N>:ev                set: applied event ids
-    keel:{<ns>/<t>}:g<N>:m                 hash: `sv` (write counter, the search version), applied offsets
+    keel:{<ns>/<t>}:g<N>:eh                hash: event id -> its mark (`<content hash> <where first seen>`)
+    keel:{<ns>/<t>}:g<N>:m                 hash: `sv` (write counter, the search version), applied offsets,
+                                           `rl` (the latest recorded_at of an applied event)
     keel:{<ns>/<t>}:g<N>:ents              set: the generation's entities (its explicit index)
     keel:{<ns>/<t>}:g<N>:pv                list: provenance entries `[source, evidence, recorded_at, by]`
     keel:{<ns>/<t>}:g<N>:z:<entity>        sorted set: every assertion of the timelines the entity owns
@@ -300,8 +302,7 @@ class _Batch:
         tls, provs = _encode(events, base)
         ents, min_recorded = _entities(tls)
         self.entities = list(ents)
-        ids = [event_id for _, event_id in events if event_id]
-        args: list[Any] = [str(base), field, offset, len(ids), *ids, len(ents)]
+        args: list[Any] = [str(base), field, offset, *_id_args(events), len(ents)]
         for name, rec in zip(ents, min_recorded):
             args += (name, rec)
         args.append(len(tls))
@@ -317,7 +318,21 @@ class _Batch:
         for e in self.entities:
             e = _escape(e)
             keys += (d + "z:" + e, d + "x:" + e)
+        keys.append(d + "eh")
         return keys
+
+
+def _id_args(events: Sequence[Event]) -> list[Any]:
+    """APPLY's id arguments: nI, the ids, their marks ("" = none), the latest recorded_at ("" = none)."""
+    ids = [event_id for _, event_id in events if event_id]
+    marks = [getattr(event_id, "mark", None) or "" for event_id in ids]
+    return [len(ids), *ids, *marks, _latest(ids)]
+
+
+def _latest(ids: list[Any]) -> str:
+    """The latest recorded_at the ids carry (keel.store.base.EventId), as text; "" when none does."""
+    times = [t for t in (getattr(event_id, "recorded_at", None) for event_id in ids) if t is not None]
+    return str(max(times)) if times else ""
 
 
 def _encode(events: Sequence[Event], base: int) -> tuple[dict[Key, list[Any]], list[str]]:
@@ -468,6 +483,7 @@ class GenerationLoader:
         self.first: dict[str, int] = {}        # entity -> element 0 of its index list (min recorded_at)
         self.known: set[Key] = set()           # timelines with members
         self.ids: set[str] = set()             # applied event ids
+        self.latest = -(2 ** 63)               # the latest recorded_at written (`rl`)
         self.offsets: dict[str, int] = {}      # offset field -> offset
         self.queue: list[_LoadStep] = []       # steps not known to be written, in order
         self.sent = 0                          # of them, sent on `conn` and not answered yet
@@ -480,7 +496,7 @@ class GenerationLoader:
             if self.gen == int(store._client.get(store._n(tenant).gen) or 1):
                 raise UsageError(f"generation {gen} is the current generation of tenant {tenant!r}: a bulk "
                                  f"load writes only a generation nobody reads")
-            if int(store._client.exists(d + "ev", d + "m", d + "ents", d + "pv")):
+            if int(store._client.exists(d + "ev", d + "eh", d + "m", d + "ents", d + "pv")):
                 raise UsageError(f"generation {gen} of tenant {tenant!r} holds data: a bulk load starts from "
                                  f"an empty generation")
             store._register(tenant)
@@ -543,6 +559,14 @@ class GenerationLoader:
             _push(commands, "RPUSH", d + "pv", provs)
             self.base += len(provs)
             _push(commands, "SADD", d + "ev", new_ids)
+            marks = [x for event_id in new_ids if getattr(event_id, "mark", None)
+                     for x in (event_id, event_id.mark)]
+            if marks:
+                _push(commands, "HSET", d + "eh", marks)
+            latest = _latest(new_ids)
+            if latest and int(latest) > self.latest:
+                self.latest = int(latest)
+                commands.append(("HSET", d + "m", "rl", latest))
         bump = 1 if new_ids or tls else 0
         if bump:
             commands.append(("HINCRBY", d + "m", "sv", "1"))
@@ -1087,6 +1111,19 @@ class RedisStore(Store):
         with self._guard("event_ids", tenant):
             return sorted(self._tx(tenant, lambda p, d: p.smembers(d + "ev"))[0])
 
+    def event_mark(self, tenant: str, event_id: str) -> str | None:
+        with self._guard("event_mark", tenant):
+            return self._tx(tenant, lambda p, d: p.hget(d + "eh", event_id))[0]
+
+    def event_marks(self, tenant: str) -> dict[str, str]:
+        with self._guard("event_marks", tenant):
+            return dict(self._tx(tenant, lambda p, d: p.hgetall(d + "eh"))[0])
+
+    def latest_recorded(self, tenant: str) -> Micros | None:
+        with self._guard("latest_recorded", tenant):
+            value = self._tx(tenant, lambda p, d: p.hget(d + "m", "rl"))[0]
+        return None if value is None else int(value)
+
     def search_version(self, tenant: str) -> object:
         """(generation, write counter): changes with every applied write and every generation switch."""
         with self._guard("search_version", tenant):
@@ -1254,7 +1291,9 @@ class RedisStore(Store):
         with self._guard("key_names", tenant):
             d = self._n(tenant).data(self._snapshot_gen(tenant) if gen is None else int(gen))
             entities = sorted(self._client.smembers(d + "ents"))
-        return [d + "ev", d + "m", d + "ents", d + "pv"] + [d + p + _escape(e) for e in entities for p in ("z:", "x:")]
+            marks = [d + "eh"] if self._client.exists(d + "eh") else []     # only events applied with marks
+        return [d + "ev", *marks, d + "m", d + "ents", d + "pv"] + [d + p + _escape(e) for e in entities
+                                                                    for p in ("z:", "x:")]
 
     def drop_tenant(self, tenant: str) -> int:
         """Delete every generation of a tenant and forget it (the log rebuilds it); returns keys deleted."""

@@ -49,9 +49,10 @@ end
 """
 
 # KEYS: 1 gen, 2 event ids (set), 3 meta (hash), 4 entities (set), 5 provenance (list),
-#       then for entity i (1-based): 4 + 2i its sorted set, 5 + 2i its index list.
+#       then for entity i (1-based): 4 + 2i its sorted set, 5 + 2i its index list; last: event marks (hash).
 # ARGV: 1 expected gen, 2 expected provenance length, 3 offset field ("" = none), 4 offset,
-#       nI, event ids; nE, per entity: name, min recorded_at of its writes;
+#       nI, event ids, their marks ("" = none), the latest recorded_at of the events ("" = none);
+#       nE, per entity: name, min recorded_at of its writes;
 #       nT, per timeline: `<owner>,<other entity of a relation or 0>,<n>,<P>` then its n members;
 #       nP, provenance entries.
 # The client builds complete members: it knows the provenance length from its last call. Answers
@@ -80,7 +81,8 @@ if nI > 0 then
   end
   if #dup > 1 then return dup end
 end
-a = a + nI
+local M = a + nI
+a = M + nI + 1
 local nE = tonumber(ARGV[a])
 local E = a + 1
 a = E + 2 * nE
@@ -169,6 +171,19 @@ while i < nI do
   local j = math.min(i + 999, nI - 1)
   redis.call('SADD', KEYS[2], unpack(ARGV, I + i, I + j))
   i = j + 1
+end
+local marks = {}
+for x = 0, nI - 1 do
+  if ARGV[M + x] ~= '' then
+    marks[#marks + 1] = ARGV[I + x]
+    marks[#marks + 1] = ARGV[M + x]
+  end
+end
+if #marks > 0 then multi('HSET', KEYS[#KEYS], marks) end
+local rl = ARGV[M + nI]
+if rl ~= '' then
+  local cur = redis.call('HGET', KEYS[3], 'rl')
+  if not cur or tonumber(rl) > tonumber(cur) then redis.call('HSET', KEYS[3], 'rl', rl) end
 end
 if nI > 0 or nT > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
 if ARGV[3] ~= '' then
