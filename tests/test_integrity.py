@@ -179,3 +179,16 @@ def test_digest_unchanged_by_a_rejected_conflict(ledger: Path, tmp_path: Path) -
                                                 acct_set("e1", "a1", 2, "2026-01-01"), odd("e3", "set")])
     assert digest(build_embedded(cartridge, clean)[0].store, "t1") == digest(build_embedded(cartridge, noisy)[0].store,
                                                                                "t1")
+
+
+def test_a_mirror_keeps_marks_of_waiting_writes_and_still_applies_them_on_read() -> None:
+    from keel.store.base import event_key, fact_write
+    from workers.mirror import RecordingStore
+    mirror = RecordingStore()
+    mirror.recording = True
+    write = fact_write("acct:a1", "balance", 1, "2026-01-01", False, source=None, evidence="e1", recorded_at=None,
+                       by=None)
+    mirror.apply_writes("t1", [write], event_key("e1", "abc at line 1", 5))
+    mirror.recording = False
+    assert mirror.event_mark("t1", "e1") == "abc at line 1" and mirror.latest_recorded("t1") == 5
+    assert [f["value"] for f in mirror.facts("t1", "acct:a1", at="2026-02-01")] == [1]

@@ -212,7 +212,7 @@ class RecordingStore(MemoryStore):
                 self._waiting.setdefault(tenant, []).append((self.tag, writes, event_id))
                 if event_id is not None:
                     self._waiting_ids.setdefault(tenant, set()).add(event_id)
-                    self._graph(tenant).note(event_id)      # its mark and recorded_at, without the graph
+                    self._graph(tenant).keep_mark(event_id)     # its mark and recorded_at, without the graph
                 return
         elif tenant in self._waiting or tenant in self._stale:
             self.materialize(tenant)

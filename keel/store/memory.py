@@ -23,6 +23,10 @@ class _TenantGraph:
     def note(self, event_id: str) -> None:
         """Mark an event applied, keeping its mark and moving `latest`."""
         self.events.add(str(event_id))
+        self.keep_mark(event_id)
+
+    def keep_mark(self, event_id: str) -> None:
+        """Keep an event's mark and move `latest` (EventId); the id itself is marked applied by `note`."""
         mark = getattr(event_id, "mark", None)
         if mark is not None:
             self.marks[str(event_id)] = mark
