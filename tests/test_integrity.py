@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_integrity_support import acct_set, ledger_cartridge, odd, write_events
+from support.integrity import acct_set, ledger_cartridge, odd, write_events
 
 from keel.cartridge import load_cartridge
 from keel.cli import main

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_integrity_support import acct_set, ledger_cartridge, odd, write_events
-from test_workers_support import (
+from support.integrity import acct_set, ledger_cartridge, odd, write_events
+from support.workers import (
     WorkerProcess,
     embedded_digests,
     keel,

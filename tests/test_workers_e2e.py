@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_workers_support import (
+from common import finance_events
+from support.workers import (
     CARTRIDGES,
-    ROOT,
     WorkerProcess,
     embedded_digests,
     keel,
@@ -30,9 +29,6 @@ from test_workers_support import (
 from keel.cartridge import load_cartridge
 from workers import dlq
 from workers.names import dlq_topic, events_topic
-
-sys.path.insert(0, str(ROOT / "bench"))
-from common import finance_events
 
 pytestmark = [services, pytest.mark.timeout(600)]
 

@@ -9,7 +9,7 @@ here on top of those primitives, so every backend behaves the same and one contr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -48,6 +48,12 @@ def event_key(event_id: str, mark: str | None, recorded_at: Micros | None) -> Ev
     key = EventId(event_id)
     key.mark, key.recorded_at = mark, recorded_at
     return key
+
+
+# The batch contract's shapes (see Store.commit_batch):
+EventWrites = tuple[list[Write], str | None]   # one event's writes and its id (None: not idempotent)
+Position = tuple[str, int, int]                  # (topic, partition, offset of the last record applied)
+BatchStep = tuple[str, Sequence[EventWrites], Position | None]   # (tenant, events, position)
 
 
 def new_write(key: Key, assertion: Assertion) -> Write:
