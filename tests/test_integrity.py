@@ -192,3 +192,14 @@ def test_a_mirror_keeps_marks_of_waiting_writes_and_still_applies_them_on_read()
     mirror.recording = False
     assert mirror.event_mark("t1", "e1") == "abc at line 1" and mirror.latest_recorded("t1") == 5
     assert [f["value"] for f in mirror.facts("t1", "acct:a1", at="2026-02-01")] == [1]
+
+
+def test_declarative_projections_write_within_the_same_limits(tmp_path: Path, capsys) -> None:
+    finance = Path(__file__).resolve().parents[1] / "cartridges" / "finance"
+    snapshot = {"id": "s1", "tenant": "h", "type": "debt.snapshot", "subject": "debt:visa", "occurred_at": "2026-01-01",
+                "payload": {"creditor": "c" * 5000, "product": "Visa", "balance_cop": 1, "rate_ea_pct": 20.0,
+                            "installment_cop": 1, "month": "2026-01"}}
+    events = write_events(tmp_path / "e.jsonl", [snapshot])
+    code, _, err = run(capsys, "validate", finance, "--events", events)
+    assert code == 2
+    assert "line 1: event s1: handler" in err and "label creditor: value of 5000 bytes is over the 4096-byte" in err
