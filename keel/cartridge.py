@@ -14,6 +14,7 @@ from .errors import CartridgeInvalid
 from .limits import Limits
 from .registry import Registry
 from .times import parse_duration
+from .wire import dlq_topic, events_topic
 
 PAYLOAD_TYPES = ("string", "number", "integer", "boolean", "date", "datetime", "object", "array")
 SCOPES = ("global", "tenant", "task", "agent")
@@ -96,8 +97,8 @@ class Cartridge:
         self.registry = registry
         self.path = path
         self.name = spec.name
-        self.topic = f"keel.{spec.name}.events"
-        self.dlq_topic = f"keel.{spec.name}.dlq"
+        self.topic = events_topic(spec.name)
+        self.dlq_topic = dlq_topic(spec.name)
 
     def rules_for(self, entity_type: str) -> dict[str, dict[str, Any]]:
         """`{rule: {definition, params…}}` for the rules that apply to an entity type, by name."""

@@ -79,7 +79,7 @@ def test_integrity_through_workers_and_replay(tmp_path: Path) -> None:
     assert "recorded_at 2099-01-01T00:00:00Z is in the future" in why["e3"]
     assert "handler acct_odd for acct.odd wrote predicate memo: a set is not a JSON value" in why["e4"]
     assert "over the 4096-byte limit (limits.value_bytes)" in why["e5"]
-    assert status(folder, env)["dead_letters"] == 5
+    assert status(folder, env)["dead_letters"]["total"] == 5
 
     store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=cartridge.name)
     try:

@@ -102,7 +102,7 @@ SPECS: tuple[ToolSpec, ...] = (
                  "evidence": _arg("Event id behind the note (a fact's evidence); some scopes require it"),
                  "task": _arg("Task id for task scope; default your own")},
                 ["entity", "predicate", "value", "scope"]),
-        _object({"fact": _FACT}),
+        _object({"fact": _FACT, "applied": {"type": "boolean"}, "event_id": _S, "message": _S}),
         _WRITER),
     ToolSpec(
         "related",
