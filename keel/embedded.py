@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from .cartridge import Cartridge
+from .echo import cut, printable
 from .errors import EnvelopeRejected, HandlerFailed, UsageError
 from .projector import Projector
 from .store.base import Store
@@ -108,7 +109,7 @@ def replay_file(projector: Projector, path: str | Path, *,
 
 def print_reject(path: str | Path, stream: TextIO | None = None) -> Callable[[Rejected], None]:
     def report(r: Rejected) -> None:
-        print(f"{path}:{r}", file=stream if stream is not None else sys.stderr)
+        print(printable(cut(f"{path}:{r}", 600)), file=stream if stream is not None else sys.stderr)
     return report
 
 

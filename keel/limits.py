@@ -51,12 +51,18 @@ def check_value(value: Any, limit: int, what: str) -> None:
     most `limit` bytes. `what` names the value in the message (`predicate balance`, `label name`)."""
     kind = type(value)
     if kind is str:
+        if len(value) * 3 <= limit and value.isascii():     # the common case, without encoding
+            return
         size = _utf8_size(value, what)
         if size > limit:
             _too_big(size, limit, what)
         return
     if kind in _PLAIN:
         return
+    if kind is float:
+        if math.isfinite(value):
+            return
+        raise ValueRefused(f"{what}: {value!r} is not a finite number; values must be JSON")
     problem = _not_json(value, "")
     if problem is not None:
         raise ValueRefused(f"{what}: {problem}; values must be JSON (string, finite number, boolean, null, "

@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from .cartridge import Cartridge
-from .envelope import ANNOTATED, ENTITY, Catalog, Event, Instant
+from .envelope import ANNOTATED, ENTITY, RETRACTED, Catalog, Event, Instant
 from .errors import EnvelopeRejected, HandlerFailed, KeelError
 from .limits import ValueRefused, check_value
 from .notes import NotePolicy
 from .registry import Handler
 from .store.base import EventId, Key, Store, Write, checked_label_writes, event_key, fact_write
-from .timeline import Assertion
+from .timeline import VOID, Assertion, is_void, new_assertion, void_of
 from .times import Micros, parse_time
 
 Outcome = Literal["applied", "duplicate"]
@@ -222,6 +222,10 @@ class Projector:
         if event.type == ANNOTATED:
             self._apply_note(event, key)
             return "applied"
+        superseding = [] if event.supersedes is None else self._supersede(event)
+        if event.type == RETRACTED:
+            store.apply_writes(event.tenant, superseding, key)
+            return "applied"
         entry = self._handlers.get(event.type)
         if entry is None:
             found = self.cartridge.registry.handler(event.type)
@@ -245,8 +249,38 @@ class Projector:
         if view.refused is not None:
             raise EnvelopeRejected(f"handler {getattr(handler, '__name__', '?')} for {event.type} wrote "
                                    f"{view.refused}", event_id=event.id, tenant=event.tenant)
-        store.apply_writes(event.tenant, view.writes, key)
+        store.apply_writes(event.tenant, superseding + view.writes if superseding else view.writes, key)
         return "applied"
+
+    def _supersede(self, event: Event) -> list[Write]:
+        """The writes that supersede every domain version resting on the event `event` corrects or retracts,
+        as of `event`'s recorded_at. At each point where that event's assertion is still the winner, the
+        assertion before it at that point is written again (restoring what was believed without it) or, with
+        none before it, a void (the point then counts for nothing). Raises EnvelopeRejected."""
+        target, tenant = event.supersedes, event.tenant
+        what = "retract" if event.type == RETRACTED else "correct"
+        if not self.store.has_event(tenant, target):
+            raise EnvelopeRejected(f"cannot {what} event {target!r}: it is not an applied event of tenant "
+                                   f"{tenant!r} (ids are per tenant; a rejected event needs no correction)",
+                                   event_id=event.id, tenant=tenant)
+        writes: list[Write] = []
+        for key, assertions in self.store.resting_on(tenant, target):
+            if any(is_void(a) and a.value[VOID] == target for a in assertions):
+                raise EnvelopeRejected(f"cannot {what} event {target!r}: it was already retracted or corrected",
+                                       event_id=event.id, tenant=tenant)
+            for point in sorted({a.point for a in assertions if a.evidence == target}):
+                group = [a for a in assertions if a.point == point]
+                if group[-1].evidence != target:
+                    continue                   # superseded at this point already: nothing of it is believed
+                before = [a for a in group if a.evidence != target]
+                again = before[-1] if before else None
+                writes.append(_tuple_new(Write, (key, new_assertion(
+                    point, void_of(target), True, event.source, event.id, int(event.recorded_at), event.by))))
+                if again is not None and not is_void(again):
+                    writes.append(_tuple_new(Write, (key, new_assertion(
+                        point, again.value, again.closed, event.source, event.id, int(event.recorded_at), event.by,
+                        again.expires_at))))
+        return writes
 
     def _check_identical(self, event: Event) -> None:
         """An id applied before must name the same envelope (ids are idempotency keys)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.integrity import acct_set, ledger_cartridge, odd, write_events
+from support.integrity import acct_set, correction_log, ledger_cartridge, odd, write_events
 from support.workers import (
     WorkerProcess,
     embedded_digests,
@@ -100,4 +100,27 @@ def test_integrity_through_workers_and_replay(tmp_path: Path) -> None:
     produce_raw(env, cartridge.topic, records([acct_set("e6", "a2", 8, "2026-01-06")]))
     run_worker(folder, env, tmp_path / "w3.log", len(first) + len(second) + 1)
     assert "id 'e6' was first seen at " in reasons(env, cartridge.dlq_topic, 6)["e6"]
+    assert redis_digests(folder, env, expected) == expected
+
+
+def test_corrections_and_retractions_through_workers_and_replay(tmp_path: Path) -> None:
+    env = services_env()
+    folder = ledger_cartridge(tmp_path / "ledger", name=f"t{uuid.uuid4().hex[:10]}")
+    cartridge = load_cartridge(folder)
+    log = correction_log()
+    produce_raw(env, cartridge.topic, records(log))
+    run_worker(folder, env, tmp_path / "w1.log", len(log))
+    why = reasons(env, cartridge.dlq_topic, 3)
+    assert "already retracted or corrected" in why["e5"]
+    assert "cannot correct event 'nope'" in why["e6"] and "not an applied event of tenant 't2'" in why["e7"]
+    expected = embedded_digests(cartridge, write_events(tmp_path / "all.jsonl", log))
+    assert redis_digests(folder, env, expected) == expected
+    store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=cartridge.name)
+    try:
+        assert [f["value"] for f in store.facts("t1", "acct:a1", at="2026-01-15")] == []
+        assert [f["value"] for f in store.facts("t1", "acct:a1", at="2026-02-15")] == [200]
+        assert store.relations("t1", "acct:a1", at="2026-01-15") == []
+    finally:
+        store.close()
+    keel("replay", str(folder), "--tenant", "t1", env=env)
     assert redis_digests(folder, env, expected) == expected

@@ -160,6 +160,10 @@ class MemoryStore(Store):
     def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
         return [[] if tl is None else tl.versions(known_at) for tl in map(self._lookup(tenant), keys)]
 
+    def recorded_versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None
+                               ) -> list[list[tuple[Version, Assertion | None]]]:
+        return [[] if tl is None else tl.recorded_versions(known_at) for tl in map(self._lookup(tenant), keys)]
+
     def runs_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
         return [[] if tl is None else tl.runs(known_at) for tl in map(self._lookup(tenant), keys)]
 

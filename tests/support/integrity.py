@@ -86,3 +86,26 @@ def odd(event_id: str, kind: str, size: int | None = None, *, tenant: str = "t1"
 def write_events(path: Path, envelopes: list[dict[str, Any] | str]) -> Path:
     path.write_text("".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in envelopes))
     return path
+
+
+def retracted(event_id: str, target: str, subject: str = "acct:a1", recorded_at: str | None = None, *,
+              tenant: str = "t1", reason: str | None = None) -> dict[str, Any]:
+    env: dict[str, Any] = {"id": event_id, "tenant": tenant, "type": "keel.retracted", "subject": subject,
+                           "occurred_at": (recorded_at or "2026-01-01")[:10], "by": "human:ana",
+                           "payload": {"event": target, **({"reason": reason} if reason else {})}}
+    if recorded_at is not None:
+        env["recorded_at"] = recorded_at
+    return env
+
+
+def correction_log() -> list[dict[str, Any]]:
+    """A wrong occurred_at corrected, a whole event retracted, and three refusals."""
+    return [
+        acct_set("e1", "a1", 100, "2026-01-01", "2026-01-02T00:00:00Z", holder="h1"),
+        acct_set("e2", "a1", 200, "2026-03-01", "2026-03-02T00:00:00Z"),            # wrong date
+        {**acct_set("e3", "a1", 200, "2026-02-01", "2026-03-05T00:00:00Z"), "corrects": "e2", "by": "human:ana"},
+        retracted("e4", "e1", recorded_at="2026-03-06T00:00:00Z", reason="entered twice"),
+        retracted("e5", "e1", recorded_at="2026-03-07T00:00:00Z"),                  # already retracted
+        {**acct_set("e6", "a1", 1, "2026-02-01", "2026-03-08T00:00:00Z"), "corrects": "nope"},   # unknown
+        retracted("e7", "e2", tenant="t2", subject="acct:a1", recorded_at="2026-03-09T00:00:00Z"),  # other tenant
+    ]

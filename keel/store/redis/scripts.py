@@ -196,14 +196,35 @@ return {1, base + nP}
 # The winner at or before t of timeline P in sorted set z: nil when nothing is at or before t, else the
 # winning member, 2 when another assertion shares its point (a correction) else 1, and the next later
 # point9 or "" (the winner's point is the greatest at or before t, so the next point is the first after t).
+# A point whose winner is a void (keel.timeline.is_void: an end valued {"keel.void": id}) counts for
+# nothing: the search goes on before it, and the next point is the first after t whose winner is no void.
 _WINNER = """
+local function void_at(m, P)
+  return string.find(m, '!{"keel.void":', #P + 10, true) ~= nil
+end
 local function winner_at(z, P, t)
-  local r = redis.call('ZREVRANGEBYLEX', z, '(' .. P .. t .. '~', '[' .. P, 'LIMIT', 0, 2)
-  if #r == 0 then return nil end
-  local m = r[1]
+  local hi, r, m = '(' .. P .. t .. '~'
+  while true do
+    r = redis.call('ZREVRANGEBYLEX', z, hi, '[' .. P, 'LIMIT', 0, 2)
+    if #r == 0 then return nil end
+    m = r[1]
+    if not void_at(m, P) then break end
+    hi = '(' .. string.sub(m, 1, #P + 9)
+  end
   local shared = r[2] and string.sub(r[2], #P + 1, #P + 9) == string.sub(m, #P + 1, #P + 9)
-  local nx = redis.call('ZRANGEBYLEX', z, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, 1)
-  return m, shared and 2 or 1, nx[1] and string.sub(nx[1], #P + 1, #P + 9) or ''
+  local lo, nx = '(' .. P .. t .. '~', ''
+  while true do
+    local f = redis.call('ZRANGEBYLEX', z, lo, '(' .. P .. '~', 'LIMIT', 0, 1)
+    if not f[1] then break end
+    local pt = string.sub(f[1], #P + 1, #P + 9)
+    lo = '(' .. P .. pt .. '~'
+    local last = redis.call('ZREVRANGEBYLEX', z, lo, '[' .. P .. pt, 'LIMIT', 0, 1)
+    if not void_at(last[1], P) then
+      nx = pt
+      break
+    end
+  end
+  return m, shared and 2 or 1, nx
 end
 """
 

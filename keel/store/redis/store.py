@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from ...errors import StoreUnavailable, UsageError
-from ...timeline import Assertion, Timeline, Version
+from ...timeline import Assertion, Timeline, Version, is_void
 from ...times import Micros
 from ..base import REF_LABEL, BatchStep, EntityView, EventWrites, Key, Position, Store, ViewRequest, Write
 from . import scripts
@@ -333,6 +333,12 @@ class RedisStore(GenerationAdmin, Store):
             return []
         return [tl.versions(known_at) for tl in self._timelines(tenant, keys)]
 
+    def recorded_versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None
+                               ) -> list[list[tuple[Version, Assertion | None]]]:
+        if not keys:
+            return []
+        return [tl.recorded_versions(known_at) for tl in self._timelines(tenant, keys)]
+
     def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
         """Each view by one VIEW script call (index, as-of winners, relation timelines, provenance), all
         requests in one round trip; with `known_at`, whole timelines folded here."""
@@ -476,11 +482,21 @@ class RedisStore(GenerationAdmin, Store):
                     pipe.zrevrangebylex(d + "z:" + escape(entity), "(" + p + "~", "[" + p, start=0, num=1)
                 for (entity, name, p), top in zip(chunk, pipe.execute()):
                     if top:
-                        _, _, value, closed, _ = decode_member(top[0][len(p):])
-                        if not closed:
+                        point, _, value, closed, _ = decode_member(top[0][len(p):])
+                        if closed and is_void(Assertion(point, value, closed, None, None, 0)):
+                            value, closed = self._latest_label(d + "z:" + escape(entity), p), False
+                        if not closed and value is not None:
                             values[entity][name] = value
         for entity in sorted(values):
             yield entity, entity.partition(":")[0], dict(sorted(values[entity].items()))
+
+    def _latest_label(self, z: str, p: str) -> Any:
+        """The current value of a label timeline whose last assertion is a void (read whole, folded here)."""
+        entries = []
+        for member in self._client.zrangebylex(z, "[" + p, "(" + p + "~"):
+            point, _, value, closed, expires = decode_member(member[len(p):])
+            entries.append(Assertion(point, value, closed, None, None, 0, None, expires))
+        return Timeline.over(entries).latest_value()
 
     # ---- generations ---------------------------------------------------------------------------
 
