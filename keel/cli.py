@@ -172,7 +172,7 @@ class Session:
         if not args.redis:
             if not rest:
                 raise UsageError("give the events file (or --redis URL)")
-            if not settings.redis_url or Path(rest[0]).is_file() or rest[0].endswith(".jsonl"):
+            if not settings.redis_url or Path(rest[0]).exists() or rest[0].endswith(".jsonl"):
                 events = rest.pop(0)
         self.graph = open_graph(self.cartridge, settings, events)
         self.store, self.log = self.graph.store, self.graph.log
