@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import date
 from string import Formatter
 from typing import TYPE_CHECKING, Any
 
@@ -89,7 +90,7 @@ def parse_value(raw: object, at: str, event: EventSpec, problems: _Problems) -> 
     """A YAML scalar as a constant, a Ref or a Template; names checked against the event."""
     if not isinstance(raw, str):
         if raw is not None and not isinstance(raw, bool | int | float):
-            problems.add(at, f"expected a scalar value, got {type(raw).__name__}")
+            problems.add(at, f"expected a JSON scalar, got a YAML {type(raw).__name__} (quote it to keep it as text)")
         return raw
     try:
         pieces = list(Formatter().parse(raw))
@@ -179,13 +180,15 @@ def parse_steps(event_type: str, spec: CartridgeSpec, event: EventSpec) -> tuple
 
 
 def _time(body: dict[str, Any], where: str, event: EventSpec, problems: _Problems) -> Value:
-    at = parse_value(body.get("at", "{event.occurred_at}"), f"{where}.at", event, problems)
-    if isinstance(at, str):
+    """The step's time: a placeholder, or a fixed time parsed now (YAML reads an unquoted date as a date)."""
+    raw = body.get("at", "{event.occurred_at}")
+    at = raw if isinstance(raw, date) else parse_value(raw, f"{where}.at", event, problems)
+    if isinstance(at, str | date):
         try:
             return parse_time(at)
         except BadTime:
-            problems.add(f"{where}.at", f"{at!r} is not a time (RFC 3339 or a date)")
-    elif at is not None and not isinstance(at, Ref | Template):
+            problems.add(f"{where}.at", f"{at!r} is not a time (RFC 3339 with its offset, or a date)")
+    elif not isinstance(at, Ref | Template):
         problems.add(f"{where}.at", f"{at!r} is not a time")
     return at
 

@@ -71,11 +71,12 @@ SPECS: tuple[ToolSpec, ...] = (
         _READER),
     ToolSpec(
         "history",
-        "Every version of an entity's facts over time, closed and corrected ones included, by predicate "
+        "Every version of an entity's facts ever recorded, closed and superseded ones included, by predicate "
         "then valid_from. Use it to explain how a value changed or why it was corrected.",
         _object({"entity": _ENTITY, "predicate": _arg("Only this predicate"), "known_at": _KNOWN_AT},
                 ["entity"]),
-        _object({"entity": _S, "versions": _array(_FACT)}),
+        _object({"entity": _S, "versions": _array({**_FACT, "properties": {
+            **_FACT["properties"], "superseded_at": _SN, "superseded_by": _SN}})}),
         _READER),
     ToolSpec(
         "search",

@@ -6,12 +6,15 @@ Key layout. Every key of a tenant carries the hash tag `{<namespace>/<tenant>}`,
 one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
 
     keel:{<ns>}:tenants                    set: tenants ever written in the namespace (a registry)
+    keel:{<ns>}:layout                     string: the layout version (layout.py), checked at start
     keel:{<ns>/<t>}:gen                    string: the current generation (absent = 1)
     keel:{<ns>/<t>}:gseq                   string: the highest generation handed out
     keel:{<ns>/<t>}:replay                 string: the marker of a replay in progress (workers/replay_state.py)
     keel:{<ns>}:dlq:seen, keel:{<ns>}:dlq:count   dead letters counted once per source record (workers/dlq.py)
     keel:{<ns>/<t>}:g<N>:ev                set: applied event ids
-    keel:{<ns>/<t>}:g<N>:m                 hash: `sv` (write counter, the search version), applied offsets
+    keel:{<ns>/<t>}:g<N>:eh                hash: event id -> its mark (`<content hash> <where first seen>`)
+    keel:{<ns>/<t>}:g<N>:m                 hash: `sv` (write counter, the search version), applied offsets,
+                                           `rl` (the latest recorded_at of an applied event)
     keel:{<ns>/<t>}:g<N>:ents              set: the generation's entities (its explicit index)
     keel:{<ns>/<t>}:g<N>:pv                list: provenance entries `[source, evidence, recorded_at, by]`
     keel:{<ns>/<t>}:g<N>:z:<entity>        sorted set: every assertion of the timelines the entity owns
@@ -47,6 +50,8 @@ from ..base import GLOBAL_TENANT, Key
 
 ARITY = {"e": 0, "l": 1, "f": 2, "r": 2}      # key parts after the owner, by timeline kind
 DATA_KEYS = ("ev", "m", "ents", "pv")          # the fixed keys of a generation, after its data prefix
+MARKS = "eh"             # the generation's event marks (written only with events that carry marks)
+LATEST = "rl"            # field of `m`: the latest recorded_at of an applied event
 _ESCAPED = re.compile(r"%(25|7C)")
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -127,6 +132,11 @@ def index_key(entity: str, element: str) -> Key:
 def registry_key(namespace: str) -> str:
     """The set of tenants ever written in a namespace."""
     return f"keel:{{{namespace}}}:tenants"
+
+
+def layout_key(namespace: str) -> str:
+    """The layout version the namespace was written with (layout.py)."""
+    return f"keel:{{{namespace}}}:layout"
 
 
 def dead_letter_keys(namespace: str) -> tuple[str, str]:

@@ -18,14 +18,26 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from ...errors import StoreUnavailable, UsageError
-from ...timeline import Assertion, Timeline, Version
+from ...timeline import Assertion, Timeline, Version, is_void
 from ...times import Micros
 from ..base import REF_LABEL, BatchStep, EntityView, EventWrites, Key, Position, Store, ViewRequest, Write
 from . import scripts
 from .batch import ApplyBatch, PendingStep
 from .codec import ProvenanceCache, clamped_point, decode_member, decode_view, timeline_of
 from .generations import CHUNK, GenerationAdmin, chunks
-from .keys import TenantKeys, check_name, escape, index_key, key_of, offset_field, prefix_of, registry_key
+from .keys import (
+    LATEST,
+    MARKS,
+    TenantKeys,
+    check_name,
+    escape,
+    index_key,
+    key_of,
+    offset_field,
+    prefix_of,
+    registry_key,
+)
+from .layout import check_layout
 from .transport import Client, eval_many, guard
 
 Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
@@ -67,10 +79,13 @@ class RedisStore(GenerationAdmin, Store):
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None,
-                 strict_generations: bool = False, **options: Any) -> RedisStore:
-        """Connect to `redis://…`; `cluster=None` asks the server (`INFO cluster`) whether it is a Cluster node."""
+                 strict_generations: bool = False, upgrading_layout: bool = False, **options: Any) -> RedisStore:
+        """Connect to `redis://…`; `cluster=None` asks the server (`INFO cluster`) whether it is a Cluster node.
+        With `cluster=None` (what every process uses) it also refuses a namespace written in another key layout
+        (layout.py; a replay is `upgrading_layout`); with `cluster` given it connects lazily."""
         options.setdefault("socket_connect_timeout", 5)
         options.setdefault("socket_timeout", 30)
+        probed = cluster is None
         try:
             if cluster is None:
                 probe = redis.Redis.from_url(url, **options)
@@ -83,6 +98,8 @@ class RedisStore(GenerationAdmin, Store):
                 client = RedisCluster.from_url(url, decode_responses=True, **options)
             else:
                 client = redis.Redis.from_url(url, decode_responses=True, **options)
+            if probed:                       # a process opening its store: connected now, check the layout
+                check_layout(client, check_name("namespace", namespace), upgrading=upgrading_layout)
         except RedisError as e:
             raise StoreUnavailable(f"cannot connect to Redis at {url}: {type(e).__name__}: {e}") from e
         return cls(client, namespace=namespace, strict_generations=strict_generations)
@@ -90,6 +107,11 @@ class RedisStore(GenerationAdmin, Store):
     @property
     def client(self) -> Client:
         return self._client
+
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless the server answers (readiness probes)."""
+        with self._guard("ping"):
+            self._client.ping()
 
     def close(self) -> None:
         if self._owns_client:
@@ -322,6 +344,12 @@ class RedisStore(GenerationAdmin, Store):
             return []
         return [tl.versions(known_at) for tl in self._timelines(tenant, keys)]
 
+    def recorded_versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None
+                               ) -> list[list[tuple[Version, Assertion | None]]]:
+        if not keys:
+            return []
+        return [tl.recorded_versions(known_at) for tl in self._timelines(tenant, keys)]
+
     def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
         """Each view by one VIEW script call (index, as-of winners, relation timelines, provenance), all
         requests in one round trip; with `known_at`, whole timelines folded here."""
@@ -369,6 +397,19 @@ class RedisStore(GenerationAdmin, Store):
     def event_ids(self, tenant: str) -> list[str]:
         with self._guard("event_ids", tenant):
             return sorted(self._tx(tenant, lambda p, d: p.smembers(d + "ev"))[0])
+
+    def event_mark(self, tenant: str, event_id: str) -> str | None:
+        with self._guard("event_mark", tenant):
+            return self._tx(tenant, lambda p, d: p.hget(d + MARKS, event_id))[0]
+
+    def event_marks(self, tenant: str) -> dict[str, str]:
+        with self._guard("event_marks", tenant):
+            return dict(self._tx(tenant, lambda p, d: p.hgetall(d + MARKS))[0])
+
+    def latest_recorded(self, tenant: str) -> Micros | None:
+        with self._guard("latest_recorded", tenant):
+            value = self._tx(tenant, lambda p, d: p.hget(d + "m", LATEST))[0]
+        return None if value is None else int(value)
 
     def search_version(self, tenant: str) -> object:
         """(generation, write counter): changes with every applied write and every generation switch."""
@@ -452,11 +493,21 @@ class RedisStore(GenerationAdmin, Store):
                     pipe.zrevrangebylex(d + "z:" + escape(entity), "(" + p + "~", "[" + p, start=0, num=1)
                 for (entity, name, p), top in zip(chunk, pipe.execute()):
                     if top:
-                        _, _, value, closed, _ = decode_member(top[0][len(p):])
-                        if not closed:
+                        point, _, value, closed, _ = decode_member(top[0][len(p):])
+                        if closed and is_void(Assertion(point, value, closed, None, None, 0)):
+                            value, closed = self._latest_label(d + "z:" + escape(entity), p), False
+                        if not closed and value is not None:
                             values[entity][name] = value
         for entity in sorted(values):
             yield entity, entity.partition(":")[0], dict(sorted(values[entity].items()))
+
+    def _latest_label(self, z: str, p: str) -> Any:
+        """The current value of a label timeline whose last assertion is a void (read whole, folded here)."""
+        entries = []
+        for member in self._client.zrangebylex(z, "[" + p, "(" + p + "~"):
+            point, _, value, closed, expires = decode_member(member[len(p):])
+            entries.append(Assertion(point, value, closed, None, None, 0, None, expires))
+        return Timeline.over(entries).latest_value()
 
     # ---- generations ---------------------------------------------------------------------------
 
