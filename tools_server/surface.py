@@ -76,10 +76,11 @@ SPECS: tuple[ToolSpec, ...] = (
         _READER),
     ToolSpec(
         "history",
-        "Every version of an entity's facts, closed and corrected ones too. Use it to explain how or why a "
-        "value changed.",
+        "Every version of an entity's facts ever recorded, closed and superseded ones too. Use it to explain "
+        "how or why a value changed.",
         _input({"entity": _ENTITY, "predicate": _arg("Only this predicate"), "known_at": _KNOWN_AT}, ["entity"]),
-        _object({"entity": _S, "versions": _array(_FACT)}),
+        _object({"entity": _S, "versions": _array({**_FACT, "properties": {
+            **_FACT["properties"], "superseded_at": _SN, "superseded_by": _SN}})}),
         _READER),
     ToolSpec(
         "search",

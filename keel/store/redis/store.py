@@ -25,7 +25,17 @@ from . import scripts
 from .batch import ApplyBatch, PendingStep
 from .codec import ProvenanceCache, clamped_point, decode_view, timeline_of
 from .generations import CHUNK, GenerationAdmin, chunks
-from .keys import TenantKeys, check_name, escape, index_key, offset_field, prefix_of, registry_key
+from .keys import (
+    LATEST,
+    MARKS,
+    TenantKeys,
+    check_name,
+    escape,
+    index_key,
+    offset_field,
+    prefix_of,
+    registry_key,
+)
 from .layout import check_layout
 from .transport import Client, eval_many, guard
 
@@ -333,6 +343,12 @@ class RedisStore(GenerationAdmin, Store):
             return []
         return [tl.versions(known_at) for tl in self._timelines(tenant, keys)]
 
+    def recorded_versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None
+                               ) -> list[list[tuple[Version, Assertion | None]]]:
+        if not keys:
+            return []
+        return [tl.recorded_versions(known_at) for tl in self._timelines(tenant, keys)]
+
     def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
         """Each view by one VIEW script call (index, as-of winners, relation timelines, provenance), all
         requests in one round trip; with `known_at`, whole timelines folded here."""
@@ -380,6 +396,19 @@ class RedisStore(GenerationAdmin, Store):
     def event_ids(self, tenant: str) -> list[str]:
         with self._guard("event_ids", tenant):
             return sorted(self._tx(tenant, lambda p, d: p.smembers(d + "ev"))[0])
+
+    def event_mark(self, tenant: str, event_id: str) -> str | None:
+        with self._guard("event_mark", tenant):
+            return self._tx(tenant, lambda p, d: p.hget(d + MARKS, event_id))[0]
+
+    def event_marks(self, tenant: str) -> dict[str, str]:
+        with self._guard("event_marks", tenant):
+            return dict(self._tx(tenant, lambda p, d: p.hgetall(d + MARKS))[0])
+
+    def latest_recorded(self, tenant: str) -> Micros | None:
+        with self._guard("latest_recorded", tenant):
+            value = self._tx(tenant, lambda p, d: p.hget(d + "m", LATEST))[0]
+        return None if value is None else int(value)
 
     def search_version(self, tenant: str) -> object:
         """(generation, write counter): changes with every applied write and every generation switch."""
@@ -468,6 +497,7 @@ class RedisStore(GenerationAdmin, Store):
 
     def assertions_many(self, tenant: str, keys: list[Key]) -> list[list[Assertion]]:
         return [list(tl.assertions()) for tl in self._timelines(tenant, keys)] if keys else []
+
 
     # ---- generations ---------------------------------------------------------------------------
 
