@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any, Self
 
 from . import render
-from .cartridge import Cartridge, load_cartridge
+from .cartridge import Cartridge, load_cartridge, rule_name_problems
 from .config import Settings, resolve
 from .digest import digest
 from .embedded import build_embedded, print_reject, replay_file
 from .errors import CartridgeInvalid, DomainError, KeelError, UsageError
 from .eventlog import FileLog
 from .projector import Projector
-from .store.base import Store
+from .store.base import Store, names_by_type
 from .store.memory import MemoryStore
 from .tools import Tools
 
@@ -244,6 +244,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         print(f"{args.events}: {report.applied} events ok ({report.duplicates} duplicates ignored)")
+        store = projector.store
+        problems = rule_name_problems(cartridge, names_by_type(k for t in store.tenants() for k, _ in store.dump(t)))
+        if problems:
+            for line in problems:
+                print(f"{args.cartridge}: {line}", file=sys.stderr)
+            return 2
     print(f"{args.cartridge}: ok ({len(spec.entities)} entity types, {len(spec.relations)} relations, "
           f"{len(spec.events)} event types, {len(spec.rules)} rules)")
     return 0
@@ -270,8 +276,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_related(args: argparse.Namespace) -> int:
     with Session(args) as s:
         entity, relation = take(s.rest, "ENTITY RELATION", optional=1)
-        relations = s.tools.related(entity, relation=relation, at=args.at)
-        return emit(args, {"entity": entity, "relations": relations}, render.related)
+        return emit(args, s.tools.related(entity, relation=relation, at=args.at), render.related)
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:

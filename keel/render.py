@@ -52,9 +52,24 @@ def context(c: dict[str, Any]) -> str:
     if c["rules"]:
         lines.append("rules:")
         for name, rule in c["rules"].items():
-            params = ", ".join(f"{k}={value(v)}" for k, v in rule.items() if k != "definition")
+            params = ", ".join(f"{k}={value(v)}" for k, v in rule.items() if k not in VERDICT_KEYS)
             lines.append(f"  {name}: {rule['definition']}" + (f" ({params})" if params else ""))
+            if "when" in rule:
+                lines.append(f"    when {rule['when']}  ->  {verdict(rule)}")
     return "\n".join(lines)
+
+
+VERDICT_KEYS = ("definition", "when", "holds", "because", "missing", "reason")
+
+
+def verdict(rule: dict[str, Any]) -> str:
+    """`holds` of a rule with its evidence, or why there is none."""
+    because = f" (because {', '.join(rule['because'])})" if rule.get("because") else ""
+    if rule.get("holds") is not None:
+        return f"{'holds' if rule['holds'] else 'does not hold'}{because}"
+    if rule.get("missing"):
+        return f"unknown: missing {', '.join(rule['missing'])}"
+    return f"unknown: {rule.get('reason')}"
 
 
 def history(h: dict[str, Any]) -> str:

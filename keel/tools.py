@@ -12,8 +12,9 @@ from .envelope import ANNOTATED, ENTITY, TENANT
 from .errors import NoteRefused, UnknownEntity, UsageError
 from .eventlog import EventLog
 from .notes import NotePolicy
+from .rules import verdict
 from .search import BM25Index
-from .store.base import GLOBAL_TENANT, Store, ViewRequest, of_relation, scope_key
+from .store.base import GLOBAL_TENANT, Freshness, Store, ViewRequest, of_relation, scope_key
 from .times import Micros, format_time, now_micros, parse_time
 
 MAX_LIMIT = 100
@@ -45,18 +46,22 @@ class Tools:
         entity = _entity_arg(entity)
         t, k = _time_arg(at, "at"), _time_arg(known_at, "known_at")
         entity_type = entity.partition(":")[0]
-        rules = self.cartridge.rules_for(entity_type)
+        rules = self.cartridge.rules_of(entity_type)
         scopes = self.policy.visible_scopes(task=self.task, agent=self.agent)
+        when = t if t is not None else self.clock()
         view, *notes = self.store.views([ViewRequest(self.tenant, entity, scopes),   # one request with the notes
-                                         *self.policy.global_note_views(entity_type, list(rules))],
-                                        at=t if t is not None else self.clock(), known_at=k)
+                                         *self.policy.global_note_views(entity_type, [r.name for r in rules])],
+                                        at=when, known_at=k)
         if view is None:
             raise UnknownEntity(self.tenant, entity)
         info = view.info
         facts = view.facts + self.policy.global_notes(notes)
-        return {"entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels,
-                "at": format_time(t), "known_at": format_time(k), "facts": facts,
-                "relations": view.relations, "rules": rules}
+        verdicts = {r.name: r.describe() if r.program is None else
+                    {**r.describe(), **verdict(r, view.facts, info.labels, view.relations, entity, when)}
+                    for r in rules}
+        return self._fresh({"entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels,
+                            "at": format_time(t), "known_at": format_time(k), "facts": facts,
+                            "relations": view.relations, "rules": verdicts}, view.freshness)
 
     def history(self, entity: str, predicate: str | None = None, known_at: str | None = None) -> dict[str, Any]:
         """Every version of an entity's facts, closed and corrected ones included, by predicate then valid_from."""
@@ -65,7 +70,7 @@ class Tools:
         self._require(entity, k)
         versions = self.store.history(self.tenant, entity, predicate=_opt_text(predicate, "predicate"), known_at=k,
                                       scopes=self.policy.visible_scopes(task=self.task, agent=self.agent))
-        return {"entity": entity, "versions": versions}
+        return self._fresh({"entity": entity, "versions": versions})
 
     def search(self, query: str, type: str | None = None, limit: int = 10) -> dict[str, Any]:
         """BM25 over the tenant's entity ids, types and labels."""
@@ -85,16 +90,17 @@ class Tools:
             where = f"{type} entities" if type else "entities"
             message = (f"no {where} match {query!r}; try broader or fewer words (a name, a product, a label) "
                        f"or an entity type such as {', '.join(sorted(self.cartridge.spec.entities))}")
-        return {"query": query, "results": results, "message": message}
+        return self._fresh({"query": query, "results": results, "message": message})
 
-    def related(self, entity: str, relation: str | None = None, at: str | None = None) -> list[dict[str, Any]]:
+    def related(self, entity: str, relation: str | None = None, at: str | None = None) -> dict[str, Any]:
         """Relations valid at `at` with the entity at either end."""
         entity = _entity_arg(entity)
         t = _time_arg(at, "at")
         view = self.store.view(self.tenant, entity, at=t if t is not None else self.clock(), parts="r")
         if view is None:                    # the view tells an unknown entity: no existence check first
             raise UnknownEntity(self.tenant, entity)
-        return of_relation(view.relations, _opt_text(relation, "relation"))
+        return self._fresh({"entity": entity, "relations": of_relation(view.relations, _opt_text(relation, "relation"))},
+                           view.freshness)
 
     # ---- the writer -------------------------------------------------------------------------
 
@@ -131,10 +137,20 @@ class Tools:
         where = GLOBAL_TENANT if scope == "global" else self.tenant
         for fact in self.store.history(where, entity, predicate=predicate, scopes=[scope_key(scope, owner)]):
             if fact["valid_from"] == stamp and fact["recorded_at"] == stamp:
-                return {"fact": fact}
+                return self._fresh({"fact": fact})
         raise UsageError(f"note {envelope['id']} was logged but is not in the graph")
 
     # ---- helpers ----------------------------------------------------------------------------
+
+    def _fresh(self, result: dict[str, Any], freshness: Freshness | None = None) -> dict[str, Any]:
+        """The result with `known_through` (the latest recorded_at applied for the tenant) and, where
+        workers apply a log, `lag` (records of the tenant's partition they had not applied at their last
+        commit); from the read that made the result when the backend returned it there."""
+        f = freshness if freshness is not None else self.store.freshness(self.tenant)
+        result["known_through"] = format_time(f.known_through)
+        if f.lag is not None:
+            result["lag"] = f.lag
+        return result
 
     def _require(self, entity: str, known_at: Micros | None) -> None:
         if not self.store.exists(self.tenant, entity, known_at=known_at):

@@ -50,6 +50,15 @@ class StoreContract:
                      "recorded_at": day(5), "source": "src", "evidence": "e1", "scope": None, "by": None,
                      "expires_at": None, "corrected_by": None}
 
+    def test_freshness_is_the_latest_recorded_at_applied(self) -> None:
+        s = self.make_store()
+        assert s.freshness(T).known_through is None
+        s.open_fact(T, E, "p", 1, valid_from=day(1), recorded_at=day(3), evidence="e1")
+        s.open_fact(T, E, "p", 0, valid_from=day(1), recorded_at=day(2), evidence="e0")   # recorded earlier
+        assert s.freshness(T).known_through == parse_time(day(3))
+        assert s.view(T, E).freshness == s.freshness(T)                  # a view carries it, same request
+        assert s.freshness("other").known_through is None
+
     def test_a_new_version_closes_the_old_one_without_rewriting_it(self) -> None:
         s = self.make_store()
         s.open_fact(T, E, "p", 1, valid_from=day(1), evidence="e1")

@@ -96,8 +96,7 @@ def _handlers(run: CallRunner) -> dict[str, Handler]:
         return await run.call("annotate", write, write=True)
 
     async def related(entity: Any = None, relation: Any = None, at: Any = None) -> CallToolResult:
-        return await run.call("related", lambda t: {"entity": entity,
-                                                    "relations": t.related(entity, relation=relation, at=at)})
+        return await run.call("related", lambda t: t.related(entity, relation=relation, at=at))
 
     return {"context": context, "history": history, "search": search, "annotate": annotate, "related": related}
 

@@ -28,7 +28,7 @@ from keel.store.base import GLOBAL_TENANT, Key, Write
 from keel.store.memory import MemoryStore
 from keel.timeline import Assertion
 
-Position = tuple[str, int, int]            # (topic, partition, offset of the last record applied)
+Position = tuple[str, int, int] | tuple[str, int, int, int]   # (topic, partition, last offset applied[, log end])
 TopicPartition = tuple[str, int]
 _Loaded = tuple[list[tuple[Key, list[Assertion]]], list[str], dict[TopicPartition, "int | None"]]
 

@@ -36,7 +36,7 @@ def run(ctx):
 
     say("\nDues of the Visa (related -> context on each):")
     pending = []
-    for rel in tools.related(debt, "for_debt"):
+    for rel in tools.related(debt, "for_debt")["relations"]:
         due = tools.context(rel["subject"])
         status = fact(due, "status")["value"]
         amount = fact(due, "amount_cop")["value"]

@@ -47,11 +47,21 @@ class EntityInfo(NamedTuple):
     labels: dict[str, Any]
 
 
+class Freshness(NamedTuple):
+    """How current a tenant's graph is: the latest recorded_at among the writes applied (None before any),
+    and, where workers apply a log, how many records of the tenant's partition were not applied yet when
+    they last committed (None where unknown or not applicable)."""
+    known_through: Micros | None = None
+    lag: int | None = None
+
+
 class EntityView(NamedTuple):
-    """What `context` shows of an entity: identity and labels, facts, relations (result objects)."""
+    """What `context` shows of an entity: identity and labels, facts, relations (result objects), and
+    the tenant's freshness (read in the same request where the backend has a round trip)."""
     info: EntityInfo
     facts: list[dict[str, Any]]
     relations: list[dict[str, Any]]
+    freshness: Freshness | None = None
 
 
 class ViewRequest(NamedTuple):
@@ -149,6 +159,21 @@ def entity_view(entity: str, points: Iterable[tuple[Key, Version | None]],
     return EntityView(info, [fact_result(key, v) for key, v in facts], [relation_result(key, v) for key, v in rels])
 
 
+def names_by_type(keys: Iterable[Key]) -> dict[str, dict[str, set[str]]]:
+    """`{entity type: {"facts": predicates, "labels": labels}}` of the domain facts and labels among `keys`
+    (to check the names cartridge rules read against a graph built from a sample stream)."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for key in keys:
+        if key[0] == "f" and key[3] == "":
+            var = "facts"
+        elif key[0] == "l" and key[2] != REF_LABEL:
+            var = "labels"
+        else:
+            continue
+        out.setdefault(key[1].partition(":")[0], {"facts": set(), "labels": set()})[var].add(key[2])
+    return out
+
+
 def of_relation(relations: list[dict[str, Any]], rel: str | None) -> list[dict[str, Any]]:
     """The relation results named `rel` (all of them when None)."""
     return relations if rel is None else [r for r in relations if r["relation"] == rel]
@@ -196,6 +221,10 @@ class Store(ABC):
     @abstractmethod
     def event_ids(self, tenant: str) -> list[str]:
         """Applied event ids of a tenant, sorted."""
+
+    @abstractmethod
+    def freshness(self, tenant: str) -> Freshness:
+        """The tenant's Freshness (known_through, lag) as the last applied write left it."""
 
     def recorded_many(self, tenant: str, entities: list[str]) -> list[Micros | None]:
         """`entity_recorded_at` of several entities; one request where possible."""
@@ -308,7 +337,8 @@ class Store(ABC):
         point_keys, rel_keys = select_keys(index[1], r.scopes, r.parts)
         points = zip(point_keys, self.as_of_many(r.tenant, point_keys, t, k) if point_keys else [])
         runs = self.runs_many(r.tenant, rel_keys, k) if rel_keys else []
-        return entity_view(r.entity, points, ((key, covering(v, t)) for key, v in zip(rel_keys, runs)))
+        view = entity_view(r.entity, points, ((key, covering(v, t)) for key, v in zip(rel_keys, runs)))
+        return view._replace(freshness=self.freshness(r.tenant))
 
     def entity(self, tenant: str, entity: str, *, at: object | None = None,
                known_at: object | None = None) -> EntityInfo | None:

@@ -5,11 +5,11 @@ from collections.abc import Iterator
 
 from ..timeline import Assertion, Timeline, Version
 from ..times import Micros
-from .base import Key, Store, Write
+from .base import Freshness, Key, Store, Write
 
 
 class _TenantGraph:
-    __slots__ = ("by_entity", "events", "first_recorded", "generation", "timelines")
+    __slots__ = ("by_entity", "events", "first_recorded", "generation", "known_through", "timelines")
 
     def __init__(self) -> None:
         self.timelines: dict[Key, Timeline] = {}
@@ -17,6 +17,7 @@ class _TenantGraph:
         self.first_recorded: dict[str, Micros] = {}
         self.events: set[str] = set()
         self.generation = 0
+        self.known_through: Micros | None = None        # latest recorded_at among the writes applied
 
 
 class MemoryStore(Store):
@@ -60,6 +61,10 @@ class MemoryStore(Store):
                 first[key[3]] = rec
         if event_id is not None:
             g.events.add(event_id)
+        if writes:
+            latest = max(w[1].recorded_at for w in writes)
+            if g.known_through is None or latest > g.known_through:
+                g.known_through = latest
         g.generation += 1
 
     @staticmethod
@@ -78,6 +83,10 @@ class MemoryStore(Store):
     def has_event(self, tenant: str, event_id: str) -> bool:
         g = self._tenants.get(tenant)           # event ids only: never needs the timelines up to date
         return g is not None and event_id in g.events
+
+    def freshness(self, tenant: str) -> Freshness:
+        g = self._read(tenant)
+        return Freshness(None if g is None else g.known_through)
 
     def entity_recorded_at(self, tenant: str, entity: str) -> Micros | None:
         g = self._read(tenant)

@@ -63,11 +63,11 @@ from ..errors import StoreUnavailable, UsageError
 from ..timeline import Assertion, Timeline, Version, covering
 from ..times import Micros
 from . import redis_scripts
-from .base import GLOBAL_TENANT, REF_LABEL, EntityView, Key, Store, ViewRequest, Write, entity_view
+from .base import GLOBAL_TENANT, REF_LABEL, EntityView, Freshness, Key, Store, ViewRequest, Write, entity_view
 
 Client = redis.Redis | RedisCluster
 Event = tuple[list[Write], str | None]
-Position = tuple[str, int, int]            # (topic, partition, offset of the last record applied)
+Position = tuple[str, int, int] | tuple[str, int, int, int | None]   # (topic, partition, last offset applied[, log end])
 Step = tuple[str, Sequence[Event], Position | None]
 Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
 
@@ -268,8 +268,9 @@ def _chunks(items: list[Any], size: int = _CHUNK) -> Iterator[list[Any]]:
 
 
 class _Pending:
-    """One tenant's apply step between tries: its events (repeated ids dropped) and offset."""
-    __slots__ = ("batch", "events", "field", "offset", "tenant")
+    """One tenant's apply step between tries: its events (repeated ids dropped), offset, the latest
+    recorded_at of its writes and the partition's lag after it (the position's log end, when given)."""
+    __slots__ = ("batch", "events", "field", "lag", "latest", "offset", "tenant")
 
     def __init__(self, tenant: str, events: Sequence[Event], position: Position | None) -> None:
         self.tenant = tenant
@@ -283,6 +284,9 @@ class _Pending:
             self.events.append((writes, event_id))
         self.field, self.offset = ("", "0") if position is None else \
             (_offset_field(position[0], position[1]), str(int(position[2])))
+        self.lag = "" if position is None or len(position) < 4 or position[3] is None else \
+            str(max(0, int(position[3]) - int(position[2]) - 1))
+        self.latest = str(max((a[5] for writes, _ in self.events for _, a in writes), default=""))
         self.batch: _Batch | None = None
 
 
@@ -295,7 +299,8 @@ class _Batch:
     """
     __slots__ = ("args", "entities", "events")
 
-    def __init__(self, events: list[Event], base: int, field: str, offset: str) -> None:
+    def __init__(self, events: list[Event], base: int, field: str, offset: str, latest: str = "",
+                 lag: str = "") -> None:
         self.events = events
         tls, provs = _encode(events, base)
         ents, min_recorded = _entities(tls)
@@ -310,6 +315,7 @@ class _Batch:
             args += members
         args.append(len(provs))
         args += provs
+        args += (latest, lag)
         self.args = args
 
     def keys(self, d: str) -> list[str]:
@@ -469,6 +475,7 @@ class GenerationLoader:
         self.known: set[Key] = set()           # timelines with members
         self.ids: set[str] = set()             # applied event ids
         self.offsets: dict[str, int] = {}      # offset field -> offset
+        self.known_through = -1                # the meta hash's `kt` as the queued steps leave it
         self.queue: list[_LoadStep] = []       # steps not known to be written, in order
         self.sent = 0                          # of them, sent on `conn` and not answered yet
         self.unsure = False                    # a failure left the queued steps' fate unknown
@@ -546,11 +553,16 @@ class GenerationLoader:
         bump = 1 if new_ids or tls else 0
         if bump:
             commands.append(("HINCRBY", d + "m", "sv", "1"))
+        if kept and p.latest and int(p.latest) > self.known_through:
+            self.known_through = int(p.latest)
+            commands.append(("HSET", d + "m", "kt", p.latest))
         if p.field:
             offset = int(p.offset)
             if offset > self.offsets.get(p.field, -1):
                 self.offsets[p.field] = offset
                 commands.append(("HSET", d + "m", p.field, p.offset))
+                if p.lag:
+                    commands.append(("HSET", d + "m", "lag", p.lag))
         if commands:
             self.queue.append(_LoadStep(commands, bump))
 
@@ -956,7 +968,7 @@ class RedisStore(Store):
         if base is None:
             base = self._pv_len[d] = int(self._client.llen(d + "pv"))
         if p.batch is None or p.batch.args[0] != str(base):
-            p.batch = _Batch(p.events, base, p.field, p.offset)
+            p.batch = _Batch(p.events, base, p.field, p.offset, p.latest, p.lag)
         return [names.gen, *p.batch.keys(d)], [expected, *p.batch.args], d
 
     def _settle(self, p: _Pending, d: str, result: list[Any]) -> bool:
@@ -1049,7 +1061,7 @@ class RedisStore(Store):
         def build(r: ViewRequest) -> Build:
             e = _escape(r.entity)
             scopes = ["0"] if r.scopes is None else ["1", *(_escape(s) for s in r.scopes)]
-            return lambda d: ([d + "pv", d + "x:" + e, d + "z:" + e], [*common, r.parts, d + "z:", *scopes])
+            return lambda d: ([d + "pv", d + "x:" + e, d + "z:" + e, d + "m"], [*common, r.parts, d + "z:", *scopes])
         with self._guard("view", requests[0].tenant if len(requests) == 1 else None):
             results = self._script_many(self._view, [(r.tenant, build(r)) for r in requests])
         return [_decode_view(r.entity, result, at, known_at) for r, result in zip(requests, results)]
@@ -1086,6 +1098,11 @@ class RedisStore(Store):
     def event_ids(self, tenant: str) -> list[str]:
         with self._guard("event_ids", tenant):
             return sorted(self._tx(tenant, lambda p, d: p.smembers(d + "ev"))[0])
+
+    def freshness(self, tenant: str) -> Freshness:
+        """known_through and lag from the meta hash (what the workers' last commits stored)."""
+        with self._guard("freshness", tenant):
+            return _freshness(self._tx(tenant, lambda p, d: p.hmget(d + "m", "kt", "lag"))[0])
 
     def search_version(self, tenant: str) -> object:
         """(generation, write counter): changes with every applied write and every generation switch."""
@@ -1323,7 +1340,7 @@ def _decode_view(entity: str, result: list[Any], at: Micros, known_at: Micros | 
     """An EntityView from the VIEW script's answer (None for an entity unknown at `known_at`)."""
     if len(result) == 1 or (known_at is not None and int(result[1]) > known_at):
         return None
-    _, _, winners, timelines, pairs = result
+    _, _, winners, timelines, pairs, fresh = result
     prov = _Provenance()
     for i in range(0, len(pairs), 2):
         prov.add(pairs[i], pairs[i + 1])
@@ -1338,4 +1355,10 @@ def _decode_view(entity: str, result: list[Any], at: Micros, known_at: Micros | 
             relations.append((key, covering(tl.runs(known_at), at)))
         else:
             points.append((key, tl.as_of(at, known_at)))
-    return entity_view(entity, points, relations)
+    return entity_view(entity, points, relations)._replace(freshness=_freshness(fresh))
+
+
+def _freshness(values: list[Any]) -> Freshness:
+    """Freshness from the meta hash's `kt` and `lag` (nil or false when absent)."""
+    kt, lag = values
+    return Freshness(int(kt) if kt else None, int(lag) if lag else None)
