@@ -59,6 +59,7 @@ class Names:
     selected: dict[str, frozenset[str]]
     free: frozenset[str]
     whole: frozenset[str]
+    used: frozenset[str]
 
 
 def names_used(expression: str) -> Names:
@@ -67,6 +68,7 @@ def names_used(expression: str) -> Names:
     selected: dict[str, set[str]] = {v: set() for v in VARIABLES}
     free: set[str] = set()
     whole: set[str] = set()
+    used: set[str] = set()
     bound: set[str] = set()
     for i, (kind, text) in enumerate(tokens):
         if kind == "id" and text in _MACROS and i + 2 < len(tokens) and tokens[i + 1][1] == "(":
@@ -85,6 +87,7 @@ def names_used(expression: str) -> Names:
         if text not in selected:
             free.add(text)
             continue
+        used.add(text)
         after = tokens[i + 2] if i + 2 < len(tokens) else ("", "")
         if nxt[1] == "." and after[0] == "id":
             selected[text].add(after[1])
@@ -93,7 +96,8 @@ def names_used(expression: str) -> Names:
             selected[text].add(name)
         elif text != "at":
             whole.add(text)
-    return Names({k: frozenset(v) for k, v in selected.items()}, frozenset(free), frozenset(whole))
+    return Names({k: frozenset(v) for k, v in selected.items()}, frozenset(free), frozenset(whole),
+                 frozenset(used))
 
 
 def _plain_string(literal: str) -> str | None:
@@ -180,11 +184,21 @@ def verdict(rule: Rule, facts: Iterable[Mapping[str, Any]], labels: Mapping[str,
     evidence = domain.values() if "facts" in rule.names.whole else (domain[p] for p in read if p in domain)
     out: dict[str, Any] = {"holds": None,
                            "because": sorted({f["evidence"] for f in evidence if f.get("evidence")})}
+    names = rule.names
     try:
-        variables = {"facts": {p: cel_value(f["value"]) for p, f in domain.items()},
-                     "labels": {k: cel_value(v) for k, v in labels.items()},
-                     "params": rule.cel_params, "relations": _relation_ids(relations, entity),
-                     "at": _timestamp(at)}
+        variables: dict[str, Any] = {}      # only what the expression uses: converting values is the cost
+        if "facts" in names.used:
+            variables["facts"] = {p: cel_value(f["value"]) for p, f in domain.items()
+                                  if "facts" in names.whole or p in read}
+        if "labels" in names.used:
+            variables["labels"] = {k: cel_value(v) for k, v in labels.items()
+                                   if "labels" in names.whole or k in names.selected["labels"]}
+        if "params" in names.used:
+            variables["params"] = rule.cel_params
+        if "relations" in names.used:
+            variables["relations"] = _relation_ids(relations, entity)
+        if "at" in names.used:
+            variables["at"] = _timestamp(at)
         result = rule.program.execute(variables)
     except Exception as e:  # noqa: BLE001 - any failed evaluation is a null verdict with its reason
         missing = sorted((read - set(domain)) | (rule.names.selected["labels"] - set(labels)))

@@ -46,6 +46,17 @@ def _array(items: dict[str, Any]) -> dict[str, Any]:
     return {"type": "array", "items": items}
 
 
+def _result(properties: dict[str, Any]) -> dict[str, Any]:
+    """An output schema: the tool's properties, then `known_through`, which every result carries (the
+    recorded_at of the latest event applied for the tenant; Redis mode adds `lag`, see docs/contracts.md)."""
+    return _object({**properties, "known_through": _SN})
+
+
+# A rule with `when:` carries Keel's verdict: holds (null: see missing or reason) and its evidence ids.
+_RULES = {"type": "object", "additionalProperties": {"properties": {
+    "holds": {"type": ["boolean", "null"]}, "because": {"type": "array"}}}}
+
+
 class ToolSpec(NamedTuple):
     name: str
     description: str
@@ -61,21 +72,19 @@ _WRITER = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempote
 SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "context",
-        "Current state of one entity: labels, facts with evidence, relations, and the business rules for "
-        "its type. Use it for what is true about an entity; at gives another date, known_at what was "
-        "known then.",
+        "An entity's labels, facts with evidence, relations, and its type's rules with Keel's verdict. Use it "
+        "for what is true; at gives another date, known_at what was known then.",
         _object({"entity": _ENTITY, "at": _AT, "known_at": _KNOWN_AT}, ["entity"]),
-        _object({"entity": _S, "type": _S, "ref": _SN, "labels": {"type": "object"}, "at": _SN,
-                 "known_at": _SN, "facts": _array(_FACT), "relations": _array(_RELATION),
-                 "rules": {"type": "object"}}),
+        _result({"entity": _S, "type": _S, "ref": _SN, "labels": {"type": "object"},
+                 "facts": _array(_FACT), "relations": _array(_RELATION), "rules": _RULES}),
         _READER),
     ToolSpec(
         "history",
-        "Every version of an entity's facts over time, closed and corrected ones included, by predicate "
-        "then valid_from. Use it to explain how a value changed or why it was corrected.",
+        "Every version of an entity's facts, closed and corrected ones too. Use it to explain how or why a "
+        "value changed.",
         _object({"entity": _ENTITY, "predicate": _arg("Only this predicate"), "known_at": _KNOWN_AT},
                 ["entity"]),
-        _object({"entity": _S, "versions": _array(_FACT)}),
+        _result({"entity": _S, "versions": _array(_FACT)}),
         _READER),
     ToolSpec(
         "search",
@@ -85,7 +94,7 @@ SPECS: tuple[ToolSpec, ...] = (
                  "type": _arg("Only entities of this type"),
                  "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,
                            "description": "At most this many results"}}, ["query"]),
-        _object({"query": _S, "results": _array({"type": "object", "properties": {
+        _result({"query": _S, "results": _array({"type": "object", "properties": {
             "entity": _S, "type": _S, "labels": {"type": "object"}, "score": {"type": "number"}}}),
                  "message": _S}),
         _READER),
@@ -102,14 +111,14 @@ SPECS: tuple[ToolSpec, ...] = (
                  "evidence": _arg("Event id behind the note (a fact's evidence); some scopes require it"),
                  "task": _arg("Task id for task scope; default your own")},
                 ["entity", "predicate", "value", "scope"]),
-        _object({"fact": _FACT}),
+        _result({"fact": _FACT}),
         _WRITER),
     ToolSpec(
         "related",
         "Relations of one entity in either direction, with their validity. Use it to move from an entity to "
         "the entities linked to it, then call context on them.",
         _object({"entity": _ENTITY, "relation": _arg("Only this relation"), "at": _AT}, ["entity"]),
-        _object({"entity": _S, "relations": _array(_RELATION)}),
+        _result({"entity": _S, "relations": _array(_RELATION)}),
         _READER),
 )
 
