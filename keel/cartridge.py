@@ -124,16 +124,6 @@ def compile_rules(spec: CartridgeSpec) -> tuple[dict[str, Rule], list[str]]:
     return rules, problems
 
 
-def rule_name_problems(cartridge: Cartridge, seen: dict[str, dict[str, set[str]]]) -> list[str]:
-    """Facts and labels that rules' `when:` read but no entity of their type has in a graph built from a
-    sample stream (`seen`: store.base.names_by_type): a misspelt predicate would only give null verdicts."""
-    problems: list[str] = []
-    for rule in cartridge.rules.values():
-        problems += check_names(rule, seen.get(rule.applies_to, {"facts": set(), "labels": set()}),
-                                "met on the stream's")
-    return problems
-
-
 def load_cartridge(path: str | Path) -> Cartridge:
     """Load and validate `<path>/cartridge.yaml` and `<path>/handlers.py`. Raises CartridgeInvalid."""
     folder = Path(path)

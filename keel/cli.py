@@ -10,15 +10,17 @@ from pathlib import Path
 from typing import Any, Self
 
 from . import render
-from .cartridge import Cartridge, load_cartridge, rule_name_problems
+from .cartridge import Cartridge, load_cartridge
 from .config import Settings, resolve
 from .digest import digest
 from .embedded import build_embedded, print_reject, replay_file
 from .errors import CartridgeInvalid, DomainError, KeelError, UsageError
 from .eventlog import FileLog
 from .projector import Projector
-from .store.base import Store, names_by_type
+from .rule_checks import stream_problems
+from .store.base import Store
 from .store.memory import MemoryStore
+from .times import now_micros
 from .tools import Tools
 
 # Subsystems that add their own subcommands: each module has `register(subparsers)`.
@@ -244,8 +246,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         print(f"{args.events}: {report.applied} events ok ({report.duplicates} duplicates ignored)")
-        store = projector.store
-        problems = rule_name_problems(cartridge, names_by_type(k for t in store.tenants() for k, _ in store.dump(t)))
+        problems = stream_problems(cartridge, projector.store, now_micros())
         if problems:
             for line in problems:
                 print(f"{args.cartridge}: {line}", file=sys.stderr)

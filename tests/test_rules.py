@@ -144,12 +144,15 @@ def test_validate_reports_compile_errors_and_unknown_names_by_rule(tmp_path: Pat
     assert "rules.reserved.holds: a reserved key" in text
 
 
-def test_validate_with_events_checks_fact_names_against_the_stream(tmp_path: Path) -> None:
-    misspelt = {"low": {"applies_to": "tank", "definition": "d", "when": "facts.levl_l < 1.0"}}
-    folder = write_cartridge(tmp_path / "typo", misspelt)
+def test_validate_with_events_checks_names_and_types_against_the_stream(tmp_path: Path) -> None:
+    rules = {"low": {"applies_to": "tank", "definition": "d", "when": "facts.levl_l < 1.0"},
+             "graded": RULES["graded"], "fine": RULES["low"]}
+    folder = write_cartridge(tmp_path / "typo", rules)
     run = subprocess.run([sys.executable, "-m", "keel.cli", "validate", str(folder), "--events",
                           str(folder / "events.jsonl")], check=False, capture_output=True, text=True)
     assert run.returncode == 2 and "rules.low.when: facts.levl_l is not a fact" in run.stderr
+    assert "rules.graded.when: on tank:a (tenant t1): TypeError: No such overload" in run.stderr
+    assert "rules.fine" not in run.stderr
 
 
 def test_numbers_are_one_type_and_date_strings_are_timestamps() -> None:

@@ -159,21 +159,6 @@ def entity_view(entity: str, points: Iterable[tuple[Key, Version | None]],
     return EntityView(info, [fact_result(key, v) for key, v in facts], [relation_result(key, v) for key, v in rels])
 
 
-def names_by_type(keys: Iterable[Key]) -> dict[str, dict[str, set[str]]]:
-    """`{entity type: {"facts": predicates, "labels": labels}}` of the domain facts and labels among `keys`
-    (to check the names cartridge rules read against a graph built from a sample stream)."""
-    out: dict[str, dict[str, set[str]]] = {}
-    for key in keys:
-        if key[0] == "f" and key[3] == "":
-            var = "facts"
-        elif key[0] == "l" and key[2] != REF_LABEL:
-            var = "labels"
-        else:
-            continue
-        out.setdefault(key[1].partition(":")[0], {"facts": set(), "labels": set()})[var].add(key[2])
-    return out
-
-
 def of_relation(relations: list[dict[str, Any]], rel: str | None) -> list[dict[str, Any]]:
     """The relation results named `rel` (all of them when None)."""
     return relations if rel is None else [r for r in relations if r["relation"] == rel]
