@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from test_mcp_support import KEEL, ROOT
+from support.mcp_sessions import KEEL, ROOT
 
 from keel.errors import UsageError
 from tools_server.auth import TokenFileVerifier

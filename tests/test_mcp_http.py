@@ -11,7 +11,7 @@ import anyio
 import httpx2
 import pytest
 from mcp import MCPError
-from test_mcp_support import (
+from support.mcp_sessions import (
     FINANCE,
     MCP_HEADERS,
     TENANT_A,

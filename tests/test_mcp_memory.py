@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
-from test_mcp_support import (
+from support.mcp_sessions import (
     FINANCE,
     TENANT_A,
     TENANT_B,

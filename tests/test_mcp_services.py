@@ -17,7 +17,17 @@ from typing import Any
 
 import anyio
 import pytest
-from test_mcp_support import FINANCE, ROOT, fact, finance_story, memory_session, ok, refused, stdio_session
+from support.mcp_sessions import (
+    FINANCE,
+    ROOT,
+    fact,
+    finance_story,
+    memory_session,
+    ok,
+    refused,
+    stdio_session,
+    stop_process,
+)
 
 from keel.cartridge import load_cartridge
 from keel.config import resolve
@@ -112,12 +122,7 @@ def worker(tmp_path: Path, tenant: str, redis_url: str, kafka_bootstrap: str, re
             time.sleep(0.2)
         yield events
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 30)
         log.close()
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
-from test_mcp_support import (
+from support.mcp_sessions import (
     FINANCE,
     KEEL,
     ROOT,

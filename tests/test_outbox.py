@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_outbox_support import (
+from support.outbox import (
     ROOT,
     committed_rows,
     fresh_schema,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,8 +15,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_outbox_support import (
-    ROOT,
+from common import finance_events
+from support.outbox import (
     committed_rows,
     first_occurrences_by_tenant,
     fresh_schema,
@@ -34,9 +33,6 @@ from test_outbox_support import (
 
 from keel.cartridge import load_cartridge
 from keel.errors import KeelError
-
-sys.path.insert(0, str(ROOT / "bench"))
-from common import finance_events
 
 pytestmark = [services, pytest.mark.timeout(600)]
 
@@ -260,8 +256,8 @@ def test_relay_killed_and_restarted_mid_stream_skips_nothing(env: dict[str, str]
 
 def test_the_worker_builds_from_the_relayed_topic_the_embedded_graph(env: dict[str, str], schema: str,
                                                                       tmp_path: Path) -> None:
-    from conftest import service_env
-    from test_workers_support import WorkerProcess, embedded_digests, keel, redis_digests, wait_applied
+    from support.services import service_env
+    from support.workers import WorkerProcess, embedded_digests, keel, redis_digests, wait_applied
     full = {**env, "KEEL_REDIS_URL": service_env("KEEL_REDIS_URL")}
     folder = unique_cartridge(tmp_path)
     committed, rolled_back, records, _ = run_race(env, schema, folder, tmp_path, n=1500, kills=1, seed=37)

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_workers_support import CARTRIDGES, ROOT, embedded_digests
+from support.workers import CARTRIDGES, ROOT, embedded_digests
 
 from keel.cartridge import load_cartridge
 from keel.cli import main

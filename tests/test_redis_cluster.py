@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from redis.cluster import RedisCluster
-from store_contract import StoreContract
-from test_store_redis import RedisChecks, d
+from support.redis_checks import RedisChecks, d
+from support.store_contract import StoreContract
 
 from keel.store.base import Store, ViewRequest
 from keel.store.redis import RedisStore

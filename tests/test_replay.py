@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from test_replay_support import (
+from support.replay import (
     BackgroundPublisher,
     count_lines,
     finance_file,
@@ -16,7 +16,7 @@ from test_replay_support import (
     split_file,
     tenant_keys,
 )
-from test_workers_support import (
+from support.workers import (
     WorkerProcess,
     embedded_digests,
     keel,

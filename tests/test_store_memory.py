@@ -1,5 +1,5 @@
 """The store contract against the embedded MemoryStore."""
-from store_contract import StoreContract
+from support.store_contract import StoreContract
 
 from keel.store.base import Store
 from keel.store.memory import MemoryStore

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from test_outbox_support import (
+from support.outbox import (
     ROOT,
     Background,
     ingress_env,

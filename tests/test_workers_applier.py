@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_workers_support import (
+from support.workers import (
     CARTRIDGES,
     ROOT,
     T0_MS,

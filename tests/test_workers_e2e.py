@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_workers_support import (
+from common import finance_events
+from support.workers import (
     CARTRIDGES,
-    ROOT,
     WorkerProcess,
     embedded_digests,
     keel,
@@ -35,9 +34,6 @@ from keel.times import parse_time
 from keel.tools import Tools
 from workers import dlq
 from workers.names import dlq_topic, events_topic
-
-sys.path.insert(0, str(ROOT / "bench"))
-from common import finance_events
 
 pytestmark = [services, pytest.mark.timeout(600)]
 NOW = parse_time("2026-11-30T12:00:00Z")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_workers_support import ROOT
+from support.workers import ROOT
 
 from keel.cartridge import load_cartridge
 from keel.config import Settings

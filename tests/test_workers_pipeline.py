@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from test_workers_support import (
+from support.workers import (
     ROOT,
     FakeDurableMany,
     by_partition_batches,

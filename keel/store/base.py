@@ -9,7 +9,7 @@ here on top of those primitives, so every backend behaves the same and one contr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -33,6 +33,13 @@ Key = tuple[str, ...]
 class Write(NamedTuple):
     key: Key
     assertion: Assertion
+
+
+# The batch contract's shapes (see Store.commit_batch):
+EventWrites = tuple[list[Write], str | None]   # one event's writes and its id (None: not idempotent)
+# (topic, partition, offset of the last record applied[, the partition's log end when known: the lag])
+Position = tuple[str, int, int] | tuple[str, int, int, int | None]
+BatchStep = tuple[str, Sequence[EventWrites], Position | None]   # (tenant, events, position)
 
 
 def new_write(key: Key, assertion: Assertion) -> Write:

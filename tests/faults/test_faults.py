@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_replay_support import BackgroundPublisher, count_lines, finance_file, split_file
-from test_workers_support import (
+from support.replay import BackgroundPublisher, count_lines, finance_file, split_file
+from support.workers import (
     WorkerProcess,
     embedded_digests,
     keel,

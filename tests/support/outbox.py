@@ -12,18 +12,19 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_workers_support import KeelProcess, wait_until  # noqa: F401 - shared with the outbox tests
-from test_workers_support import keel as ingress_cli  # noqa: F401 - `keel outbox …`, `keel webhook …`
-from test_workers_support import read_until as read_topic  # noqa: F401
-from test_workers_support import unique_cartridge as _unique_cartridge
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.workers import KeelProcess, wait_until  # noqa: F401 - shared with the outbox tests
+from support.workers import keel as ingress_cli  # noqa: F401 - `keel outbox …`, `keel webhook …`
+from support.workers import read_until as read_topic  # noqa: F401
+from support.workers import unique_cartridge as _unique_cartridge
+
+ROOT = Path(__file__).resolve().parents[2]
 services = pytest.mark.services
 
 
 def ingress_env() -> dict[str, str]:
     """KEEL_POSTGRES_DSN and KEEL_KAFKA_BOOTSTRAP (skip, or fail under KEEL_REQUIRE_SERVICES=1)."""
-    from conftest import service_env
+    from support.services import service_env
     return {"KEEL_POSTGRES_DSN": service_env("KEEL_POSTGRES_DSN"),
             "KEEL_KAFKA_BOOTSTRAP": service_env("KEEL_KAFKA_BOOTSTRAP")}
 

@@ -6,7 +6,7 @@ ARGV[1] is not empty and the tenant's current generation (KEYS[1], absent = "1")
 changes nothing and answers `{0, <current generation>}`; the caller recomputes its keys and retries.
 An empty ARGV[1] means "this generation, current or not" (a view pinned with `for_generation`).
 
-Layout reminders (see keel/store/redis.py): an entity's sorted set holds every assertion of the
+Layout reminders (see keel/store/redis/keys.py): an entity's sorted set holds every assertion of the
 timelines it owns, all with score 0, ordered by member:
     <P><point: 9 sortable base-64 chars><#b><b><#w><w><#k><k><body>
 P is the timeline's prefix (kind and the key parts after the owner, each ending in `|`), b the
@@ -227,25 +227,6 @@ local function members(z, P, resolve)
   end
   return ms
 end
-"""
-
-# KEYS: 1 gen, 2 provenance, then one sorted set per asked timeline.
-# ARGV: 1 expected gen, 2 t as point9, then the prefix P of each timeline.
-# Per timeline: 0 when nothing is at or before t, else {winner member without P, 2 when another assertion
-# shares its point else 1, the next later point9 or "", the winner's provenance entry}.
-AS_OF = _GEN_CHECK + _PROV_OF + _WINNER + """
-local t = ARGV[2]
-local out = {1}
-for i = 3, #KEYS do
-  local z, P = KEYS[i], ARGV[i]
-  local m, count, nx = winner_at(z, P, t)
-  if m then
-    out[i - 1] = {string.sub(m, #P + 1), count, nx, redis.call('LINDEX', KEYS[2], prov_of(m, #P + 10))}
-  else
-    out[i - 1] = 0
-  end
-end
-return out
 """
 
 # KEYS: 1 gen, 2 provenance, then one sorted set per asked timeline.

@@ -12,10 +12,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from test_workers_support import ROOT, keel
-
-sys.path.insert(0, str(ROOT / "bench"))
 from common import finance_events
+
+from support.workers import ROOT, keel
 
 
 def finance_file(path: Path, counts: dict[str, int], *, debts: int = 20, seed: int = 7) -> Path:

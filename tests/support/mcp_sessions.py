@@ -16,11 +16,11 @@ from typing import Any
 
 import httpx2
 from mcp import ClientSession, StdioServerParameters
-from mcp.client._memory import InMemoryTransport
+from mcp.client import Client
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FINANCE = ROOT / "cartridges" / "finance"
 GOLDEN = ROOT / "tests" / "golden" / "tools_list.json"
 KEEL = [sys.executable, "-m", "keel.cli"]
@@ -77,11 +77,11 @@ def sorted_json(text: str) -> str:
 
 @asynccontextmanager
 async def memory_session(server: Any, *, modern: bool = False) -> AsyncIterator[ClientSession]:
-    """A ClientSession over the SDK's in-memory transport (JSON-RPC over memory streams). Default: the
-    initialize handshake (protocol ≤ 2025-11-25); modern=True: server/discover (2026-07-28)."""
-    async with InMemoryTransport(server) as (read, write), ClientSession(read, write) as session:
-        await (session.discover() if modern else session.initialize())
-        yield session
+    """The session of the SDK's public `Client` connected to an in-process server. Default: the initialize
+    handshake over in-memory JSON-RPC streams (protocol ≤ 2025-11-25); modern=True: `auto` mode, which
+    probes server/discover (2026-07-28) and talks to the server directly."""
+    async with Client(server, mode="auto" if modern else "legacy") as client:
+        yield client.session
 
 
 @asynccontextmanager
@@ -154,12 +154,17 @@ def http_server(tmp_path: Path, *args: str) -> Iterator[HttpServer]:
             time.sleep(0.1)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 15)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM, then SIGKILL after `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def make_token(tokens: Path, tenant: str, agent: str | None = None, task: str | None = None) -> str:

@@ -28,7 +28,7 @@ from workers.publish import prepare
 from workers.records import Record
 from workers.status import partition_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CARTRIDGES = ("finance", "fleet", "salon")
 T0_MS = 1_790_000_000_000          # a fixed LogAppendTime for records built in tests
 
@@ -121,7 +121,7 @@ def write_jsonl(path: Path, envelopes: Iterable[dict[str, Any]]) -> Path:
 
 def services_env() -> dict[str, str]:
     """KEEL_KAFKA_BOOTSTRAP and KEEL_REDIS_URL from the environment (skip, or fail under KEEL_REQUIRE_SERVICES)."""
-    from conftest import service_env
+    from support.services import service_env
     return {"KEEL_KAFKA_BOOTSTRAP": service_env("KEEL_KAFKA_BOOTSTRAP"),
             "KEEL_REDIS_URL": service_env("KEEL_REDIS_URL")}
 

@@ -1,0 +1,188 @@
+"""The APPLY script's arguments for one commit step, and the members a bulk load writes.
+
+Encoding is the worker's hot path (a thousand events a batch): one loop over the writes builds complete
+sorted-set members and provenance entries, with process-wide caches of prefixes and points. The server
+checks the guessed provenance length (`base`); when it was wrong, the step is encoded again.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..base import EventWrites, Key, Position
+from .codec import STR as _STR
+from .codec import encode_body, encode_point, encode_provenance, json_text
+from .keys import escape, offset_field, prefix_of
+
+
+class PendingStep:
+    """One tenant's apply step between tries: its events (repeated ids dropped), offset, the latest
+    recorded_at of its writes and the partition's lag after it (the position's log end, when given)."""
+    __slots__ = ("batch", "events", "field", "lag", "latest", "offset", "tenant")
+
+    def __init__(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
+        self.tenant = tenant
+        seen: set[str] = set()
+        self.events: list[EventWrites] = []
+        for writes, event_id in events:
+            if event_id:
+                if event_id in seen:
+                    continue
+                seen.add(event_id)
+            self.events.append((writes, event_id))
+        self.field, self.offset = ("", "0") if position is None else \
+            (offset_field(position[0], position[1]), str(int(position[2])))
+        self.lag = "" if position is None or len(position) < 4 or position[3] is None else \
+            str(max(0, int(position[3]) - int(position[2]) - 1))
+        self.latest = str(max((a[5] for writes, _ in self.events for _, a in writes), default=""))
+        self.batch: ApplyBatch | None = None
+
+
+class ApplyBatch:
+    """One apply step encoded as the APPLY script's keys and arguments, for a guessed provenance length.
+
+    Members are complete strings (`encode_events`): the provenance base `b` of each event is `base` plus the
+    entries of the events before it. When the server answers that the guess was wrong, the batch is
+    encoded again.
+    """
+    __slots__ = ("args", "entities", "events")
+
+    def __init__(self, events: list[EventWrites], base: int, field: str, offset: str, latest: str = "",
+                 lag: str = "") -> None:
+        self.events = events
+        tls, provs = encode_events(events, base)
+        ents, min_recorded = step_entities(tls)
+        self.entities = list(ents)
+        ids = [event_id for _, event_id in events if event_id]
+        args: list[Any] = [str(base), field, offset, len(ids), *ids, len(ents)]
+        for name, rec in zip(ents, min_recorded):
+            args += (name, rec)
+        args.append(len(tls))
+        for members, _, header, p in tls.values():
+            args.append(f"{header}{len(members)},{p}")
+            args += members
+        args.append(len(provs))
+        args += provs
+        args += (latest, lag)
+        self.args = args
+
+    def keys(self, d: str) -> list[str]:
+        keys = [d + "ev", d + "m", d + "ents", d + "pv"]
+        for e in self.entities:
+            e = escape(e)
+            keys += (d + "z:" + e, d + "x:" + e)
+        return keys
+
+
+def encode_events(events: Sequence[EventWrites], base: int) -> tuple[dict[Key, list[Any]], list[str]]:
+    """The members and provenance entries of one step, `base` being the provenance list's length before it:
+    ({key: [members, min recorded_at, header (set by `step_entities`), P]} in order of first write, entries).
+
+    Encoding is the worker's hot path: one loop over the writes, with process-wide caches of prefixes and
+    points, and a shortcut for writes sharing their event's single provenance entry.
+    """
+    tls: dict[Key, list[Any]] = {}      # key -> [members, min recorded_at, header, P]
+    provs: list[str] = []
+    points = _POINTS
+    if len(points) > _CACHE:
+        points.clear()
+    wtext = _W
+    n = sum(len(writes) for writes, _ in events)
+    if len(wtext) <= n:
+        _grow_w(n)
+    w = 0
+    for writes, _ in events:
+        text = str(base + len(provs))
+        bb = f"{len(text)}{text}"
+        seen: dict[tuple[Any, ...], str] = {}
+        ps = pe = pr = pb = pks = None      # the last provenance met: most events have a single one
+        for key, a in writes:
+            point, value, closed, source, evidence, rec, by, expires = a
+            if source is ps and evidence is pe and rec == pr and by is pb:
+                ks = pks
+                rec = pr
+            else:
+                rec = int(rec)
+                prov = (source, evidence, rec, by)
+                ks = seen.get(prov)
+                if ks is None:
+                    n = len(seen)
+                    ks = seen[prov] = f"1{n}" if n < 10 else f"{len(str(n))}{n}"
+                    provs.append(encode_provenance(source, evidence, rec, by))
+                ps, pe, pr, pb, pks = source, evidence, rec, by, ks
+            pt = points.get(point)
+            if pt is None:
+                pt = points[point] = encode_point(point)
+            if closed or expires is not None:
+                body = encode_body(a)
+            else:
+                tv = value.__class__
+                if tv is str:
+                    body = "=" + _STR(value)
+                elif tv is int:
+                    body = "=" + int.__repr__(value)
+                elif value is True:
+                    body = "=true"
+                else:
+                    body = "=" + json_text(value)
+            w += 1
+            t = tls.get(key)
+            if t is None:
+                p = _PREFIXES.get(key)
+                if p is None:
+                    p = _prefix(key)
+                tls[key] = [[f"{p}{pt}{bb}{wtext[w]}{ks}{body}"], rec, "", p]
+            else:
+                t[0].append(f"{t[3]}{pt}{bb}{wtext[w]}{ks}{body}")
+                if rec < t[1]:   # noqa: PLR1730 - the common case is a comparison only
+                    t[1] = rec
+    return tls, provs
+
+
+def step_entities(tls: dict[Key, list[Any]], headers: bool = True) -> tuple[dict[str, int], list[int]]:
+    """The entities of a step's timelines, owners and relation objects, in order of first appearance, with
+    the minimum recorded_at of the writes involving each; with `headers`, sets each timeline's APPLY header
+    `<owner index>,<object index or 0>,` (1-based)."""
+    ents: dict[str, int] = {}
+    min_recorded: list[int] = []
+    for key, t in tls.items():     # entity indexes in order of first appearance, as the script wants
+        owner, rec = key[1], t[1]
+        o = ents.get(owner)
+        if o is None:
+            o = ents[owner] = len(ents)
+            min_recorded.append(rec)
+        elif rec < min_recorded[o]:
+            min_recorded[o] = rec
+        if key[0] == "r" and key[3] != owner:
+            x = ents.get(key[3])
+            if x is None:
+                x = ents[key[3]] = len(ents)
+                min_recorded.append(rec)
+            elif rec < min_recorded[x]:
+                min_recorded[x] = rec
+            if headers:
+                t[2] = f"{o + 1},{x + 1},"
+        elif headers:
+            t[2] = f"{o + 1},0,"
+    return ents, min_recorded
+
+
+
+_CACHE = 100_000                  # entries of the process-wide encoding caches before they are cleared
+_POINTS: dict[Any, str] = {}      # point -> its 9 characters
+_PREFIXES: dict[Key, str] = {}   # key -> P
+_W: list[str] = ["10"]            # w -> `<#w><w>`
+
+
+def _grow_w(n: int) -> None:
+    while len(_W) <= n:
+        ws = str(len(_W))
+        _W.append(f"{len(ws)}{ws}")
+
+
+def _prefix(key: Key) -> str:
+    if len(_PREFIXES) > _CACHE:
+        _PREFIXES.clear()
+    p = _PREFIXES[key] = prefix_of(key)
+    return p
+

@@ -1,0 +1,121 @@
+"""Generations of a tenant's graph: hand one out, bulk load it, cut over to it, drop it.
+
+A replay rebuilds a tenant in a new generation while the current one keeps serving, then switches readers and
+writers over atomically (`switch_when_caught_up`). This is the part of RedisStore that manages generations
+as a whole; reads and writes of the current generation are in store.py.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ...errors import UsageError
+from .keys import DATA_KEYS, escape, offset_field
+from .loader import GenerationLoader
+from .transport import Client
+
+CHUNK = 500                       # timelines, entities or keys per round trip when walking a whole tenant
+
+
+def chunks(items: list[Any], size: int = CHUNK) -> Iterator[list[Any]]:
+    """Consecutive slices of at most `size` items."""
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+class GenerationAdmin:
+    """Generation management of RedisStore (a mixin over its key names, guard and caches)."""
+
+    _client: Client
+    _gens: dict[str, int]
+    _pv_len: dict[str, int]
+    _registered: set[str]
+    _registry: str
+    _new_gen_script: Any
+    _switch_script: Any
+    _switch_if_script: Any
+
+    def new_generation(self, tenant: str) -> int:
+        """A generation number never handed out before for this tenant (empty, not current)."""
+        n = self._n(tenant)
+        with self._guard("new_generation", tenant):
+            return int(self._new_gen_script(keys=[n.gen, n.gseq]))
+
+    def load_generation(self, tenant: str, gen: int) -> GenerationLoader:
+        """A bulk loader of the empty generation `gen` of `tenant`, which must not be current (nobody reads it
+        until a switch): steps as `commit_batch` takes them, written without the APPLY script."""
+        if int(gen) < 1:
+            raise UsageError(f"bad generation {gen!r}: generations start at 1")
+        return GenerationLoader(self, tenant, int(gen))
+
+    def switch_generation(self, tenant: str, gen: int) -> None:
+        """Make `gen` the tenant's current generation, atomically for every reader and writer."""
+        if int(gen) < 1:
+            raise UsageError(f"bad generation {gen!r}: generations start at 1")
+        n = self._n(tenant)
+        with self._guard("switch_generation", tenant):
+            self.register_tenant(tenant)
+            self._switch_script(keys=[n.gen, n.gseq], args=[int(gen)])
+        self._gens[tenant] = int(gen)
+
+    def switch_when_caught_up(self, tenant: str, expected: int, gen: int,
+                              positions: Sequence[tuple[str, int]]) -> bool | str:
+        """Cut over to `gen` atomically if the current generation is still `expected` and `gen` has applied
+        at least as far as the current one on every (topic, partition). True when switched; False when the
+        current generation moved; else the lagging offset field (read further and try again)."""
+        n = self._n(tenant)
+        with self._guard("switch_when_caught_up", tenant):
+            self.register_tenant(tenant)
+            result = self._switch_if_script(keys=[n.gen, n.gseq, n.data(int(expected)) + "m", n.data(int(gen)) + "m"],
+                                     args=[str(int(expected)), int(gen),
+                                           *(offset_field(t, p) for t, p in positions)])
+        if int(result[0]) == 1:
+            self._gens[tenant] = int(gen)
+            return True
+        return False if int(result[0]) == 0 else str(result[1])
+
+    def drop_generation(self, tenant: str, gen: int) -> int:
+        """Delete a generation that is not current, through its entity index; returns keys deleted."""
+        if int(gen) == self.current_generation(tenant):
+            raise UsageError(f"generation {gen} is the current generation of tenant {tenant!r}; "
+                             f"switch to another one before dropping it")
+        return self._drop_data(tenant, int(gen))
+
+    def _drop_data(self, tenant: str, gen: int) -> int:
+        names = self.key_names(tenant, gen)
+        self._pv_len.pop(self._n(tenant).data(gen), None)
+        with self._guard("drop_generation", tenant):
+            pipe = self._client.pipeline(transaction=False)
+            for chunk in reversed(list(chunks(names))):    # the index keys (first chunk) go last
+                pipe.execute_command("UNLINK", *chunk)   # (a cluster pipeline's unlink() takes one key)
+            return sum(int(n) for n in pipe.execute())
+
+    def key_names(self, tenant: str, gen: int | None = None) -> list[str]:
+        """Every Redis key of one generation of a tenant (default: the current one), from its index."""
+        with self._guard("key_names", tenant):
+            d = self._n(tenant).data(self._snapshot_gen(tenant) if gen is None else int(gen))
+            entities = sorted(self._client.smembers(d + "ents"))
+        return [d + k for k in DATA_KEYS] + [d + p + escape(e) for e in entities for p in ("z:", "x:")]
+
+    def drop_tenant(self, tenant: str) -> int:
+        """Delete every generation of a tenant and forget it (the log rebuilds it); returns keys deleted."""
+        n = self._n(tenant)
+        with self._guard("drop_tenant", tenant):
+            current, highest = self._client.mget(n.gen, n.gseq)
+            top = max(int(current or 1), int(highest or 1))
+        deleted = sum(self._drop_data(tenant, g) for g in range(1, top + 1))
+        with self._guard("drop_tenant", tenant):
+            deleted += int(self._client.unlink(n.gen, n.gseq))
+            self._client.srem(self._registry, tenant)
+        self._registered.discard(tenant)
+        self._gens.pop(tenant, None)
+        return deleted
+
+    def drop_namespace(self) -> int:
+        """Delete every tenant of the namespace (a cartridge's whole graph); returns keys deleted."""
+        with self._guard("drop_namespace"):
+            tenants = sorted(self._client.smembers(self._registry))
+        deleted = sum(self.drop_tenant(t) for t in tenants)
+        with self._guard("drop_namespace"):
+            deleted += int(self._client.unlink(self._registry))
+        return deleted

@@ -1,0 +1,128 @@
+"""The Redis key layout, defined once: key names, timeline prefixes and their escaping.
+
+Every module that names a Redis key of Keel (the store, the bulk loader, the replay state) builds it here.
+
+Key layout. Every key of a tenant carries the hash tag `{<namespace>/<tenant>}`, so a tenant lives in
+one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
+
+    keel:{<ns>}:tenants                    set: tenants ever written in the namespace (a registry)
+    keel:{<ns>/<t>}:gen                    string: the current generation (absent = 1)
+    keel:{<ns>/<t>}:gseq                   string: the highest generation handed out
+    keel:{<ns>/<t>}:g<N>:ev                set: applied event ids
+    keel:{<ns>/<t>}:g<N>:m                 hash: `sv` (write counter, the search version), applied offsets,
+                                           `kt` (latest recorded_at applied), `lag` (at the last commit)
+    keel:{<ns>/<t>}:g<N>:ents              set: the generation's entities (its explicit index)
+    keel:{<ns>/<t>}:g<N>:pv                list: provenance entries `[source, evidence, recorded_at, by]`
+    keel:{<ns>/<t>}:g<N>:z:<entity>        sorted set: every assertion of the timelines the entity owns
+    keel:{<ns>/<t>}:g<N>:x:<entity>        list: [first recorded_at, one element per timeline involving it]
+
+A timeline is owned by the entity in its key's second place (the subject of a relation). All members
+of an entity's sorted set have score 0 and sort by bytes:
+
+    <P><point><#b><b><#w><w><#k><k><body>
+
+* P, the timeline prefix: the key's kind, then each key part after the owner, each followed by `|`
+  (`f|balance|` + scope + `|`, `l|ref|`, `r|owed_by|household:h1|`, `e|`); parts are escaped
+  (`%` → `%25`, `|` → `%7C`), so prefixes are prefix-free and `[P` .. `(P~` is exactly one timeline.
+* point: valid time in micros + 2**53, as 9 base-64 characters of an alphabet in ASCII order.
+* b: the provenance list length when the event was applied, w: the write's index in its batch; at one
+  point they order assertions by log order. k: the write's provenance entry is at index b + k.
+* body: `=<json value>`, `-` (an end), `!<json value>` (an end carrying a value), optionally preceded
+  by `~<expires_at - point>;`.
+`#x` is the length of x as one digit. Assertions are decoded with keel.timeline rules on the way out.
+
+An index list element is P for a timeline the entity owns, `>` + owner + `|` + P for a relation
+naming it as object. Namespace and tenant match the tenant pattern (no braces), so the hash tag is
+always ours; entity names are escaped like key parts, so no user string can forge a key.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from ...envelope import TENANT
+from ...errors import UsageError
+from ..base import GLOBAL_TENANT, Key
+
+ARITY = {"e": 0, "l": 1, "f": 2, "r": 2}      # key parts after the owner, by timeline kind
+DATA_KEYS = ("ev", "m", "ents", "pv")          # the fixed keys of a generation, after its data prefix
+_ESCAPED = re.compile(r"%(25|7C)")
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def escape(part: str) -> str:
+    return part.replace("%", "%25").replace("|", "%7C") if ("%" in part or "|" in part) else part
+
+
+def unescape(part: str) -> str:
+    return _ESCAPED.sub(lambda m: "%" if m.group(1) == "25" else "|", part) if "%" in part else part
+
+
+def prefix_of(key: Key) -> str:
+    """The timeline prefix P of a key inside its owner's sorted set."""
+    kind = key[0]
+    if kind == "f" and len(key) == 4:
+        return f"f|{escape(key[2])}|{escape(key[3])}|"
+    if kind == "l" and len(key) == 3:
+        return f"l|{escape(key[2])}|"
+    if kind == "r" and len(key) == 4:
+        return f"r|{escape(key[2])}|{escape(key[3])}|"
+    if kind == "e" and len(key) == 2:
+        return "e|"
+    raise UsageError(f"bad timeline key {key!r}")
+
+
+def key_of(owner: str, text: str) -> tuple[Key, int]:
+    """(key, length of P) from an owner and a string starting with P."""
+    kind = text[0]
+    parts: list[str] = [kind, owner]
+    i = 2
+    for _ in range(ARITY[kind]):
+        j = text.index("|", i)
+        parts.append(unescape(text[i:j]))
+        i = j + 1
+    return tuple(parts), i
+
+
+
+def check_name(what: str, name: str, allow_global: bool = False) -> str:
+    if not isinstance(name, str) or not (TENANT.match(name) or (allow_global and name == GLOBAL_TENANT)):
+        raise UsageError(f"bad {what} {name!r}: use [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
+    return name
+
+
+class TenantKeys:
+    """Key names of one tenant: `gen`, `gseq` and the data prefix of each generation."""
+    __slots__ = ("base", "gen", "gseq")
+
+    def __init__(self, namespace: str, tenant: str) -> None:
+        self.base = f"keel:{{{namespace}/{tenant}}}:"
+        self.gen = self.base + "gen"
+        self.gseq = self.base + "gseq"
+
+    def data(self, gen: int) -> str:
+        return f"{self.base}g{gen}:"
+
+
+def offset_field(topic: str, partition: int) -> str:
+    return "o" + _JSON.encode([topic, int(partition)])
+
+
+
+def index_key(entity: str, element: str) -> Key:
+    """The timeline key of an index list element of `entity`."""
+    if element[0] == ">":
+        j = element.index("|")
+        return key_of(unescape(element[1:j]), element[j + 1:])[0]
+    return key_of(entity, element)[0]
+
+
+def registry_key(namespace: str) -> str:
+    """The set of tenants ever written in a namespace."""
+    return f"keel:{{{namespace}}}:tenants"
+
+
+def entity_keys(d: str, entity: str) -> tuple[str, str]:
+    """(sorted set, index list) of an entity in the generation whose data prefix is `d`."""
+    e = escape(entity)
+    return d + "z:" + e, d + "x:" + e

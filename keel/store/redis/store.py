@@ -1,0 +1,497 @@
+"""The Redis store: the Store contract on a single redis-server or on Redis Cluster (layout: keys.py).
+
+Reads go through the current generation: each script or MULTI block re-reads `gen` and the client
+retries when a switch happened since it computed its key names. `view` (what `context` reads) is one VIEW
+script per entity, and `views` sends several in one pipeline. VIEW is the one script that reads keys it was
+not given: the sorted sets of the subjects of relations naming the entity as object, named from its index
+list; they carry the tenant's hash tag, so they are in the script's hash slot. `for_generation` gives a view pinned
+to one generation of one tenant (to rebuild it while the current one keeps serving).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from ...errors import StoreUnavailable, UsageError
+from ...timeline import Assertion, Timeline, Version
+from ...times import Micros
+from ..base import (
+    REF_LABEL,
+    BatchStep,
+    EntityView,
+    EventWrites,
+    Freshness,
+    Key,
+    Position,
+    Store,
+    ViewRequest,
+    Write,
+)
+from . import scripts
+from .batch import ApplyBatch, PendingStep
+from .codec import ProvenanceCache, clamped_point, decode_member, decode_view, freshness_of, timeline_of
+from .generations import CHUNK, GenerationAdmin, chunks
+from .keys import TenantKeys, check_name, escape, index_key, key_of, offset_field, prefix_of, registry_key
+from .transport import Client, eval_many, guard
+
+Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
+_RETRIES = 8                      # generation switches tolerated during one call
+
+
+class GenerationChanged(StoreUnavailable):
+    """A strict writer's batch met a new current generation (a replay cut over): drop what was computed
+    from the old one and plan again from the new generation."""
+
+    def __init__(self, tenant: str, old: int, new: int) -> None:
+        super().__init__(f"tenant {tenant!r} moved from generation {old} to {new} (a replay cut over); "
+                         f"the batch must be planned again", tenant=tenant)
+        self.old = old
+        self.new = new
+
+
+class RedisStore(GenerationAdmin, Store):
+    """A Store over Redis (single node or Cluster); one namespace (a cartridge) per instance."""
+
+    def __init__(self, client: Client, *, namespace: str, pins: dict[str, int] | None = None,
+                 owns_client: bool = True, strict_generations: bool = False) -> None:
+        self._client = client
+        self.strict_generations = strict_generations   # writers raise GenerationChanged instead of following
+        self.namespace = check_name("namespace", namespace)
+        self._registry = registry_key(namespace)
+        self._pins: dict[str, int] = dict(pins or {})
+        self._gens: dict[str, int] = {}
+        self._names: dict[str, TenantKeys] = {}
+        self._registered: set[str] = set()
+        self._pv_len: dict[str, int] = {}     # data prefix -> provenance list length after our last write
+        self._owns_client = owns_client
+        self._apply_script = client.register_script(scripts.APPLY)
+        self._read_script = client.register_script(scripts.READ)
+        self._view_script = client.register_script(scripts.VIEW)
+        self._switch_script = client.register_script(scripts.SWITCH)
+        self._new_gen_script = client.register_script(scripts.NEW_GENERATION)
+        self._switch_if_script = client.register_script(scripts.SWITCH_IF_CAUGHT_UP)
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None,
+                 strict_generations: bool = False, **options: Any) -> RedisStore:
+        """Connect to `redis://…`; `cluster=None` asks the server (`INFO cluster`) whether it is a Cluster node."""
+        options.setdefault("socket_connect_timeout", 5)
+        options.setdefault("socket_timeout", 30)
+        try:
+            if cluster is None:
+                probe = redis.Redis.from_url(url, **options)
+                try:
+                    cluster = bool(probe.info("cluster").get("cluster_enabled"))
+                finally:
+                    probe.close()
+            client: Client
+            if cluster:
+                client = RedisCluster.from_url(url, decode_responses=True, **options)
+            else:
+                client = redis.Redis.from_url(url, decode_responses=True, **options)
+        except RedisError as e:
+            raise StoreUnavailable(f"cannot connect to Redis at {url}: {type(e).__name__}: {e}") from e
+        return cls(client, namespace=namespace, strict_generations=strict_generations)
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._client.close()
+
+    # ---- the public interface of the key layout (the bulk loader uses it) ------------------------
+
+    def data_prefix(self, tenant: str, gen: int) -> str:
+        """The prefix of every data key of one generation of a tenant."""
+        return self._n(tenant).data(int(gen))
+
+    def register_tenant(self, tenant: str) -> None:
+        """Add the tenant to the namespace's registry (once per store)."""
+        if tenant not in self._registered:
+            with self._guard("register", tenant):
+                self._client.sadd(self._registry, tenant)
+            self._registered.add(tenant)
+
+    def invalidate(self, tenant: str, gen: int) -> None:
+        """Forget what this store cached of a generation another writer (a bulk load) changed."""
+        self._pv_len.pop(self.data_prefix(tenant, gen), None)
+
+    # ---- plumbing ------------------------------------------------------------------------------
+
+    def _guard(self, what: str, tenant: str | None = None) -> AbstractContextManager[None]:
+        return guard(self.namespace, what, tenant)
+
+    def _n(self, tenant: str) -> TenantKeys:
+        names = self._names.get(tenant)
+        if names is None:
+            names = self._names[tenant] = TenantKeys(self.namespace, check_name("tenant", tenant, allow_global=True))
+        return names
+
+    def _gen_guess(self, tenant: str) -> tuple[int, str]:
+        """(generation to compute keys for, generation to check: "" when pinned)."""
+        pinned = self._pins.get(tenant)
+        if pinned is not None:
+            return pinned, ""
+        gen = self._gens.get(tenant, 1)
+        return gen, str(gen)
+
+    def _script_many(self, script: Any, calls: Sequence[tuple[str, Build]]) -> list[list[Any]]:
+        """Generation-checked script calls, each `(tenant, build)` as in `_script`, in one round trip;
+        the calls whose tenant switched generation meanwhile are built again and rerun."""
+        out: list[list[Any]] = [[] for _ in calls]
+        todo = list(range(len(calls)))
+        for _ in range(_RETRIES):
+            sent = []
+            for i in todo:
+                names = self._n(calls[i][0])
+                gen, expected = self._gen_guess(calls[i][0])
+                keys, args = calls[i][1](names.data(gen))
+                sent.append(([names.gen, *keys], [expected, *args]))
+            left = []
+            for i, result in zip(todo, eval_many(self._client, script, sent)):
+                if result[0] == 0:
+                    self._gens[calls[i][0]] = int(result[1])
+                    left.append(i)
+                else:
+                    out[i] = result
+            if not left:
+                return out
+            todo = left
+        tenant = calls[todo[0]][0]
+        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
+
+
+    def _tx(self, tenant: str, fill: Callable[[Any, str], None]) -> list[Any]:
+        """Run reads in one MULTI/EXEC that also checks the generation; `fill(pipe, data prefix)`."""
+        names = self._n(tenant)
+        for _ in range(_RETRIES):
+            gen, expected = self._gen_guess(tenant)
+            pipe = self._client.pipeline(transaction=True)
+            if expected:
+                pipe.get(names.gen)
+            fill(pipe, names.data(gen))
+            result = pipe.execute()
+            if not expected:
+                return result
+            current = result[0] or "1"
+            if current == expected:
+                return result[1:]
+            self._gens[tenant] = int(current)
+        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
+
+    # ---- writes --------------------------------------------------------------------------------
+
+    def apply_writes(self, tenant: str, writes: list[Write], event_id: str | None = None) -> None:
+        """Apply writes and mark event_id in one script. An event id already applied is skipped whole."""
+        if not writes and event_id is None:
+            return
+        self._commit([(tenant, [(writes, event_id)], None)], "apply_writes")
+
+    def commit_batch(self, tenant: str, events: Sequence[EventWrites],
+                     position: Position | None) -> None:
+        """Apply several events, mark their ids and store the applied offset, in one atomic step.
+
+        `position` is (topic, partition, offset of the last record of the batch). Events whose id was
+        already applied (before, or earlier in this batch) are skipped whole, so re-committing a batch
+        changes nothing. The stored offset only moves forward.
+        """
+        self._commit([(tenant, events, position)], "commit_batch")
+
+    def commit_many(self, steps: Sequence[BatchStep]) -> None:
+        """Several `commit_batch` steps (e.g. the tenants of one poll) in one round trip.
+
+        Each step is atomic and idempotent on its own; steps of different tenants are not atomic together.
+        """
+        self._commit(steps, "commit_many")
+
+    def _commit(self, steps: Sequence[BatchStep], what: str) -> None:
+        pending = [PendingStep(tenant, events, position) for tenant, events, position in steps
+                   if events or position is not None]
+        if not pending:
+            return
+        with self._guard(what, pending[0].tenant if len(pending) == 1 else None):
+            unregistered = sorted({p.tenant for p in pending} - self._registered)
+            for tenant in unregistered:
+                self._n(tenant)
+            if unregistered:
+                self._client.sadd(self._registry, *unregistered)
+                self._registered.update(unregistered)
+            self._load_pv_lengths(pending)
+            for _ in range(_RETRIES):
+                tries: list[str] = []
+                calls = self._attempts(pending, tries)
+                results = eval_many(self._client, self._apply_script, list(calls) if len(pending) == 1 else calls)
+                pending = [p for p, d, result in zip(pending, tries, results) if not self._settle(p, d, result)]
+                if not pending:
+                    return
+        raise StoreUnavailable(f"could not apply a batch of tenant {pending[0].tenant!r}: it kept conflicting "
+                               f"with other writers", tenant=pending[0].tenant)
+
+    def _attempts(self, pending: list[PendingStep], tries: list[str]) -> Iterator[tuple[list[str], list[Any]]]:
+        """The APPLY (keys, args) of each step, encoded as they are sent (the server runs the steps sent
+        before meanwhile); the data prefix each was planned on goes to `tries`."""
+        for p in pending:
+            keys, args, d = self._attempt(p)
+            tries.append(d)
+            yield keys, args
+
+    def _load_pv_lengths(self, pending: list[PendingStep]) -> None:
+        """The provenance list lengths this client does not know yet, in one round trip (the APPLY
+        script checks them anyway: a wrong one costs a retry of that step)."""
+        missing = []
+        for p in pending:
+            d = self._n(p.tenant).data(self._gen_guess(p.tenant)[0])
+            if d not in self._pv_len:
+                missing.append(d)
+        if len(missing) < 2:
+            return          # _attempt reads a single one
+        pipe = self._client.pipeline(transaction=False)
+        for d in missing:
+            pipe.llen(d + "pv")
+        for d, n in zip(missing, pipe.execute()):
+            self._pv_len[d] = int(n)
+
+
+    def _attempt(self, p: PendingStep) -> tuple[list[str], list[Any], str]:
+        """Keys and arguments of the APPLY script for a step, with the current guesses; and the data prefix."""
+        names = self._n(p.tenant)
+        gen, expected = self._gen_guess(p.tenant)
+        d = names.data(gen)
+        base = self._pv_len.get(d)
+        if base is None:
+            base = self._pv_len[d] = int(self._client.llen(d + "pv"))
+        if p.batch is None or p.batch.args[0] != str(base):
+            p.batch = ApplyBatch(p.events, base, p.field, p.offset, p.latest, p.lag)
+        return [names.gen, *p.batch.keys(d)], [expected, *p.batch.args], d
+
+    def _settle(self, p: PendingStep, d: str, result: list[Any]) -> bool:
+        """Take the APPLY script's answer; True when the step is done, else the guesses are corrected."""
+        code = int(result[0])
+        if code == 1:
+            self._pv_len[d] = int(result[1])
+            return True
+        if code == 0:
+            old = self._gens.get(p.tenant, 1)
+            self._gens[p.tenant] = int(result[1])
+            if self.strict_generations and p.tenant not in self._pins:
+                raise GenerationChanged(p.tenant, old, int(result[1]))
+        elif code == 2:
+            self._pv_len[d] = int(result[1])
+        else:
+            applied = set(result[1:])
+            p.events = [e for e in p.events if e[1] not in applied]
+            p.batch = None
+        return False
+
+    # ---- primitive reads -----------------------------------------------------------------------
+
+    def has_event(self, tenant: str, event_id: str) -> bool:
+        with self._guard("has_event", tenant):
+            return bool(self._tx(tenant, lambda p, d: p.sismember(d + "ev", event_id))[0])
+
+    def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
+        """The offset stored by the last commit_batch for (topic, partition) of the tenant, or None."""
+        with self._guard("applied_offset", tenant):
+            value = self._tx(tenant, lambda p, d: p.hget(d + "m", offset_field(topic, partition)))[0]
+        return None if value is None else int(value)
+
+    def entity_recorded_at(self, tenant: str, entity: str) -> Micros | None:
+        with self._guard("entity_recorded_at", tenant):
+            value = self._tx(tenant, lambda p, d: p.lindex(d + "x:" + escape(entity), 0))[0]
+        return None if value is None else int(value)
+
+    def recorded_many(self, tenant: str, entities: list[str]) -> list[Micros | None]:
+        """First recorded_at of several entities in one transaction."""
+        if not entities:
+            return []
+
+        def fill(p: Any, d: str) -> None:
+            for e in entities:
+                p.lindex(d + "x:" + escape(e), 0)
+        with self._guard("recorded_many", tenant):
+            values = self._tx(tenant, fill)
+        return [None if v is None else int(v) for v in values]
+
+    def keys(self, tenant: str, entity: str) -> list[Key]:
+        with self._guard("keys", tenant):
+            raw = self._tx(tenant, lambda p, d: p.lrange(d + "x:" + escape(entity), 1, -1))[0]
+        return [index_key(entity, element) for element in raw]
+
+    def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
+                   known_at: Micros | None) -> list[Version | None]:
+        """Whole timelines folded here (views, the hot read, go through the VIEW script instead)."""
+        if not keys:
+            return []
+        return [tl.as_of(at, known_at) for tl in self._timelines(tenant, keys)]
+
+    def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
+        if not keys:
+            return []
+        return [tl.versions(known_at) for tl in self._timelines(tenant, keys)]
+
+    def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
+        """Each view by one VIEW script call (index, as-of winners, relation timelines, provenance), all
+        requests in one round trip; with `known_at`, whole timelines folded here."""
+        if not requests:
+            return []
+        common = ["1" if known_at is not None else "", clamped_point(at)]
+
+        def build(r: ViewRequest) -> Build:
+            e = escape(r.entity)
+            scopes = ["0"] if r.scopes is None else ["1", *(escape(s) for s in r.scopes)]
+            return lambda d: ([d + "pv", d + "x:" + e, d + "z:" + e, d + "m"], [*common, r.parts, d + "z:", *scopes])
+        with self._guard("view", requests[0].tenant if len(requests) == 1 else None):
+            results = self._script_many(self._view_script, [(r.tenant, build(r)) for r in requests])
+        return [decode_view(r.entity, result, at, known_at) for r, result in zip(requests, results)]
+
+    def _timelines(self, tenant: str, keys: list[Key], gen: int | None = None,
+                   provenance: ProvenanceCache | None = None) -> list[Timeline]:
+        """Whole timelines with provenance, by the READ script in chunks: all of the current generation
+        (restarting when it switches between chunks), or all of `gen` when given."""
+        names = self._n(tenant)
+        resolve = "0" if provenance is not None else "1"
+        for _ in range(_RETRIES):
+            g, expected = (gen, "") if gen is not None else self._gen_guess(tenant)
+            d = names.data(g)
+            out: list[Timeline] = []
+            stale = None
+            for chunk in chunks(keys):
+                zsets = [d + "z:" + escape(k[1]) for k in chunk]
+                with self._guard("versions", tenant):
+                    result = self._read_script(keys=[names.gen, d + "pv", *zsets],
+                                        args=[expected, resolve, *(prefix_of(k) for k in chunk)])
+                if result[0] == 0:
+                    stale = result[1]
+                    break
+                prov = provenance or ProvenanceCache()
+                pairs = result[2]
+                for i in range(0, len(pairs), 2):
+                    prov.add(pairs[i], pairs[i + 1])
+                out += (timeline_of(members, prov) for members in result[1])
+            if stale is None:
+                return out
+            self._gens[tenant] = int(stale)
+        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
+
+    def event_ids(self, tenant: str) -> list[str]:
+        with self._guard("event_ids", tenant):
+            return sorted(self._tx(tenant, lambda p, d: p.smembers(d + "ev"))[0])
+
+    def freshness(self, tenant: str) -> Freshness:
+        """known_through and lag from the meta hash (what the workers' last commits stored)."""
+        with self._guard("freshness", tenant):
+            return freshness_of(self._tx(tenant, lambda p, d: p.hmget(d + "m", "kt", "lag"))[0])
+
+    def search_version(self, tenant: str) -> object:
+        """(generation, write counter): changes with every applied write and every generation switch."""
+        with self._guard("search_version", tenant):
+            value = self._tx(tenant, lambda p, d: p.hget(d + "m", "sv"))[0]
+        return (self._gen_guess(tenant)[0], int(value or 0))
+
+    def tenants(self) -> list[str]:
+        """Tenants of the namespace whose current generation holds data, sorted."""
+        with self._guard("tenants"):
+            members = sorted(self._client.smembers(self._registry))
+            if not members:
+                return []
+            pipe = self._client.pipeline(transaction=False)
+            for t in members:
+                pipe.get(self._n(t).gen)
+            gens = [self._pins.get(t) or int(g or 1) for t, g in zip(members, pipe.execute())]
+            pipe = self._client.pipeline(transaction=False)
+            for t, g in zip(members, gens):
+                d = self._n(t).data(g)
+                pipe.exists(d + "ev", d + "ents")
+            return [t for t, n in zip(members, pipe.execute()) if n]
+
+    # ---- whole-tenant walks (of the generation current when they start) -----------------------
+
+    def _snapshot_gen(self, tenant: str) -> int:
+        pinned = self._pins.get(tenant)
+        if pinned is not None:
+            return pinned
+        gen = int(self._client.get(self._n(tenant).gen) or 1)
+        self._gens[tenant] = gen
+        return gen
+
+    def _entity_index(self, d: str) -> dict[str, list[str]]:
+        """Every entity of a generation with its index list elements (first recorded_at dropped)."""
+        entities = sorted(self._client.smembers(d + "ents"))
+        out: dict[str, list[str]] = {}
+        for chunk in chunks(entities):
+            pipe = self._client.pipeline(transaction=False)
+            for e in chunk:
+                pipe.lrange(d + "x:" + escape(e), 1, -1)
+            for e, elements in zip(chunk, pipe.execute()):
+                out[e] = elements
+        return out
+
+    def _all_provenance(self, d: str) -> ProvenanceCache:
+        prov = ProvenanceCache(fetch=lambda n: self._client.lindex(d + "pv", n))
+        size = int(self._client.llen(d + "pv"))
+        for start in range(0, size, 10 * CHUNK):
+            entries = self._client.lrange(d + "pv", start, start + 10 * CHUNK - 1)
+            for i, text in enumerate(entries):
+                prov.add(start + i, text)
+        return prov
+
+    def dump(self, tenant: str) -> Iterator[tuple[Key, list[Assertion]]]:
+        with self._guard("dump", tenant):
+            gen = self._snapshot_gen(tenant)
+            d = self._n(tenant).data(gen)
+            keys = sorted({index_key(e, el) for e, elements in self._entity_index(d).items() for el in elements})
+            prov = self._all_provenance(d)
+        for chunk in chunks(keys):
+            for key, tl in zip(chunk, self._timelines(tenant, chunk, gen=gen, provenance=prov)):
+                yield key, list(tl.assertions())
+
+    def search_documents(self, tenant: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """(entity, type, latest labels): reads only the last assertion of each label timeline."""
+        with self._guard("search_documents", tenant):
+            d = self._n(tenant).data(self._snapshot_gen(tenant))
+            index = self._entity_index(d)
+            labels: list[tuple[str, str, str]] = []
+            for entity, elements in index.items():
+                for el in elements:
+                    if el.startswith("l|"):
+                        key, _ = key_of(entity, el)
+                        if key[2] != REF_LABEL:
+                            labels.append((entity, key[2], el))
+            values: dict[str, dict[str, Any]] = {e: {} for e in index}
+            for chunk in chunks(labels):
+                pipe = self._client.pipeline(transaction=False)
+                for entity, _, p in chunk:
+                    pipe.zrevrangebylex(d + "z:" + escape(entity), "(" + p + "~", "[" + p, start=0, num=1)
+                for (entity, name, p), top in zip(chunk, pipe.execute()):
+                    if top:
+                        _, _, value, closed, _ = decode_member(top[0][len(p):])
+                        if not closed:
+                            values[entity][name] = value
+        for entity in sorted(values):
+            yield entity, entity.partition(":")[0], dict(sorted(values[entity].items()))
+
+    # ---- generations ---------------------------------------------------------------------------
+
+    def current_generation(self, tenant: str) -> int:
+        """The generation reads and writes of this tenant go to (1 until switched)."""
+        with self._guard("current_generation", tenant):
+            gen = int(self._client.get(self._n(tenant).gen) or 1)
+        self._gens[tenant] = gen
+        return gen
+
+    def for_generation(self, tenant: str, gen: int) -> RedisStore:
+        """A view sharing this connection whose reads and writes of `tenant` go to generation `gen`."""
+        self._n(tenant)
+        if int(gen) < 1:
+            raise UsageError(f"bad generation {gen!r}: generations start at 1")
+        view = RedisStore(self._client, namespace=self.namespace, pins={**self._pins, tenant: int(gen)},
+                          owns_client=False)
+        view._registered = self._registered
+        return view
