@@ -51,6 +51,32 @@ def finance_events(n: int, tenants: int, *, seed: int = 7, debts_per_tenant: int
             month += 1
 
 
+def finance_writes(e: dict) -> list[tuple[str, object]]:
+    """(key, value) of each write of one finance event, as cartridges/finance/cartridge.yaml projects it: the
+    plain, hand-written projection the peers (bench/peers/) and the reference computation of bench/embedded.py do."""
+    p, subject, kind = e["payload"], e["subject"], e["type"]
+    sid = subject.partition(":")[2]
+    if kind == "debt.snapshot":
+        return [(f"l|{subject}|ref", f"{e.get('source') or 'debts'}#{sid}"), (f"l|{subject}|creditor", p["creditor"]),
+                (f"l|{subject}|product", p["product"]), (f"r|{subject}|owed_by|household:{e['tenant']}", True),
+                (f"f|{subject}|balance_cop", p["balance_cop"]), (f"f|{subject}|rate_ea_pct", p["rate_ea_pct"]),
+                (f"f|{subject}|installment_cop", p["installment_cop"])]
+    if kind == "due.scheduled":
+        return [(f"l|{subject}|ref", f"{e.get('source') or 'dues'}#{sid}"), (f"l|{subject}|debt", p["debt_id"]),
+                (f"l|{subject}|due_on", p["due_on"]), (f"r|{subject}|for_debt|debt:{p['debt_id']}", True),
+                (f"f|{subject}|status", "pending"), (f"f|{subject}|due_on", p["due_on"]),
+                (f"f|{subject}|amount_cop", p["amount_cop"])]
+    account = f"account:{p['account_id']}"
+    return [(f"l|{account}|ref", f"accounts#{p['account_id']}"), (f"r|{subject}|paid_from|{account}", True),
+            (f"f|{subject}|status", "paid"), (f"f|{subject}|paid_on", p["paid_on"]),
+            (f"f|{subject}|amount_paid_cop", p["amount_cop"])]
+
+
+def version_point(e: dict) -> str:
+    """The valid-time point of a finance event's writes (a payment counts from the day it was paid)."""
+    return e["payload"]["paid_on"] if e["type"] == "due.paid" else e["occurred_at"]
+
+
 def lines(events: Iterator[dict]) -> list[bytes]:
     return [json.dumps(e, separators=(",", ":")).encode() for e in events]
 

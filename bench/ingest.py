@@ -196,7 +196,12 @@ def run_workers(folder: Path, env: dict[str, str], total: int, batch: int,
         for proc in procs:
             proc.terminate()
         for proc in procs:
-            proc.wait(60)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:       # the figures are taken; say so and do not leave it running
+                print(f"worker {proc.pid} did not stop within 60 s of SIGTERM; killed", file=sys.stderr)
+                proc.kill()
+                proc.wait()
     (workers_ready, redis_ready), (workers_done, redis_done) = cpu
     workers = None if workers_ready is None or workers_done is None else workers_done - workers_ready
     return done - (ready or started), done - started, workers, redis_done - redis_ready

@@ -99,10 +99,10 @@ def main() -> int:
         # a process of its own, like a product's: a thread here would take the replay's interpreter lock
         publisher = subprocess.Popen([sys.executable, "-m", "keel.cli", "publish", str(folder), str(others),
                                       "--quiet"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-        started = time.monotonic()
+        started, cpu0 = time.monotonic(), time.process_time()
         result = replay(cartridge, settings, tenants=[BIG], options=ReplayOptions(batch=args.batch),
                         progress=Progress(f"replay {BIG}"))
-        seconds = time.monotonic() - started
+        seconds, cpu = time.monotonic() - started, time.process_time() - cpu0
         live = committed(args.kafka, name) - before
         publisher.wait(600)
     finally:
@@ -110,7 +110,9 @@ def main() -> int:
         worker.wait(120)
     rate = result.applied / result.seconds if result.seconds else 0.0
     print(result.summary())
-    print(f"replay rate: {rate:,.0f} events/s (goal >= {GOAL:,}) {'OK' if rate >= GOAL else 'BELOW GOAL'}")
+    print(f"replay rate: {rate:,.0f} events/s (goal >= {GOAL:,}) {'OK' if rate >= GOAL else 'BELOW GOAL'}; "
+          f"the replay process's CPU: {cpu / max(1, result.applied) * 1e6:.0f} µs/event (load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     print(f"live ingest during the replay: {live:,} records of {args.others} other tenants in {seconds:.1f}s = "
           f"{live / seconds:,.0f} records/s")
     if not args.keep:

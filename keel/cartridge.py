@@ -48,6 +48,7 @@ class EventSpec(_Strict):
     owner: str
     description: str = ""
     payload: dict[str, str] = Field(default_factory=dict)
+    project: list[Any] | None = None      # declarative steps (keel.projection) instead of a Python handler
 
     def fields(self) -> dict[str, FieldSpec]:
         out = {}
@@ -125,14 +126,20 @@ def compile_rules(spec: CartridgeSpec) -> tuple[dict[str, Rule], list[str]]:
 
 
 def load_cartridge(path: str | Path) -> Cartridge:
-    """Load and validate `<path>/cartridge.yaml` and `<path>/handlers.py`. Raises CartridgeInvalid."""
+    """Load and validate `<path>/cartridge.yaml` and `<path>/handlers.py` (optional when every event type has
+    `project:` steps), compiling the declarative projections once. Raises CartridgeInvalid with every problem."""
+    # imported here: keel.projection builds writes (store.base), and store.base imports envelope, which imports us
+    from .projection import compile_projections
     folder = Path(path)
     spec, problems = _load_spec(folder)
     registry = None
     if spec is not None:
         registry, handler_problems = _load_handlers(folder, spec.name)
         problems += handler_problems
+        projections, projection_problems = compile_projections(spec)
+        problems += projection_problems
         if registry is not None:
+            problems += register_projections(registry, projections, spec)
             problems += check_spec(spec, registry)
     if problems:
         raise CartridgeInvalid(str(folder), problems)
@@ -143,7 +150,7 @@ def load_cartridge(path: str | Path) -> Cartridge:
 def _load_spec(folder: Path) -> tuple[CartridgeSpec | None, list[str]]:
     file = folder / "cartridge.yaml"
     if not file.is_file():
-        return None, [f"{file}: missing (a cartridge folder needs cartridge.yaml and handlers.py)"]
+        return None, [f"{file}: missing (a cartridge folder needs cartridge.yaml; handlers.py holds Python handlers)"]
     try:
         doc = yaml.safe_load(file.read_text())
     except yaml.YAMLError as e:
@@ -159,7 +166,7 @@ def _load_spec(folder: Path) -> tuple[CartridgeSpec | None, list[str]]:
 def _load_handlers(folder: Path, name: str) -> tuple[Registry | None, list[str]]:
     file = folder / "handlers.py"
     if not file.is_file():
-        return None, [f"{file}: missing"]
+        return Registry(), []       # every handler is declarative (a missing one is reported by check_spec)
     module_name = f"keel_cartridge_{re.sub(r'[^A-Za-z0-9_]', '_', name)}_{abs(hash(str(file.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, file)
     assert spec is not None and spec.loader is not None
@@ -174,6 +181,20 @@ def _load_handlers(folder: Path, name: str) -> tuple[Registry | None, list[str]]
     if not isinstance(registry, Registry):
         return None, [f"{file}: must define `registry = Registry()` (from keel import Registry)"]
     return registry, []
+
+
+def register_projections(registry: Registry, projections: dict[str, Any], spec: CartridgeSpec) -> list[str]:
+    """Compiled projections join the Python handlers; an event type may have one or the other, not both."""
+    problems = []
+    handled = set(registry.event_types())
+    for event_type in sorted(spec.events):
+        if spec.events[event_type].project is not None and event_type in handled:
+            problems.append(f"events.{event_type}: has `project:` steps and a Python handler in handlers.py; "
+                            "keep one")
+    for event_type, handler in projections.items():
+        if event_type not in handled:
+            registry.on(event_type)(handler)
+    return problems
 
 
 def check_spec(spec: CartridgeSpec, registry: Registry) -> list[str]:
@@ -223,7 +244,9 @@ def check_spec(spec: CartridgeSpec, registry: Registry) -> list[str]:
             problems.append(f"memory.requires_evidence: unknown scope {scope!r}")
     handled = set(registry.event_types())
     for ev in sorted(set(spec.events) - handled):
-        problems.append(f"events.{ev}: no handler (add @registry.on({ev!r}) in handlers.py)")
+        if spec.events[ev].project is None:
+            problems.append(f"events.{ev}: no handler (add `project:` steps, or @registry.on({ev!r}) in "
+                            "handlers.py)")
     for ev in sorted(handled - set(spec.events)):
         problems.append(f"handlers.py: handler for {ev!r}, which is not an event type of the catalog")
     for ev, count in registry.duplicates().items():

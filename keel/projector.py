@@ -26,16 +26,22 @@ class EventStore:
 
     Writes are buffered in `writes` (applied by the projector with the event id, all or nothing); reads see
     the graph as it was before this event. Entity and relation names are checked against the catalog.
-    The event's provenance is unpacked once here: a handler makes several writes per event.
+    The event's provenance is unpacked once here: a handler makes several writes per event. A projector keeps
+    one EventStore and binds it to each event in turn (`bind`), rather than building one per event.
+    `checks` and `writes` are what compiled projections (keel.projection) use directly.
     """
-    __slots__ = ("_by", "_checks", "_event", "_id", "_known", "_occurred", "_occurred_at", "_recorded", "_source",
-                 "_store", "writes")
+    __slots__ = ("_by", "_event", "_id", "_known", "_occurred", "_occurred_at", "_recorded", "_source",
+                 "_store", "checks", "writes")
 
-    def __init__(self, store: Store, event: Event, checks: CatalogChecks) -> None:
+    def __init__(self, store: Store, checks: CatalogChecks) -> None:
         self._store = store
-        self._event = event
-        self._checks = checks
+        self.checks = checks
         self._known = checks.known          # entity -> type of every entity that passed the checks
+        self.writes: list[Write] = []
+
+    def bind(self, event: Event) -> None:
+        """Make this the store of `event`, with an empty buffer (the previous buffer belongs to its event)."""
+        self._event = event
         self._occurred_at = event.occurred_at
         self._occurred = int(event.occurred_at)
         self._recorded = int(event.recorded_at)
@@ -67,7 +73,7 @@ class EventStore:
             self._tenant(tenant)
         entity = f"{type}:{id}"
         if entity not in self._known:
-            self._checks.entity(entity)
+            self.checks.entity(entity)
         self.writes += checked_label_writes(entity, ref, labels, self._occurred, self._source, self._id,
                                             self._recorded, self._by)
 
@@ -75,14 +81,14 @@ class EventStore:
              source: str | None = None, evidence: str | None = None) -> None:
         if tenant != self._event.tenant:
             self._tenant(tenant)
-        self._checks.relation(subject, relation, object)
+        self.checks.relation(subject, relation, object)
         self._add(("r", subject, relation, object), valid_from, True, False, source, evidence)
 
     def unlink(self, tenant: str, subject: str, relation: str, object: str, valid_to: object, *,
                source: str | None = None, evidence: str | None = None) -> None:
         if tenant != self._event.tenant:
             self._tenant(tenant)
-        self._checks.relation(subject, relation, object)
+        self.checks.relation(subject, relation, object)
         self._add(("r", subject, relation, object), valid_to, None, True, source, evidence)
 
     def open_fact(self, tenant: str, subject: str, predicate: str, value: Any, *, valid_from: object,
@@ -90,7 +96,7 @@ class EventStore:
         if tenant != self._event.tenant:
             self._tenant(tenant)
         if subject not in self._known:
-            self._checks.entity(subject)
+            self.checks.entity(subject)
         self._add(("f", subject, predicate, ""), valid_from, value, False, source, evidence)
 
     def close_fact(self, tenant: str, subject: str, predicate: str, *, valid_to: object,
@@ -98,7 +104,7 @@ class EventStore:
         if tenant != self._event.tenant:
             self._tenant(tenant)
         if subject not in self._known:
-            self._checks.entity(subject)
+            self.checks.entity(subject)
         self._add(("f", subject, predicate, ""), valid_to, None, True, source, evidence)
 
     def relations(self, tenant: str, entity: str, *, rel: str | None = None, at: object | None = None
@@ -162,7 +168,8 @@ class Projector:
         self.catalog = Catalog(cartridge)
         self.checks = CatalogChecks(cartridge)
         self.notes = NotePolicy(cartridge, store, allow_global=allow_global_notes)
-        self._handlers: dict[str, Handler] = {}
+        self._handlers: dict[str, tuple[Handler, bool]] = {}    # event type -> (handler, declarative)
+        self._view = EventStore(store, self.checks)
 
     def parse(self, raw: bytes | str | dict[str, Any], *, default_recorded_at: Micros | None = None) -> Event:
         return self.catalog.parse(raw, default_recorded_at=default_recorded_at)
@@ -174,14 +181,18 @@ class Projector:
         if event.type == ANNOTATED:
             self._apply_note(event)
             return "applied"
-        handler = self._handlers.get(event.type)
-        if handler is None:
-            handler = self.cartridge.registry.handler(event.type)
-            if handler is not None:
-                self._handlers[event.type] = handler    # a registry keeps the first handler of a type
-        if handler is None:
-            raise EnvelopeRejected(f"no handler for {event.type!r}", event_id=event.id, tenant=event.tenant)
-        view = EventStore(self.store, event, self.checks)
+        entry = self._handlers.get(event.type)
+        if entry is None:
+            found = self.cartridge.registry.handler(event.type)
+            if found is None:
+                raise EnvelopeRejected(f"no handler for {event.type!r}", event_id=event.id, tenant=event.tenant)
+            entry = self._handlers[event.type] = (found, getattr(found, "declarative", False))
+        handler, declarative = entry
+        view = self._view
+        if declarative:
+            view.writes = []        # a compiled projection reads the event itself; it uses only checks and writes
+        else:
+            view.bind(event)
         try:
             handler(event, view)
         except Exception as e:

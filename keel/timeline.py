@@ -47,22 +47,34 @@ class Version(NamedTuple):
     corrected_by: str | None
 
 
+def insert(entries: list[Assertion], a: Assertion) -> None:
+    """Put an assertion in its place in a timeline's list: by point, after any assertion at the same point
+    (log order kept). Stores that keep plain lists call this; the common case is an append."""
+    if not entries or entries[-1].point <= a.point:
+        entries.append(a)                   # in valid-time order, or a same-point correction
+    else:
+        insort_right(entries, a, key=_point)
+
+
 class Timeline:
     """Assertions of one key, kept in one list sorted by point, then log order; as-of lookups are a
-    bisect (O(log n)). Most timelines hold a single assertion, so this is one object and one list."""
+    bisect (O(log n)). Most timelines hold a single assertion, so this is one object and one list.
+    The list only grows, so the cached coalesced versions stay valid while its length is unchanged;
+    `over` wraps a list a store keeps (and appends to with `insert`) without copying it."""
     __slots__ = ("_runs", "entries")
 
     def __init__(self, first: Assertion | None = None) -> None:
         self.entries: list[Assertion] = [] if first is None else [first]
-        self._runs: list[Version] | None = None
+        self._runs: tuple[int, list[Version]] | None = None
+
+    @classmethod
+    def over(cls, entries: list[Assertion]) -> Timeline:
+        tl = cls()
+        tl.entries = entries
+        return tl
 
     def add(self, a: Assertion) -> None:
-        self._runs = None
-        entries = self.entries
-        if not entries or entries[-1].point <= a.point:
-            entries.append(a)               # the common case: in valid-time order (or a same-point correction)
-        else:
-            insort_right(entries, a, key=_point)   # after any assertion at the same point: log order kept
+        insert(self.entries, a)
 
     def assertions(self) -> Iterator[Assertion]:
         """Every assertion, by point, then log order."""
@@ -150,9 +162,9 @@ class Timeline:
         """Coalesced versions (see `coalesce`); cached for the current belief."""
         if known_at is not None:
             return coalesce(self.versions(known_at))
-        if self._runs is None:
-            self._runs = coalesce(self.versions())
-        return self._runs
+        if self._runs is None or self._runs[0] != len(self.entries):
+            self._runs = (len(self.entries), coalesce(self.versions()))
+        return self._runs[1]
 
     def first_recorded(self) -> Micros:
         return min(a.recorded_at for a in self.entries)

@@ -100,8 +100,8 @@ def test_validate(tmp_path: Path, capsys) -> None:
                                         .replace("owed_by: {from: debt, to: household}",
                                                  "owed_by: {from: debt, to: family}")
                                         .replace("ttl: {tenant: never", "ttl: {tenant: forever"))
-    (bad / "handlers.py").write_text((FINANCE / "handlers.py").read_text() +
-                                     '\n\n@registry.on("debt.closed")\ndef closed(event, store):\n    pass\n')
+    (bad / "handlers.py").write_text('from keel import Registry\n\nregistry = Registry()\n\n\n'
+                                     '@registry.on("debt.closed")\ndef closed(event, store):\n    pass\n')
     code, _, err = run(capsys, "validate", bad)
     assert code == 2
     assert "relations.owed_by.to: 'family' is not a declared entity type" in err

@@ -124,8 +124,7 @@ def test_replay_killed_midway_leaves_the_served_graph_and_a_rerun_completes(tmp_
     client.close()
 
 
-HANDLER_EDIT = '''
-    store.open_fact(event.tenant, event.subject, "month_seen", p["month"], valid_from=event.occurred_at)
+PROJECTION_EDIT = '''      - facts: {set: {month_seen: "{month}"}}
 '''
 
 
@@ -136,11 +135,11 @@ def test_replay_applies_a_changed_handler(tmp_path: Path, env: dict[str, str]) -
     before = embedded_digests(load_cartridge(cartridge), events)
     tenant = next(iter(before))
     assert redis_digests(cartridge, env, [tenant]) == {tenant: before[tenant]}
-    handlers = cartridge / "handlers.py"
-    text = handlers.read_text()
-    anchor = '    for predicate in ("balance_cop", "rate_ea_pct", "installment_cop"):'
+    catalog = cartridge / "cartridge.yaml"        # debt.snapshot's projection gains a fact
+    text = catalog.read_text()
+    anchor = '      - link: {relation: owed_by, to: "household:{event.tenant}"}\n'
     assert anchor in text
-    handlers.write_text(text.replace(anchor, HANDLER_EDIT.strip("\n") + "\n" + anchor, 1))
+    catalog.write_text(text.replace(anchor, anchor + PROJECTION_EDIT, 1))
     after = embedded_digests(load_cartridge(cartridge), events)
     assert after[tenant] != before[tenant]
     keel("replay", str(cartridge), "--tenant", tenant, env=env)

@@ -1,40 +1,13 @@
 """Salon cartridge: clients, stylists, appointments and visits of a hair salon.
 
-Every handler is a pure function of the event and the graph as of the event's world time: no wall
-clock, no randomness, no network. Provenance (source, evidence) defaults to the event being applied.
+The event types whose writes are a plain mapping of the event are declared under `project:` in cartridge.yaml;
+the handlers here read the graph first. Every handler is a pure function of the event and the graph as of the
+event's world time: no wall clock, no randomness, no network. Provenance (source, evidence) defaults to the
+event being applied.
 """
 from keel import Registry
 
 registry = Registry()
-
-
-def _day(when):
-    """The calendar day (YYYY-MM-DD, UTC) of an event time; its text form is RFC 3339."""
-    return str(when)[:10]
-
-
-@registry.on("stylist.joined")
-def stylist_joined(event, store):
-    p, when = event.payload, event.occurred_at
-    labels = {"name": p["name"], "specialty": p["specialty"]}
-    if p.get("instagram"):
-        labels["instagram"] = p["instagram"]
-    store.upsert_entity(event.tenant, "stylist", event.subject_id, ref=f"staff.stylists#{event.subject_id}",
-                        **labels)
-    store.open_fact(event.tenant, event.subject, "chair", p["chair"], valid_from=when)
-    store.open_fact(event.tenant, event.subject, "status", "active", valid_from=when)
-
-
-@registry.on("client.registered")
-def client_registered(event, store):
-    p, tenant, client, when = event.payload, event.tenant, event.subject, event.occurred_at
-    store.upsert_entity(tenant, "client", event.subject_id, ref=f"crm.clients#{event.subject_id}",
-                        name=p["name"], phone=p["phone"])
-    store.open_fact(tenant, client, "client_since", _day(when), valid_from=when)
-    if p.get("channel"):
-        store.open_fact(tenant, client, "acquired_via", p["channel"], valid_from=when)
-    if p.get("preferred_stylist"):
-        store.link(tenant, client, "prefers", f"stylist:{p['preferred_stylist']}", when)
 
 
 @registry.on("client.preference_set")
@@ -73,20 +46,3 @@ def appointment_cancelled(event, store):
     store.close_fact(tenant, appt, "starts_at", valid_to=when)       # the slot no longer exists
     for r in store.relations(tenant, appt, rel="with_stylist", at=when):
         store.unlink(tenant, appt, "with_stylist", r["object"], when)   # release the stylist
-
-
-@registry.on("visit.completed")
-def visit_completed(event, store):
-    p, tenant, visit, when = event.payload, event.tenant, event.subject, event.occurred_at
-    client = f"client:{p['client']}"
-    store.upsert_entity(tenant, "visit", event.subject_id, ref=f"pos.tickets#{event.subject_id}",
-                        service=p["service"], day=_day(when))
-    store.link(tenant, visit, "visit_of", client, when)
-    store.link(tenant, visit, "served_by", f"stylist:{p['stylist']}", when)
-    store.open_fact(tenant, visit, "price_eur", p["price_eur"], valid_from=when)
-    if p.get("tip_eur") is not None:
-        store.open_fact(tenant, visit, "tip_eur", p["tip_eur"], valid_from=when)
-    store.open_fact(tenant, client, "last_visit_on", _day(when), valid_from=when)
-    if p.get("appointment"):
-        store.link(tenant, visit, "fulfils", f"appointment:{p['appointment']}", when)
-        store.open_fact(tenant, f"appointment:{p['appointment']}", "status", "completed", valid_from=when)

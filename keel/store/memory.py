@@ -1,18 +1,23 @@
 """The embedded store: the whole graph in process memory (demo, CLI, cartridge development, tests)."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from ..timeline import Assertion, Timeline, Version
+from ..timeline import Assertion, Timeline, Version, insert
 from ..times import Micros
 from .base import Freshness, Key, Store, Write
 
+_NONE = -(1 << 62)      # below every time: known_through before any write
+
 
 class _TenantGraph:
-    __slots__ = ("by_entity", "events", "first_recorded", "generation", "known_through", "timelines")
+    """A tenant's timelines as plain lists of assertions (appending is the write path's whole job), and the
+    Timeline objects reads fold them with, made at a key's first read and sharing its list."""
+    __slots__ = ("by_entity", "events", "first_recorded", "generation", "known_through", "timelines", "views")
 
     def __init__(self) -> None:
-        self.timelines: dict[Key, Timeline] = {}
+        self.timelines: dict[Key, list[Assertion]] = {}
+        self.views: dict[Key, Timeline] = {}
         self.by_entity: dict[str, dict[Key, None]] = {}     # entity -> its keys, insertion ordered
         self.first_recorded: dict[str, Micros] = {}
         self.events: set[str] = set()
@@ -36,35 +41,53 @@ class MemoryStore(Store):
         """The graph every read method sees (subclasses may bring it up to date first); None if unknown."""
         return self._tenants.get(tenant)
 
-    def _timelines(self, tenant: str) -> dict[Key, Timeline]:
+    def _lookup(self, tenant: str) -> Callable[[Key], Timeline | None]:
+        """key -> the Timeline reads fold (None when the key has no assertion), for one read of the tenant."""
         g = self._read(tenant)
-        return {} if g is None else g.timelines
+        if g is None:
+            return lambda key: None
+        views, timelines = g.views, g.timelines
+
+        def timeline(key: Key) -> Timeline | None:
+            tl = views.get(key)
+            if tl is None:
+                entries = timelines.get(key)
+                if entries is None:
+                    return None
+                tl = views[key] = Timeline.over(entries)
+            return tl
+        return timeline
 
     def apply_writes(self, tenant: str, writes: list[Write], event_id: str | None = None) -> None:
-        g = self._graph(tenant)
+        g = self._tenants.get(tenant) or self._graph(tenant)
         if event_id is not None and event_id in g.events:
             return                                   # applied before: idempotent on the event id
         timelines, by_entity, first = g.timelines, g.by_entity, g.first_recorded
+        get = timelines.get
+        latest = _NONE if g.known_through is None else g.known_through
         for key, a in writes:
-            tl = timelines.get(key)
-            if tl is None:
-                timelines[key] = Timeline(a)
-                self._index(by_entity, first, key[1], key, a.recorded_at)
-                if key[0] == "r":
-                    self._index(by_entity, first, key[3], key, a.recorded_at)
-                continue
-            tl.add(a)
+            entries = get(key)
             rec = a.recorded_at
+            if rec > latest:  # noqa: PLR1730 - a compare, not a call (hot path)
+                latest = rec
+            if entries is None:
+                timelines[key] = [a]
+                self._index(by_entity, first, key[1], key, rec)
+                if key[0] == "r":
+                    self._index(by_entity, first, key[3], key, rec)
+                continue
+            if entries[-1].point <= a.point:
+                entries.append(a)                    # timeline.insert's common case, without the call
+            else:
+                insert(entries, a)
             if first[key[1]] > rec:  # noqa: PLR1730 - a compare, not a call (hot path); indexed at the first write
                 first[key[1]] = rec
             if key[0] == "r" and first[key[3]] > rec:
                 first[key[3]] = rec
         if event_id is not None:
             g.events.add(event_id)
-        if writes:
-            latest = max(w[1].recorded_at for w in writes)
-            if g.known_through is None or latest > g.known_through:
-                g.known_through = latest
+        if latest != _NONE:
+            g.known_through = latest
         g.generation += 1
 
     @staticmethod
@@ -100,16 +123,13 @@ class MemoryStore(Store):
 
     def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
                    known_at: Micros | None) -> list[Version | None]:
-        timelines = self._timelines(tenant)
-        return [timelines[k].as_of(at, known_at) if k in timelines else None for k in keys]
+        return [None if tl is None else tl.as_of(at, known_at) for tl in map(self._lookup(tenant), keys)]
 
     def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
-        timelines = self._timelines(tenant)
-        return [timelines[k].versions(known_at) if k in timelines else [] for k in keys]
+        return [[] if tl is None else tl.versions(known_at) for tl in map(self._lookup(tenant), keys)]
 
     def runs_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
-        timelines = self._timelines(tenant)
-        return [timelines[k].runs(known_at) if k in timelines else [] for k in keys]
+        return [[] if tl is None else tl.runs(known_at) for tl in map(self._lookup(tenant), keys)]
 
     def tenants(self) -> list[str]:
         return sorted(t for t, g in self._tenants.items() if g.events or g.timelines)
@@ -119,7 +139,7 @@ class MemoryStore(Store):
         if g is None:
             return
         for key in sorted(g.timelines):
-            yield key, list(g.timelines[key].assertions())
+            yield key, list(g.timelines[key])
 
     def event_ids(self, tenant: str) -> list[str]:
         g = self._read(tenant)

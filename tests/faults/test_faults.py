@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.replay import BackgroundPublisher, count_lines, finance_file, split_file
+from support.twins import python_twin
 from support.workers import (
     WorkerProcess,
     embedded_digests,
@@ -135,7 +136,7 @@ POISON = '''
 def test_poison_event_is_dead_lettered_once_and_the_rest_applied(tmp_path: Path,
                                                                 private_services: PrivateServices) -> None:
     env = private_services.env
-    cartridge = unique_cartridge(tmp_path, "finance")
+    cartridge = python_twin(unique_cartridge(tmp_path, "finance"), tmp_path, "finance")  # its handlers in Python
     handlers = cartridge / "handlers.py"
     anchor = '    p = event.payload\n    store.upsert_entity(event.tenant, "debt"'
     text = handlers.read_text()
