@@ -34,7 +34,8 @@ class PendingStep:
             (offset_field(position[0], position[1]), str(int(position[2])))
         self.lag = "" if position is None or len(position) < 4 or position[3] is None else \
             str(max(0, int(position[3]) - int(position[2]) - 1))
-        self.latest = str(max((a[5] for writes, _ in self.events for _, a in writes), default=""))
+        latest = max((a[5] for writes, _ in self.events for _, a in writes), default=None)
+        self.latest = "" if latest is None else int.__repr__(int(latest))   # digits, whatever int subclass
         self.batch: ApplyBatch | None = None
 
 
