@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test test-embedded lint bench services-up services-down clean
+.PHONY: install demo test test-embedded lint bench soak services-up services-down clean
 
 install: $(VENV)/.installed
 
@@ -27,6 +27,10 @@ lint: install
 
 bench: install
 	$(BIN)/python bench/embedded.py
+
+SOAK ?= --minutes 30
+soak: install  ## opt-in: the rebalance scenarios many times, big backlogs, random moments (SOAK="--runs 20 --events 300000")
+	scripts/with-services $(BIN)/python scripts/soak.py $(SOAK)
 
 services-up:
 	deploy/local/services up

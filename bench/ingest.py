@@ -45,7 +45,7 @@ from keel.cartridge import load_cartridge
 from keel.config import resolve
 from keel.embedded import build_embedded
 from keel.kafka import TopicSpec, admin_client, bootstrap_list
-from workers.names import dlq_topic, events_topic, group_id
+from keel.wire import dlq_topic, events_topic, group_id
 from workers.publish import prepare, publish_prepared
 
 GOAL_RATE = 15_000

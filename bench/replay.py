@@ -32,7 +32,7 @@ from common import finance_events
 from keel.cartridge import load_cartridge
 from keel.config import resolve
 from keel.kafka import KafkaUnavailable, TopicSpec, group_offsets
-from workers.names import events_topic, group_id
+from keel.wire import events_topic, group_id
 from workers.publish import publish_file
 from workers.replay import ReplayOptions, replay
 from workers.replay_progress import Progress

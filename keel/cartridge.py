@@ -14,6 +14,7 @@ from .errors import CartridgeInvalid
 from .registry import Registry
 from .rules import RESERVED, Rule, check_names, compile_rule
 from .times import parse_duration
+from .wire import dlq_topic, events_topic
 
 PAYLOAD_TYPES = ("string", "number", "integer", "boolean", "date", "datetime", "object", "array")
 SCOPES = ("global", "tenant", "task", "agent")
@@ -97,8 +98,8 @@ class Cartridge:
         self.registry = registry
         self.path = path
         self.name = spec.name
-        self.topic = f"keel.{spec.name}.events"
-        self.dlq_topic = f"keel.{spec.name}.dlq"
+        self.topic = events_topic(spec.name)
+        self.dlq_topic = dlq_topic(spec.name)
         self.rules = compile_rules(spec)[0]
 
     def rules_of(self, entity_type: str) -> list[Rule]:

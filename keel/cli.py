@@ -1,30 +1,41 @@
-"""`keel` command line (DESIGN §5–§6). Exit codes: 0 ok, 1 domain error, 2 usage or validation error."""
+"""`keel` command line (DESIGN §5–§6): the entry point. Exit codes (EXIT_* in keel.errors): 0 ok, 1 domain
+error, 2 usage or validation error, 3 a service is unavailable (Kafka, Redis, PostgreSQL), 130 interrupted.
+
+Other packages add subcommands through entry points of the group `keel.commands` (pyproject.toml): each
+names a `register(subparsers)` function. The core discovers them with importlib.metadata and never names
+them; their shared helpers are in keel.commandline.
+"""
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Self
 
 from . import render
-from .cartridge import Cartridge, load_cartridge
-from .config import Settings, resolve
+from .cartridge import load_cartridge
+from .commandline import COMMANDS_GROUP, KeelArgumentParser, emit, pick_tenant, settings_of
+from .connect import open_graph
 from .digest import digest
-from .embedded import build_embedded, print_reject, replay_file
-from .errors import CartridgeInvalid, DomainError, KeelError, UsageError
-from .eventlog import FileLog
+from .embedded import print_reject, replay_file
+from .errors import (
+    EXIT_DOMAIN,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CartridgeInvalid,
+    KeelError,
+    ServiceUnavailable,
+    UsageError,
+)
+from .logs import install as install_log_limit
 from .projector import Projector
 from .rule_checks import stream_problems
-from .store.base import Store
 from .store.memory import MemoryStore
 from .times import now_micros
 from .tools import Tools
-
-# Subsystems that add their own subcommands: each module has `register(subparsers)`.
-EXTENSION_MODULES: tuple[str, ...] = ("workers.cli", "tools_server.cli", "keel.ingress.cli")
 
 QUERY_HELP = {
     "context": "an entity as of a world time and a knowledge time: labels, facts, relations, rules",
@@ -33,13 +44,6 @@ QUERY_HELP = {
     "related": "relations of an entity, either direction",
     "annotate": "write a note (agent memory) on an entity; appended to the events file",
 }
-
-
-class KeelArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        print(f"keel: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,18 +108,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cartridge", nargs="?", help="cartridge folder with a demo.py (default: cartridges/finance)")
     p.set_defaults(run=cmd_demo)
 
-    for module in EXTENSION_MODULES:
-        importlib.import_module(module).register(sub)
+    register_plugins(sub)
     return parser
 
 
+def register_plugins(sub: argparse._SubParsersAction) -> None:
+    """Let every installed package of the `keel.commands` entry-point group add its subcommands (by name, so
+    `keel --help` lists them in a stable order)."""
+    found = sorted(entry_points(group=COMMANDS_GROUP), key=lambda ep: ep.name)
+    if not found:
+        raise UsageError(f"no `{COMMANDS_GROUP}` entry points are installed: reinstall Keel (`make install`, "
+                         f"or `pip install -e .`) so that its packages register their commands")
+    for ep in found:
+        ep.load()(sub)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except UsageError as e:
+        print(f"keel: {e}", file=sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
-        return 2
-    try:
+        return EXIT_USAGE
+    install_log_limit()       # library log lines: one per cause per interval (commands that configure logging
+    try:                      # again call it again)
         return int(args.run(args) or 0)
     except BrokenPipeError:                      # output piped into `head` and closed: not an error
         sys.stderr.close()
@@ -123,13 +142,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CartridgeInvalid as e:
         for problem in e.problems:
             print(f"{e.path}: {problem}" if not problem.startswith(e.path) else problem, file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except UsageError as e:
         print(f"keel: {e}", file=sys.stderr)
-        return 2
-    except (DomainError, KeelError) as e:
+        return EXIT_USAGE
+    except ServiceUnavailable as e:
         print(f"keel: {e}", file=sys.stderr)
-        return 1
+        return EXIT_UNAVAILABLE
+    except KeelError as e:
+        print(f"keel: {e}", file=sys.stderr)
+        return EXIT_DOMAIN
     except KeyboardInterrupt:
         print("keel: interrupted", file=sys.stderr)
         return 130
@@ -137,53 +159,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # ---- helpers ---------------------------------------------------------------------------------
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def settings_of(args: argparse.Namespace) -> Settings:
-    return resolve(vars(args))
-
-
-def open_redis(cartridge: Cartridge, url: str) -> Store:
-    from .store.redis import RedisStore
-    return RedisStore.from_url(url, namespace=cartridge.name)
-
-
 class Session:
-    """A cartridge, a store and the tenant a query command works on."""
+    """A cartridge, its opened graph (keel.connect) and the tenant a query command works on.
+
+    The events file is the first argument unless `--redis URL` is given; without `--redis`, when KEEL_REDIS_URL
+    is set and the first argument is neither a file nor a `.jsonl` path, the command reads that Redis graph."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.cartridge = load_cartridge(args.cartridge)
         settings = settings_of(args)
         rest = list(args.args)
-        self.events_path: Path | None = None
-        if args.redis:
-            self.store = open_redis(self.cartridge, args.redis)
-            self.log = None
-            tenants = None
-        else:
+        events = None
+        if not args.redis:
             if not rest:
                 raise UsageError("give the events file (or --redis URL)")
-            self.events_path = Path(rest.pop(0))
-            if not self.events_path.is_file():
-                raise UsageError(f"events file {self.events_path} not found")
-            projector, report = build_embedded(self.cartridge, self.events_path,
-                                               allow_global_notes=settings.allow_global_notes)
-            self.store = projector.store
-            self.log = FileLog(projector, self.events_path)
-            tenants = sorted(report.tenants)
+            if not settings.redis_url or Path(rest[0]).is_file() or rest[0].endswith(".jsonl"):
+                events = rest.pop(0)
+        self.graph = open_graph(self.cartridge, settings, events)
+        self.store, self.log = self.graph.store, self.graph.log
         self.rest = rest
-        self.tenant = pick_tenant(args.tenant, tenants)
-        if args.redis:
-            self.log = redis_mode_log(self.cartridge, self.store, settings)
+        self.tenant = pick_tenant(args.tenant, self.graph.tenants)
         self.tools = Tools(self.cartridge, self.store, self.tenant, agent=args.agent, task=args.task, log=self.log,
                            allow_global_notes=settings.allow_global_notes)
 
@@ -191,39 +186,7 @@ class Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        close_log = getattr(self.log, "close", None)      # the Kafka log of Redis mode holds a producer
-        if close_log is not None:
-            close_log()
-        self.store.close()
-
-
-def redis_mode_log(cartridge: Cartridge, store: Store, settings: Settings) -> Any:
-    """In Redis mode annotate produces to the cartridge's topic and waits for a worker to apply it."""
-    try:
-        from workers.log import KafkaLog
-    except ImportError:
-        return None
-    return KafkaLog(cartridge, store, settings)
-
-
-def pick_tenant(given: str | None, tenants: list[str] | None) -> str:
-    if given:
-        return given
-    if tenants is None:
-        raise UsageError("--tenant is required with --redis")
-    if len(tenants) == 1:
-        return tenants[0]
-    if not tenants:
-        raise UsageError("the events file holds no valid event, so there is no tenant to query")
-    raise UsageError(f"the events file holds several tenants ({', '.join(tenants)}); pass --tenant")
-
-
-def emit(args: argparse.Namespace, result: Any, human: Callable[[Any], str]) -> int:
-    if args.json:
-        print(json.dumps(result, ensure_ascii=False, indent=2))
-    else:
-        print(human(result))
-    return 0
+        self.graph.close()
 
 
 def take(rest: list[str], names: str, optional: int = 0) -> list[str | None]:
@@ -299,17 +262,10 @@ def parse_value(text: str | None) -> Any:
 
 def cmd_digest(args: argparse.Namespace) -> int:
     cartridge = load_cartridge(args.cartridge)
-    if bool(args.events) == bool(args.redis):
+    if args.events and args.redis:
         raise UsageError("give exactly one of --events FILE or --redis URL")
-    if args.redis:
-        if not args.tenant:
-            raise UsageError("--tenant is required with --redis")
-        store = open_redis(cartridge, args.redis)
-        tenant = args.tenant
-    else:
-        projector, report = build_embedded(cartridge, args.events)
-        store, tenant = projector.store, pick_tenant(args.tenant, sorted(report.tenants))
-    print(digest(store, tenant))
+    with open_graph(cartridge, settings_of(args), args.events) as graph:
+        print(digest(graph.store, pick_tenant(args.tenant, graph.tenants)))
     return 0
 
 

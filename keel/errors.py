@@ -1,5 +1,16 @@
-"""Keel's exceptions: one root, precise subclasses carrying the identifiers involved."""
+"""Keel's exceptions: one root, precise subclasses carrying the identifiers involved, and the exit code of
+each family (every `keel` command exits with these; docs/operations.md and README list them).
+
+Client-library errors (redis-py, aiokafka, psycopg) are translated into ServiceUnavailable subclasses at
+the boundary that calls the library (keel/store/redis/transport.py, keel/kafka.py, keel/ingress/outbox.py).
+"""
 from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_DOMAIN = 1          # an answerable question with a negative answer, or a refused operation
+EXIT_USAGE = 2           # bad arguments, a bad cartridge or bad input lines
+EXIT_UNAVAILABLE = 3     # a service Keel needs is down or failing: Kafka, Redis, PostgreSQL
+EXIT_INTERRUPTED = 130   # SIGINT
 
 
 class KeelError(Exception):
@@ -72,16 +83,24 @@ class NoteRefused(DomainError, PermissionError):
         self.scope = scope
 
 
-class StoreUnavailable(KeelError):
-    """The backing store could not be reached or answered with an error."""
+class ServiceUnavailable(KeelError):
+    """A service Keel needs (Kafka, Redis, PostgreSQL) could not be reached or failed a request (exit 3).
+    `service` names it."""
+    service = "a service"
+
+
+class StoreUnavailable(ServiceUnavailable):
+    """The backing store (Redis) could not be reached or answered with an error."""
+    service = "Redis"
 
     def __init__(self, what: str, *, tenant: str | None = None) -> None:
         super().__init__(what)
         self.tenant = tenant
 
 
-class KafkaUnavailable(KeelError):
+class KafkaUnavailable(ServiceUnavailable):
     """Kafka could not be reached, refused a request, or did not acknowledge records in time."""
+    service = "Kafka"
 
 
 class WriteTimeout(KeelError):

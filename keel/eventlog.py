@@ -23,6 +23,8 @@ class FileLog:
 
     def append(self, envelope: dict[str, Any]) -> None:
         event = self.projector.parse(envelope)          # reject before it reaches the log
+        if self.projector.store.has_event(event.tenant, event.id):
+            return                                      # a retried note (its id is its idempotency key)
         if self.path is not None:
             line = json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
             with self.path.open("a+", encoding="utf-8") as f:

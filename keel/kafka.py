@@ -31,6 +31,22 @@ class PartitionOffsets:
     end: int
     committed: int | None
     lag: int
+    metadata: str = ""       # what the committer stored with the offset (Keel's workers: who and when)
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """A member of a consumer group, as the group coordinator describes it."""
+    member_id: str
+    client_id: str
+    host: str
+    partitions: tuple[int, ...]      # of the topic asked about
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    state: str                        # Stable, PreparingRebalance, CompletingRebalance, Empty, Dead
+    members: tuple[GroupMember, ...]
 
 
 @asynccontextmanager
@@ -61,7 +77,8 @@ def new_consumer(bootstrap: str, topic: str, group: str, **options: object) -> A
     """A group consumer without auto-commit: the worker commits offsets itself, after the Redis write."""
     options.setdefault("max_partition_fetch_bytes", 4 << 20)
     options.setdefault("fetch_max_bytes", 64 << 20)
-    return AIOKafkaConsumer(bootstrap_servers=bootstrap_list(bootstrap), group_id=group, client_id="keel-worker",
+    options.setdefault("client_id", "keel-worker")
+    return AIOKafkaConsumer(bootstrap_servers=bootstrap_list(bootstrap), group_id=group,
                             enable_auto_commit=False, auto_offset_reset="earliest",
                             isolation_level="read_committed", **options)  # type: ignore[arg-type]
 
@@ -132,5 +149,25 @@ async def group_offsets(bootstrap: str, topic: str, group: str) -> list[Partitio
     for tp in sorted(tps, key=lambda t: t.partition):
         meta = committed.get(tp)
         done = meta.offset if meta is not None and meta.offset >= 0 else None
-        out.append(PartitionOffsets(tp.partition, ends[tp], done, ends[tp] - (starts[tp] if done is None else done)))
+        out.append(PartitionOffsets(tp.partition, ends[tp], done, ends[tp] - (starts[tp] if done is None else done),
+                                    (meta.metadata or "") if meta is not None else ""))
     return out
+
+
+async def describe_group(bootstrap: str, group: str, topic: str) -> GroupDescription:
+    """The group's state and members, each with the partitions of `topic` assigned to it."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+    async with admin_client(bootstrap) as admin, kafka_guard("describe group", bootstrap):
+        [response] = await admin.describe_consumer_groups([group])
+    members = []
+    for g in response.groups:
+        _error, _gid, state, *_rest = g
+        for m in g[5]:
+            member_id, client_id, host, _meta, raw = m[0], m[1], m[2], m[-2], m[-1]
+            parts: tuple[int, ...] = ()
+            if raw:
+                assigned = ConsumerProtocolMemberAssignment.decode(raw)
+                parts = tuple(sorted(p for t, ps in assigned.assignment if t == topic for p in ps))
+            members.append(GroupMember(member_id, client_id, host, parts))
+        return GroupDescription(state, tuple(members))
+    return GroupDescription("Dead", ())

@@ -1,6 +1,9 @@
 """Agent memory policy (DESIGN §5): scopes, evidence, TTLs, visibility, global notes."""
 from __future__ import annotations
 
+import hashlib
+import json
+
 from .cartridge import Cartridge
 from .envelope import ENTITY
 from .errors import NoteRefused
@@ -74,3 +77,18 @@ class NotePolicy:
     def global_notes(views: list[EntityView | None]) -> list[dict]:
         """The notes (fact objects) of the views `global_note_views` asked for."""
         return [fact for view in views if view is not None for fact in view.facts]
+
+
+NOTE_WINDOW_S = 600      # a retry of the same note by the same caller within this window is the same note
+
+
+def note_id(tenant: str, agent: str | None, task: str | None, entity: str, predicate: str, value: object,
+            scope: str, evidence: str | None, now: Micros, window_s: int = NOTE_WINDOW_S) -> str:
+    """The event id of a note: an idempotency key derived from the call (who: tenant, agent, task; what:
+    entity, predicate, value, scope, evidence) and the clock-aligned window of `window_s` seconds it falls
+    in. An agent that retries a call (e.g. after a timeout) within the window sends the same id, which the
+    log applies once; the same note written again in a later window is a new note. (A retry that crosses a
+    window boundary makes a second note.)"""
+    call = [tenant, agent, task, entity, predicate, value, scope, evidence, now // (window_s * 1_000_000)]
+    text = json.dumps(call, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=str)
+    return "note-" + hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import date
 from string import Formatter
 from typing import TYPE_CHECKING, Any
 
@@ -89,7 +90,7 @@ def parse_value(raw: object, at: str, event: EventSpec, problems: _Problems) -> 
     """A YAML scalar as a constant, a Ref or a Template; names checked against the event."""
     if not isinstance(raw, str):
         if raw is not None and not isinstance(raw, bool | int | float):
-            problems.add(at, f"expected a scalar value, got {type(raw).__name__}")
+            problems.add(at, f"expected a JSON scalar, got a YAML {type(raw).__name__} (quote it to keep it as text)")
         return raw
     try:
         pieces = list(Formatter().parse(raw))
@@ -179,13 +180,15 @@ def parse_steps(event_type: str, spec: CartridgeSpec, event: EventSpec) -> tuple
 
 
 def _time(body: dict[str, Any], where: str, event: EventSpec, problems: _Problems) -> Value:
-    at = parse_value(body.get("at", "{event.occurred_at}"), f"{where}.at", event, problems)
-    if isinstance(at, str):
+    """The step's time: a placeholder, or a fixed time parsed now (YAML reads an unquoted date as a date)."""
+    raw = body.get("at", "{event.occurred_at}")
+    at = raw if isinstance(raw, date) else parse_value(raw, f"{where}.at", event, problems)
+    if isinstance(at, str | date):
         try:
             return parse_time(at)
         except BadTime:
-            problems.add(f"{where}.at", f"{at!r} is not a time (RFC 3339 or a date)")
-    elif at is not None and not isinstance(at, Ref | Template):
+            problems.add(f"{where}.at", f"{at!r} is not a time (RFC 3339 with its offset, or a date)")
+    elif not isinstance(at, Ref | Template):
         problems.add(f"{where}.at", f"{at!r} is not a time")
     return at
 
@@ -378,6 +381,23 @@ def _upsert(src: _Source, a: dict[str, Value]) -> None:
         _write(src, indent, f"('l', ent, {src.const(name)})", src.expr(value), False, "occ")
 
 
+def _facts(src: _Source, a: dict[str, Value], closed: bool) -> None:
+    """open_fact / close_fact per predicate. The subject and the time are checked as those calls check them:
+    only when a write is made, so a step whose every value is an absent optional field checks nothing."""
+    indent = src.block(src.guard(a["subject"], a["at"]))
+    values = {name: None if closed else value for name, value in a["set"].items()}
+    lazy = any(src.guard(v) for v in values.values())
+    if not lazy:
+        _checked_entity(src, indent, src.expr(a["subject"]), "subj")
+        src.emit(indent, f"pt = {src.point(a['at'])}")
+    for name, value in values.items():
+        inner = src.block_at(indent, src.guard(value))
+        if lazy:
+            _checked_entity(src, inner, src.expr(a["subject"]), "subj")
+            src.emit(inner, f"pt = {src.point(a['at'])}")
+        _write(src, inner, f"('f', subj, {src.const(name)}, '')", "None" if closed else src.expr(value), closed, "pt")
+
+
 def compile_steps(event_type: str, event: EventSpec, steps: list[Step]) -> Handler:
     """One function `fn(event, store)` doing the steps' writes on the projector's EventStore."""
     src = _Source(event)
@@ -386,16 +406,7 @@ def compile_steps(event_type: str, event: EventSpec, steps: list[Step]) -> Handl
         if step.kind == "upsert":
             _upsert(src, a)
         elif step.kind in ("facts", "close"):
-            indent = src.block(src.guard(a["subject"], a["at"]))
-            _checked_entity(src, indent, src.expr(a["subject"]), "subj")
-            src.emit(indent, f"pt = {src.point(a['at'])}")
-            if step.kind == "facts":
-                for name, value in a["set"].items():
-                    inner = src.block_at(indent, src.guard(value))
-                    _write(src, inner, f"('f', subj, {src.const(name)}, '')", src.expr(value), False, "pt")
-            else:
-                for name in a["set"]:
-                    _write(src, indent, f"('f', subj, {src.const(name)}, '')", "None", True, "pt")
+            _facts(src, a, closed=step.kind == "close")
         else:
             indent = src.block(src.guard(a["from"], a["to"], a["at"]))
             rel = src.const(a["relation"])

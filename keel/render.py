@@ -98,4 +98,6 @@ def related(r: dict[str, Any]) -> str:
 
 
 def note(n: dict[str, Any]) -> str:
+    if not n.get("applied", True):
+        return f"logged as {n['event_id']}, not applied yet: {n['message']}"
     return f"noted {fact_line(n['fact'])}"

@@ -80,13 +80,6 @@ class Timeline:
         """Every assertion, by point, then log order."""
         return iter(self.entries)
 
-    def latest_value(self) -> Any:
-        """The value at the last point in valid time (current belief), or None when ended."""
-        if not self.entries:
-            return None
-        w = self.entries[-1]
-        return None if w.closed else w.value
-
     # --- the fold ---------------------------------------------------------------------------
     # A *group* is the slice entries[start:end] of the assertions at one point.
 
@@ -131,12 +124,7 @@ class Timeline:
             start = self._group_start(end)
             winner, seen = self._winner(start, end, known_at)
             if winner is not None:
-                if winner.closed:
-                    return None
-                version = _version(winner, seen, self._next_point(end, known_at))
-                if version.valid_to is not None and version.valid_to <= t:
-                    return None
-                return version
+                return version_at(winner, seen, self._next_point(end, known_at), t)
             end = start
         return None
 
@@ -166,9 +154,6 @@ class Timeline:
             self._runs = (len(self.entries), coalesce(self.versions()))
         return self._runs[1]
 
-    def first_recorded(self) -> Micros:
-        return min(a.recorded_at for a in self.entries)
-
 
 _point = itemgetter(0)     # Assertion.point, as a C-level key for bisect
 
@@ -196,7 +181,20 @@ def covering(versions: list[Version], t: Micros) -> Version | None:
     return v if v.valid_to is None or t < v.valid_to else None
 
 
+def version_at(winner: Assertion, seen: int, next_point: Micros | None, t: Micros) -> Version | None:
+    """THE version rule, as of world time t: the version of the winning assertion at the greatest point <= t,
+    or None when that winner is an end or its version ended by t. `seen` counts the assertions visible at
+    the winner's point (more than one: a correction), `next_point` is the next visible point. Every store
+    uses it (the Redis VIEW script's Lua `winner_at` mirrors it; tests/test_version_rule.py checks both)."""
+    if winner.closed:
+        return None
+    version = _version(winner, seen, next_point)
+    return None if version.valid_to is not None and version.valid_to <= t else version
+
+
 def _version(winner: Assertion, seen: int, next_point: Micros | None) -> Version:
+    """The version a winning assertion starts: valid to the next point or its expiry, whichever comes first;
+    corrected_by names who corrected it when several assertions share its point."""
     valid_to = next_point
     if winner.expires_at is not None and (valid_to is None or winner.expires_at < valid_to):
         valid_to = winner.expires_at

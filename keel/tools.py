@@ -3,15 +3,14 @@ tool → store; annotate goes tool → policy → log → projector → store, a
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Callable
 from typing import Any
 
 from .cartridge import Cartridge
 from .envelope import ANNOTATED, ENTITY, TENANT
-from .errors import NoteRefused, UnknownEntity, UsageError
+from .errors import NoteRefused, UnknownEntity, UsageError, WriteTimeout
 from .eventlog import EventLog
-from .notes import NotePolicy
+from .notes import NotePolicy, note_id
 from .rules import verdict
 from .search import BM25Index
 from .store.base import GLOBAL_TENANT, Freshness, Store, ViewRequest, of_relation, scope_key
@@ -127,18 +126,26 @@ class Tools:
         if self.agent:
             payload["agent"] = self.agent
         stamp = format_time(now)
-        envelope = {"id": f"note-{now}-{secrets.token_hex(4)}", "tenant": self.tenant, "type": ANNOTATED,
+        event_id = note_id(self.tenant, self.agent, task if scope == "task" else None, entity, predicate, value,
+                           scope, evidence, now)
+        envelope = {"id": event_id, "tenant": self.tenant, "type": ANNOTATED,
                     "subject": entity, "occurred_at": stamp, "recorded_at": stamp, "source": "keel.annotate",
                     "payload": payload}
         if self.agent:
             envelope["by"] = self.agent if ":" in self.agent else f"agent:{self.agent}"
-        self.log.append(envelope)
+        try:
+            self.log.append(envelope)
+        except WriteTimeout as e:        # in the log: it will be applied; a retry of this call is the same note
+            return self._fresh({"applied": False, "event_id": event_id, "message": f"{e}. The note is in the log "
+                                f"and will be applied; calling again with the same arguments does not write it twice."})
         owner = task if scope == "task" else self.agent if scope == "agent" else None
         where = GLOBAL_TENANT if scope == "global" else self.tenant
-        for fact in self.store.history(where, entity, predicate=predicate, scopes=[scope_key(scope, owner)]):
-            if fact["valid_from"] == stamp and fact["recorded_at"] == stamp:
-                return self._fresh({"fact": fact})
-        raise UsageError(f"note {envelope['id']} was logged but is not in the graph")
+        mine = [f for f in self.store.history(where, entity, predicate=predicate, scopes=[scope_key(scope, owner)])
+                if f["value"] == value and f.get("evidence") == (evidence or event_id)]    # a retry: the first call's
+        if not mine:
+            raise UsageError(f"note {event_id} was logged but is not in the graph")
+        exact = [f for f in mine if f["valid_from"] == stamp and f["recorded_at"] == stamp]
+        return self._fresh({"fact": (exact or mine)[-1], "applied": True, "event_id": event_id})
 
     # ---- helpers ----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from keel.cli import main
+from keel.errors import EXIT_UNAVAILABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 FINANCE = ROOT / "cartridges" / "finance"
@@ -44,6 +45,20 @@ def test_search_related_and_known_at(capsys) -> None:
     code, out, _ = run(capsys, "context", FINANCE, EVENTS, "due:visa-2026-09", "--at", "2026-09-20",
                        "--known-at", "2026-10-01", "--json")
     assert {f["predicate"]: f["value"] for f in json.loads(out)["facts"]}["status"] == "pending"
+
+
+def test_a_service_that_is_down_exits_3(capsys) -> None:
+    code, _, err = run(capsys, "context", FINANCE, "--redis", "redis://127.0.0.1:1/0", "--tenant", "t", "debt:visa")
+    assert code == EXIT_UNAVAILABLE == 3 and "Redis" in err and "127.0.0.1:1" in err
+
+
+def test_query_commands_read_the_redis_graph_of_keel_redis_url(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEEL_REDIS_URL", "redis://127.0.0.1:1/0")
+    code, _, err = run(capsys, "context", FINANCE, "debt:visa", "--tenant", "t")
+    assert code == EXIT_UNAVAILABLE and "127.0.0.1:1" in err            # it went to that Redis
+    assert run(capsys, "context", FINANCE, EVENTS, "debt:visa")[0] == 0   # an events file still wins
+    code, _, err = run(capsys, "digest", FINANCE, "--tenant", "t")
+    assert code == EXIT_UNAVAILABLE and "127.0.0.1:1" in err
 
 
 def test_exit_codes(capsys) -> None:

@@ -206,3 +206,30 @@ def test_sse_responses(tmp_path: Path, setup: Setup) -> None:
         anyio.run(go)
     assert raw_initialize(setup.server.url, authorization=f"Bearer {setup.a}").headers["content-type"] \
         .startswith("application/json")
+
+
+def test_sighup_reloads_the_tokens_file_without_a_restart(tmp_path: Path, setup: Setup) -> None:
+    """Issue 10: tokens reloaded only by a restart, which dropped in-flight HTTP calls. SIGHUP now re-reads
+    the file: a new token works, a removed one is refused, a broken file keeps the previous tokens."""
+    import signal
+    import time
+    tokens = tmp_path / "tokens.jsonl"
+    old = make_token(tokens, TENANT_A, "a1")
+    with http_server(tmp_path, str(FINANCE), "--events", str(setup.events), "--tokens", str(tokens)) as server:
+        def reloaded(times: int) -> None:
+            server.process.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 30
+            while server.stderr().count("tokens file") < times and time.monotonic() < deadline:
+                time.sleep(0.05)
+        new = make_token(tokens, TENANT_A, "a2")
+        assert raw_initialize(server.url, authorization=f"Bearer {new}").status_code == 401
+        reloaded(1)
+        assert "tokens file reloaded (2 token(s))" in server.stderr()
+        assert raw_initialize(server.url, authorization=f"Bearer {new}").status_code == 200
+        tokens.write_text(tokens.read_text().splitlines()[1] + "\n")         # the old token revoked
+        reloaded(2)
+        assert raw_initialize(server.url, authorization=f"Bearer {old}").status_code == 401
+        tokens.write_text("not json\n")
+        reloaded(3)
+        assert "NOT reloaded" in server.stderr() and server.alive()
+        assert raw_initialize(server.url, authorization=f"Bearer {new}").status_code == 200

@@ -67,15 +67,6 @@ def redis_store(redis_url: str, tenant: str) -> Iterator[Any]:
         store.close()
 
 
-def kafka_log_available() -> None:
-    try:
-        from workers.log import KafkaLog  # noqa: F401
-    except ImportError as e:
-        if os.environ.get("KEEL_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"workers.log.KafkaLog is not importable: {e}")
-        pytest.skip(f"workers.log.KafkaLog not available yet: {e}")
-
-
 def test_reads_over_redis(tmp_path: Path, tenant: str, redis_store: Any) -> None:
     cartridge = load_cartridge(FINANCE)
     report = replay_file(Projector(cartridge, redis_store), tenant_events(tmp_path, tenant))
@@ -105,7 +96,6 @@ def test_reads_over_redis(tmp_path: Path, tenant: str, redis_store: Any) -> None
 @pytest.fixture
 def worker(tmp_path: Path, tenant: str, redis_url: str, kafka_bootstrap: str, redis_store: Any) -> Iterator[Path]:
     """The tenant's events published to the cartridge topic and a worker applying them to Redis."""
-    kafka_log_available()
     events = tenant_events(tmp_path, tenant)
     env = {**os.environ, "KEEL_REDIS_URL": redis_url, "KEEL_KAFKA_BOOTSTRAP": kafka_bootstrap}
     keel = [sys.executable, "-m", "keel.cli"]

@@ -32,10 +32,11 @@ from keel.ingress.encode import RowEncoder
 from keel.ingress.errors import OutboxUnavailable
 from keel.ingress.outbox import OutboxTables
 from keel.ingress.producer import KafkaSink
-from keel.ingress.records import REASON, headers_of
 from keel.ingress.relay import RelayOptions, run_relay
 from keel.ingress.source import Cursor, OutboxRow, OutboxSource
 from keel.times import parse_time
+from keel.wire import REASON
+from keel.wire import keel_headers as headers_of
 
 # ---- without services ---------------------------------------------------------------------------
 

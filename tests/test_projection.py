@@ -91,9 +91,10 @@ events:
       - facts: {subject: "client:{customer}", set: {total: "{event.amount}", Bad: 1}}
       - facts: {at: "not a time", set: {note: "{note:>5}", seen: "{customer:date}", day: "{event.tenant:date}"}}
       - close: {facts: []}
+      - facts: {at: 2026-01-05, set: {shipped_on: 2026-01-05}}
       - upsert: {type: shipment, id: "{customer}"}
       - tally: {x: 1}
-      - link: {relation: placed_by, to: "{customer}", colour: red}
+      - link: {relation: placed_by, to: "{customer}", colour: red, at: null}
   order.sent:
     subject: order
     owner: shop
@@ -129,9 +130,11 @@ def test_validate_reports_every_problem_of_the_projections_at_once(tmp_path: Pat
         f"{where}[4].facts.set.seen: {{customer:date}}: customer is not a date or datetime field",
         f"{where}[4].facts.set.day: {{event.tenant:date}}: only occurred_at and recorded_at are times",
         f"{where}[5].close.facts: expected a list of predicates",
-        f"{where}[6].upsert.type: 'shipment' is not an entity type of the cartridge",
-        f"{where}[7]: a step is a mapping with one key",
-        f"{where}[8].link.colour: unknown key",
+        f"{where}[6].facts.set.shipped_on: expected a JSON scalar, got a YAML date (quote it to keep it as text)",
+        f"{where}[7].upsert.type: 'shipment' is not an entity type of the cartridge",
+        f"{where}[8]: a step is a mapping with one key",
+        f"{where}[9].link.colour: unknown key",
+        f"{where}[9].link.at: None is not a time",
         "events.order.sent: has `project:` steps and a Python handler in handlers.py; keep one",
         "events.order.lost: no handler",
     ):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from redis.cluster import RedisCluster
+from support.batch_contract import BatchContract
 from support.redis_checks import RedisChecks, d
 from support.store_contract import StoreContract
 
@@ -81,10 +82,13 @@ def cluster_node(request: pytest.FixtureRequest, redis_cluster_url: str) -> Iter
 
 
 @pytest.mark.usefixtures("cluster_node")
-class TestRedisClusterStore(RedisChecks, StoreContract):
+class TestRedisClusterStore(RedisChecks, StoreContract, BatchContract):
     """The contract suite and the Redis checks on Redis Cluster."""
 
     def make_store(self) -> Store:
+        return self.redis_store()
+
+    def make_batch_store(self) -> Store:
         return self.redis_store()
 
     def test_from_url_detects_the_cluster(self) -> None:

@@ -147,3 +147,30 @@ def test_replay_applies_a_changed_handler(tmp_path: Path, env: dict[str, str]) -
     shown = keel("context", str(cartridge), "debt:visa", "--tenant", tenant, "--redis", env["KEEL_REDIS_URL"],
                  "--json", env=env)
     assert "month_seen" in shown.stdout
+
+
+def test_a_refused_replay_closes_its_consumer(tmp_path: Path, env: dict[str, str]) -> None:
+    """Issue 10: a replay refused because a partition lost its oldest records printed "Unclosed
+    AIOKafkaConsumer"; the refusal is a usage error (exit 2) and nothing is left open."""
+    import asyncio
+
+    from aiokafka import TopicPartition
+    from aiokafka.admin import RecordsToDelete
+
+    from keel.kafka import admin_client
+    from keel.wire import events_topic
+    from workers.replay_scan import tenant_partition
+    folder = unique_cartridge(tmp_path, "finance")
+    keel("publish", str(folder), str(folder / "events.jsonl"), env=env)
+    name = load_cartridge(folder).name
+    tenant = "hogar-demo"
+
+    async def trim() -> None:
+        async with admin_client(env["KEEL_KAFKA_BOOTSTRAP"]) as admin:
+            [described] = await admin.describe_topics([events_topic(name)])
+            tp = TopicPartition(events_topic(name), tenant_partition(tenant, len(described["partitions"])))
+            await admin.delete_records({tp: RecordsToDelete(before_offset=1)})
+    asyncio.run(trim())
+    out = keel("replay", str(folder), "--tenant", tenant, "--quiet", env=env, check=False)
+    assert out.returncode == 2 and "retention.ms=-1" in out.stderr
+    assert "Unclosed" not in out.stderr

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
-from support.redis_checks import RedisChecks, d
+from support.batch_contract import BatchContract
+from support.redis_checks import RedisCase, RedisChecks, d
 from support.services import service_env
 from support.store_contract import StoreContract
 
@@ -19,7 +21,7 @@ from keel.errors import StoreUnavailable
 from keel.store.base import (
     Store,
 )
-from keel.store.redis import RedisStore
+from keel.store.redis import GenerationLoader, RedisStore
 from keel.timeline import Assertion
 
 pytestmark = pytest.mark.services
@@ -36,11 +38,52 @@ def single_node(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("single_node")
-class TestRedisStore(RedisChecks, StoreContract):
-    """The contract suite and the Redis checks on a single redis-server."""
+class TestRedisStore(RedisChecks, StoreContract, BatchContract):
+    """The contract suites and the Redis checks on a single redis-server."""
 
     def make_store(self) -> Store:
         return self.redis_store()
+
+    def make_batch_store(self) -> Store:
+        return self.redis_store()
+
+
+class LoaderStore:
+    """The batch contract through GenerationLoader: each tenant's commits go to a fresh generation by bulk
+    load (flushed at once), reads to a view pinned to those generations."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        self.view = store
+        self.loaders: dict[str, GenerationLoader] = {}
+
+    def _loader(self, tenant: str) -> GenerationLoader:
+        loader = self.loaders.get(tenant)
+        if loader is None:
+            gen = self.store.new_generation(tenant)
+            loader = self.loaders[tenant] = self.store.load_generation(tenant, gen)
+            self.view = self.view.for_generation(tenant, gen)
+        return loader
+
+    def commit_batch(self, tenant: str, events: Any, position: Any) -> None:
+        loader = self._loader(tenant)
+        loader.add(events, position)
+        loader.flush()
+
+    def commit_many(self, steps: Any) -> None:
+        for tenant, events, position in steps:
+            self.commit_batch(tenant, events, position)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.view, name)
+
+
+@pytest.mark.usefixtures("single_node")
+class TestGenerationLoaderBatches(RedisCase, BatchContract):
+    """The batch contract against the generation loader (a replay's bulk writer)."""
+
+    def make_batch_store(self) -> Store:
+        return LoaderStore(self.redis_store())  # type: ignore[return-value]
 
     def test_from_url_detects_a_single_node(self) -> None:
         s = RedisStore.from_url(self.url, namespace="probe")

@@ -200,3 +200,39 @@ def test_oversized_note_values_and_trailing_newlines_are_refused(env) -> None:
         make().context("debt:visa\n")
     with pytest.raises(UsageError):
         make(tenant="hogar-demo\n")
+
+
+def test_a_retried_note_within_the_window_is_written_once(env) -> None:
+    """Issue 10: an agent that retries annotate (e.g. after a timeout) must not write the note twice; the
+    event id is derived from the call and the clock-aligned window (keel.notes.note_id)."""
+    make, clock, events = env
+    t = make()
+    first = t.annotate("debt:visa", "next_step", "call the bank", "agent")
+    clock.now += 60_000_000                                  # a minute later: a retry
+    again = t.annotate("debt:visa", "next_step", "call the bank", "agent")
+    assert first["applied"] and again["applied"] and again["event_id"] == first["event_id"]
+    assert again["fact"] == first["fact"]
+    assert [v["value"] for v in t.history("debt:visa", "next_step")["versions"]] == ["call the bank"]
+    assert events.read_text().count(first["event_id"]) == 1
+    other = make(agent="a2").annotate("debt:visa", "next_step", "call the bank", "agent")   # another caller
+    assert other["event_id"] != first["event_id"]
+    clock.now += 3600_000_000                                # a later window: a new note
+    later = t.annotate("debt:visa", "next_step", "call the bank", "agent")
+    assert later["event_id"] != first["event_id"]
+
+
+def test_a_note_in_the_log_but_not_applied_yet_is_a_success_with_applied_false(env, tmp_path: Path) -> None:
+    """Issue 10: under lag, annotate reported failure for notes that were applied later."""
+    from keel.errors import WriteTimeout
+    make, _, _ = env
+    t = make()
+    sent: list[dict] = []
+
+    class LaggingLog:
+        def append(self, envelope: dict) -> None:
+            sent.append(envelope)
+            raise WriteTimeout(envelope["id"], envelope["tenant"], 10)
+    t.log = LaggingLog()
+    result = t.annotate("debt:visa", "next_step", "call", "agent")
+    assert result["applied"] is False and result["event_id"] == sent[0]["id"] and "fact" not in result
+    assert "will be applied" in result["message"] and "not applied within 10s" in result["message"]

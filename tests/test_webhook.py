@@ -40,9 +40,10 @@ NOW = parse_time("2026-11-30T12:00:00Z")
 class RecordingSink:
     max_record_bytes = 1_000_000
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool = False, hang: bool = False) -> None:
         self.records: list[OutRecord] = []
         self.fail = fail
+        self.hang = hang
 
     def fits(self, record: OutRecord) -> bool:
         return record.size() <= self.max_record_bytes
@@ -50,6 +51,8 @@ class RecordingSink:
     async def send_all(self, records: Sequence[OutRecord]) -> None:
         if self.fail:
             raise KafkaUnavailable("Kafka produce failed at test:9092: KafkaTimeoutError")
+        if self.hang:              # Kafka down: the producer keeps retrying, nothing is acknowledged
+            await asyncio.Event().wait()
         self.records += records
 
 
@@ -255,6 +258,15 @@ def test_kafka_failure_is_503_and_says_retry() -> None:
         status, doc = await call(jsonl(sample_envelopes()[:1]))
         assert status == 503 and "retry" in doc["error"]
     with_client(test, sink=RecordingSink(fail=True))
+
+
+def test_kafka_that_does_not_acknowledge_is_503_within_the_bound() -> None:
+    """Issue 10: a request sent as Kafka stopped waited 105 s for a 202; now it is answered 503 in bounded time."""
+    async def test(call: Call, sink: RecordingSink) -> None:
+        status, doc = await call(jsonl(sample_envelopes()[:1]))
+        assert status == 503 and "not acknowledged by Kafka within 0.2s" in doc["error"] and not sink.records
+    with_client(test, sink=RecordingSink(hang=True), limits=Limits(max_body=64 * 1024, max_batch=50,
+                                                                   kafka_timeout_s=0.2))
 
 
 def test_secrets_file_format(tmp_path: Path) -> None:

@@ -10,8 +10,7 @@ from support.workers import (
     CARTRIDGES,
     ROOT,
     T0_MS,
-    FakeDurable,
-    FakeDurableMany,
+    FailingStore,
     by_partition_batches,
     embedded_digests,
     sample_records,
@@ -40,7 +39,7 @@ def run(applier: BatchApplier, batches: list[list[Record]]) -> list:
 @pytest.mark.parametrize("size", [1, 7, 1000])
 def test_sample_stream_equals_embedded_build(name: str, size: int) -> None:
     cartridge = load_cartridge(ROOT / "cartridges" / name)
-    durable = FakeDurable()
+    durable = FailingStore()
     plans = run(BatchApplier(cartridge, durable), by_partition_batches(sample_records(name), size))
     assert not [d for p in plans for d in p.dead_letters]
     expected = embedded_digests(cartridge, ROOT / "cartridges" / name / "events.jsonl")
@@ -54,7 +53,7 @@ def test_overlapped_batches_equal_embedded_build(name: str, written_first: bool)
     that plan. Mirrors whose graph was released reload it from the durable store on a handler's read, and
     the writes Redis does not hold yet are applied on top (those it holds are skipped by event id)."""
     cartridge = load_cartridge(ROOT / "cartridges" / name)
-    durable = FakeDurable()
+    durable = FailingStore()
     applier = BatchApplier(cartridge, durable)
     previous = None
     for batch in by_partition_batches(sample_records(name), 7):
@@ -77,7 +76,7 @@ def test_overlapped_batches_equal_embedded_build(name: str, written_first: bool)
 def test_redelivery_changes_nothing(name: str) -> None:
     cartridge = load_cartridge(ROOT / "cartridges" / name)
     records = sample_records(name)
-    durable = FakeDurable()
+    durable = FailingStore()
     run(BatchApplier(cartridge, durable), by_partition_batches(records, 10))
     before = {t: digest(durable, t) for t in durable.tenants()}
     # the same worker, then a fresh one (mirrors loaded from the durable store), get everything again
@@ -93,7 +92,7 @@ def test_same_events_published_twice_are_duplicates() -> None:
     first = sample_records("fleet")
     values = [(r.key, r.value) for r in first]
     twice = topic_records(values + values)
-    durable = FakeDurable()
+    durable = FailingStore()
     plans = run(BatchApplier(cartridge, durable), by_partition_batches(twice, 16))
     assert sum(p.applied for p in plans) == len(first)
     assert sum(p.duplicates for p in plans) == len(first)
@@ -101,12 +100,11 @@ def test_same_events_published_twice_are_duplicates() -> None:
     assert {t: digest(durable, t) for t in expected} == expected
 
 
-@pytest.mark.parametrize("durable_type", [FakeDurable, FakeDurableMany])
-def test_store_failure_mid_batch_then_retry_gives_the_same_graph(durable_type: type, tmp_path: Path) -> None:
+def test_store_failure_mid_batch_then_retry_gives_the_same_graph(tmp_path: Path) -> None:
     cartridge = load_cartridge(ROOT / "cartridges" / "finance")
     envelopes = [good(i, tenant=f"t{i % 3}") for i in range(60)]
     records = topic_records([raw(e) for e in envelopes], partitions=2)
-    durable = durable_type()
+    durable = FailingStore()
     applier = BatchApplier(cartridge, durable)
     for i, batch in enumerate(by_partition_batches(records, 9)):
         plan = applier.plan(batch)
@@ -122,7 +120,7 @@ def test_store_failure_mid_batch_then_retry_gives_the_same_graph(durable_type: t
 def test_forgetting_a_partition_reloads_mirrors_from_the_store() -> None:
     cartridge = load_cartridge(ROOT / "cartridges" / "finance")
     records = sample_records("finance", partitions=1)
-    durable = FakeDurable()
+    durable = FailingStore()
     applier = BatchApplier(cartridge, durable)
     half = len(records) // 2
     run(applier, [records[:half]])
@@ -154,7 +152,7 @@ def test_bad_records_become_dead_letters_and_the_rest_is_applied(tmp_path: Path)
               (b"other", json.dumps(good(3)).encode()), (None, json.dumps(good(4)).encode()),
               (b"acme", None), raw(good(5))]
     records = topic_records(values, partitions=1)
-    durable = FakeDurable()
+    durable = FailingStore()
     applier = BatchApplier(cartridge, durable)
     [plan] = run(applier, [records])
     reasons = {d.record.offset: d.reason for d in plan.dead_letters}
@@ -182,7 +180,7 @@ def test_a_failing_handler_is_a_dead_letter_and_nothing_of_it_is_written(monkeyp
         if event.payload["balance_cop"] == 2000:
             raise ZeroDivisionError("boom")
     monkeypatch.setitem(cartridge.registry._handlers, "debt.snapshot", flaky)
-    durable = FakeDurable()
+    durable = FailingStore()
     [plan] = run(BatchApplier(cartridge, durable), [topic_records([raw(good(1)), raw(good(2)), raw(good(3))])])
     [dead] = plan.dead_letters
     assert "ZeroDivisionError: boom" in dead.reason and dead.event_id == "snap-2"
@@ -192,7 +190,7 @@ def test_a_failing_handler_is_a_dead_letter_and_nothing_of_it_is_written(monkeyp
 
 def test_recorded_at_is_the_record_timestamp_when_the_envelope_has_none() -> None:
     cartridge = load_cartridge(ROOT / "cartridges" / "finance")
-    durable = FakeDurable()
+    durable = FailingStore()
     run(BatchApplier(cartridge, durable), [topic_records([raw(good(1, recorded_at=None))], timestamp_ms=T0_MS)])
     [fact] = durable.history("acme", "debt:d1", predicate="balance_cop")
     assert fact["recorded_at"] == format_time(T0_MS * 1000)
@@ -209,7 +207,7 @@ def test_notes_apply_in_order_and_a_refused_note_is_a_dead_letter() -> None:
             "payload": {"predicate": "next_step", "value": "call", "scope": "tenant", "evidence": "snap-1"}}
     refused = {**note, "id": "note-2", "payload": {**note["payload"], "evidence": "nope"}}
     global_note = {**note, "id": "note-3", "subject": "type:debt", "payload": {**note["payload"], "scope": "global"}}
-    durable = FakeDurable()
+    durable = FailingStore()
     applier = BatchApplier(cartridge, durable, allow_global_notes=True)
     records = topic_records([raw(good(1)), raw(note), raw(refused), raw(global_note)])
     [plan] = run(applier, [records])

@@ -12,6 +12,7 @@ from common import finance_events
 from support.workers import (
     CARTRIDGES,
     WorkerProcess,
+    committed,
     embedded_digests,
     keel,
     produce_raw,
@@ -26,14 +27,14 @@ from support.workers import (
     write_jsonl,
 )
 
+from keel import wire
 from keel.cartridge import load_cartridge
-from keel.cli import open_redis
 from keel.embedded import build_embedded
 from keel.errors import UnknownEntity
+from keel.store.redis import RedisStore
 from keel.times import parse_time
 from keel.tools import Tools
-from workers import dlq
-from workers.names import dlq_topic, events_topic
+from keel.wire import dlq_topic, events_topic, keel_headers
 
 pytestmark = [services, pytest.mark.timeout(600)]
 NOW = parse_time("2026-11-30T12:00:00Z")
@@ -93,7 +94,7 @@ def assert_redis_answers_equal_embedded(folder: Path, url: str) -> None:
     Redis mode as embedded; Redis mode also tells the workers' lag, 0 once they caught up."""
     cartridge = load_cartridge(folder)
     projector, report = build_embedded(cartridge, folder / "events.jsonl")
-    redis_store = open_redis(cartridge, url)
+    redis_store = RedisStore.from_url(url, namespace=cartridge.name)
     try:
         for tenant in sorted(report.tenants):
             embedded = Tools(cartridge, projector.store, tenant, clock=lambda: NOW)
@@ -137,21 +138,23 @@ def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_goes_on(env: dic
         letters = read_topic(env, dlq_topic(name), len(bad))
         assert worker.alive()
         assert sorted(r.value for r in letters) == sorted(v for _, v in bad)     # the original bytes
-        by_value = {r.value: dlq.reason_of(r.headers) for r in letters}
-        assert "not valid JSON" in by_value[bad[0][1]][dlq.REASON]
-        assert "unknown event type 'debt.vanished'" in by_value[bad[1][1]][dlq.REASON]
-        assert by_value[bad[1][1]][dlq.EVENT_ID] == "u-1"
-        assert by_value[bad[1][1]][dlq.TENANT] == tenant.decode()
-        assert "payload.balance_cop: expected number" in by_value[bad[2][1]][dlq.REASON]
+        by_value = {r.value: keel_headers(r.headers) for r in letters}
+        assert "not valid JSON" in by_value[bad[0][1]][wire.REASON]
+        assert "unknown event type 'debt.vanished'" in by_value[bad[1][1]][wire.REASON]
+        assert by_value[bad[1][1]][wire.EVENT_ID] == "u-1"
+        assert by_value[bad[1][1]][wire.TENANT] == tenant.decode()
+        assert "payload.balance_cop: expected number" in by_value[bad[2][1]][wire.REASON]
         for headers in by_value.values():
-            assert headers[dlq.SOURCE_TOPIC] == events_topic(name)
-            assert int(headers[dlq.SOURCE_OFFSET]) >= 0 and int(headers[dlq.SOURCE_PARTITION]) >= 0
+            assert headers[wire.SOURCE_TOPIC] == events_topic(name)
+            assert int(headers[wire.SOURCE_OFFSET]) >= 0 and int(headers[wire.SOURCE_PARTITION]) >= 0
         from keel.store.redis import RedisStore
         store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=name)
         assert store.event_ids(tenant.decode()) == sorted(e["id"] for e in good)
         store.close()
         doc = status(folder, env)
-        assert doc["dead_letters"] == len(bad) and doc["dead_letters_without_tenant"] == 2     # broken JSON, binary
+        assert doc["dead_letters"]["total"] == doc["dead_letters"]["open"] == len(bad)
+        assert doc["dead_letters"]["by_tenant"][""] == 2                                  # broken JSON, binary
+        assert sum(doc["dead_letters_counted_by_workers"].values()) == len(bad)
     finally:
         worker.kill()
 
@@ -169,10 +172,6 @@ def generated(path: Path, n: int, tenants: int, seed: int) -> Path:
             if q:
                 out.append(q.pop(0))
     return write_jsonl(path, out)
-
-
-def committed(folder: Path, env: dict[str, str]) -> int:
-    return sum(p["committed"] or 0 for p in status(folder, env)["partitions"])
 
 
 def test_kill_9_at_random_moments_then_restart_changes_nothing(env: dict[str, str], tmp_path: Path) -> None:
@@ -215,7 +214,7 @@ def test_sigterm_under_load_writes_and_commits_what_it_planned(env: dict[str, st
         worker.kill()
     # Graceful: what Redis holds is exactly what Kafka's committed offsets say (no batch left half done)
     from keel.store.redis import RedisStore
-    from workers.status import partition_for
+    from keel.wire import partition_for
     name = load_cartridge(folder).name
     doc = status(folder, env)
     store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=name)
@@ -252,11 +251,12 @@ def test_two_workers_one_killed_the_other_takes_over(env: dict[str, str], tmp_pa
         wait_until(lambda: all(share(w) and len(share(w) or []) < 8 for w in (a, b)), 60,
                    "both workers to share the partitions", on_timeout=lambda: a.text() + b.text())
         keel("publish", str(folder), str(events), env=env)
-        wait_until(lambda: sum(p["committed"] or 0 for p in status(folder, env)["partitions"]) > 300, 120,
-                   "the workers to start applying", on_timeout=lambda: a.text() + b.text())
+        wait_until(lambda: committed(folder, env) > 300, 120, "the workers to start applying",
+                   on_timeout=lambda: a.text() + b.text())
         a.kill()
-        wait_applied(folder, env, 3000, b)                      # b gets a's partitions after the session timeout
-        assert "assigned partitions [0, 1, 2, 3, 4, 5, 6, 7]" in b.text()
+        wait_until(lambda: "assigned partitions [0, 1, 2, 3, 4, 5, 6, 7]" in b.text(), 120,   # after the session
+                   "b to take a's partitions", on_timeout=b.text)                        # timeout
+        wait_applied(folder, env, 3000, b)
         expected = embedded_digests(load_cartridge(folder), events)
         assert redis_digests(folder, env, expected) == expected
     finally:

@@ -9,11 +9,11 @@ from support.workers import ROOT
 from keel.cartridge import load_cartridge
 from keel.config import Settings
 from keel.errors import EnvelopeRejected, WriteTimeout
+from keel.kafka_log import KafkaLog
 from keel.projector import Projector
 from keel.store.memory import MemoryStore
 from keel.tools import Tools
-from workers.log import KafkaLog
-from workers.names import events_topic
+from keel.wire import events_topic
 
 
 class FakeClock:

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from support.workers import (
     ROOT,
-    FakeDurableMany,
     by_partition_batches,
     embedded_digests,
     topic_records,
@@ -19,11 +18,12 @@ from support.workers import (
 from keel.cartridge import load_cartridge
 from keel.digest import digest
 from keel.errors import StoreUnavailable
+from keel.store.memory import MemoryStore
 from workers.applier import BatchApplier, DeadLetter
 from workers.pipeline import BatchPipeline
 
 
-class FlakyDurable(FakeDurableMany):
+class FlakyDurable(MemoryStore):
     """Fails the n-th commit step and the m-th tenant load, once each."""
 
     def __init__(self, fail_commit_at: set[int] = frozenset(), fail_load_at: set[int] = frozenset()) -> None:

@@ -1,10 +1,17 @@
-"""`keel status` shaping without services."""
+"""`keel status` shaping without services: owners, stalled members, an empty group, services that cannot be
+read, and dead letters of every writer (duplicates folded, redriven ones closed, the last hour)."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from keel.kafka import PartitionOffsets
-from workers.status import partition_for, render_status, shape_status
+from keel.deadletters import fold
+from keel.kafka import GroupDescription, GroupMember, PartitionOffsets
+from keel.wire import REDRIVEN, partition_for
+from workers.status import commit_metadata, render_status, shape_status
+
+NOW = 1_800_000_000.0
 
 
 def test_partition_of_a_tenant_is_kafkas_default_partitioner() -> None:
@@ -14,14 +21,76 @@ def test_partition_of_a_tenant_is_kafkas_default_partitioner() -> None:
         assert partition_for(tenant, 8) == partitioner(tenant.encode(), parts, parts)
 
 
-def test_status_document() -> None:
-    partitions = [PartitionOffsets(0, 10, 10, 0), PartitionOffsets(1, 7, None, 7)]
-    doc = shape_status("finance", partitions, {"b": {1: None}, "a": {0: 9}}, {"a": 2, "": 1})
-    assert doc["lag"] == 7
-    assert doc["partitions"] == [{"partition": 0, "end": 10, "committed": 10, "lag": 0},
-                                 {"partition": 1, "end": 7, "committed": None, "lag": 7}]
-    assert list(doc["tenants"]) == ["a", "b"]
-    assert doc["tenants"]["a"] == {"applied_offsets": {"0": 9}, "dead_letters": 2}
-    assert doc["dead_letters"] == 3 and doc["dead_letters_without_tenant"] == 1
+def record(partition: int, offset: int, at_s: float, headers: dict[str, str]) -> SimpleNamespace:
+    return SimpleNamespace(partition=partition, offset=offset, timestamp=int(at_s * 1000), key=None, value=b"{}",
+                           headers=[(k, v.encode()) for k, v in headers.items()])
+
+
+def worker_letter(offset: int, tenant: str, source_offset: int) -> dict[str, str]:
+    return {"keel.reason": "bad", "keel.tenant": tenant, "keel.source.topic": "keel.finance.events",
+            "keel.source.partition": "0", "keel.source.offset": str(source_offset)}
+
+
+def test_dead_letters_of_every_writer_counted_once_and_closed_by_a_redrive() -> None:
+    dead = fold([
+        record(0, 0, NOW - 7200, worker_letter(0, "a", 5)),
+        record(0, 1, NOW - 7100, worker_letter(1, "a", 5)),                # the same source record again
+        record(1, 0, NOW - 60, {"keel.reason": "bad row", "keel.tenant": "b", "keel.source": "outbox",
+                                "keel.source.table": "outbox", "keel.source.position": "17"}),
+        record(1, 1, NOW - 30, {"keel.reason": "bad body", "keel.source": "webhook"}),
+        record(0, 2, NOW - 10, {REDRIVEN: "0:0", "keel.redriven_at": "2027-01-15T08:00:00Z"}),
+    ])
+    summary = dead.summary(int(NOW * 1000))
+    assert summary == {"total": 3, "open": 2, "redriven": 1, "last_hour": 2, "by_tenant": {"": 1, "b": 1},
+                       "by_writer": {"outbox": 1, "webhook": 1, "worker": 1}}
+
+
+def test_owners_stalled_partitions_and_problems() -> None:
+    fresh, old = commit_metadata("keel-worker-h1-1"), commit_metadata("keel-worker-h2-2")
+    old = old.replace(old.split('"at":')[1].rstrip("}"), str(NOW - 600))
+    fresh = fresh.replace(fresh.split('"at":')[1].rstrip("}"), str(NOW - 5))
+    partitions = [PartitionOffsets(0, 10, 10, 0, fresh), PartitionOffsets(1, 90, 40, 50, old),
+                  PartitionOffsets(2, 7, None, 7)]
+    group = GroupDescription("Stable", (GroupMember("m1", "keel-worker-h1-1", "/10.0.0.1", (0, 2)),
+                                        GroupMember("m2", "keel-worker-h2-2", "/10.0.0.2", (1,))))
+    doc = shape_status("finance", partitions, group, {"a": {"0": 9}}, fold([]), {}, {}, now=NOW)
+    assert doc["lag"] == 57
+    rows = {p["partition"]: p for p in doc["partitions"]}
+    assert rows[0]["owner"]["client_id"] == "keel-worker-h1-1" and not rows[0]["stalled"]
+    assert rows[1]["owner"] == {"member_id": "m2", "client_id": "keel-worker-h2-2", "host": "/10.0.0.2"}
+    assert rows[1]["stalled"] and rows[1]["last_commit_age_s"] == 600
+    assert not rows[2]["stalled"]                     # never committed: nothing to judge by
+    [problem] = doc["problems"]
+    assert "partition 1" in problem and "stopped consuming" in problem and "keel-worker-h2-2" in problem
     text = render_status(doc)
-    assert "keel.finance.events" in text and "lag 7" in text and "dead letters: 3" in text
+    assert "STALLED" in text and "keel-worker-h1-1@/10.0.0.1" in text and "members: 2" in text
+    assert doc["tenants"]["a"] == {"applied_offsets": {"0": 9}, "dead_letters": 0}
+
+
+def test_a_group_without_members_is_said_plainly() -> None:
+    doc = shape_status("finance", [PartitionOffsets(0, 10, 3, 7)], GroupDescription("Empty", ()), {}, fold([]),
+                       None, {}, now=NOW)
+    assert doc["problems"] == [("the group keel.finance.worker has no members: no worker is consuming "
+                               "(7 record(s) wait)")]
+    assert "PROBLEM: the group keel.finance.worker has no members" in render_status(doc)
+
+
+def test_what_cannot_be_read_is_said() -> None:
+    doc = shape_status("finance", [], None, {}, None, {"": 2, "a": 1}, {"kafka": "Kafka connect failed"}, now=NOW)
+    assert doc["lag"] is None and doc["members"] is None and doc["dead_letters"] is None
+    text = render_status(doc)
+    assert "CANNOT READ KAFKA: Kafka connect failed" in text and "lag ?" in text
+    assert "dead letters counted by workers (Redis; relay/webhook letters not included): 3" in text
+
+
+def test_keel_status_with_kafka_and_redis_down_says_so_and_exits_3(tmp_path) -> None:
+    """Issue 10: with Redis down `keel status` exited 1 and showed no Kafka lag either."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "keel.cli", "status", str(root / "cartridges" / "finance"),
+                          "--kafka", "127.0.0.1:1", "--redis", "redis://127.0.0.1:1/0"],
+                         capture_output=True, text=True, cwd=root, timeout=120, check=False)
+    assert out.returncode == 3, out.stderr
+    assert "CANNOT READ KAFKA" in out.stdout and "CANNOT READ REDIS" in out.stdout and "lag ?" in out.stdout

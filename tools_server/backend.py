@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from keel.cartridge import Cartridge
 from keel.config import Settings
-from keel.embedded import build_embedded
-from keel.eventlog import EventLog, FileLog
+from keel.connect import Graph, close_graph, open_graph
+from keel.eventlog import EventLog
 from keel.store.base import Store
 from keel.tools import Tools
 
@@ -44,26 +44,22 @@ class Backend:
 
     def close(self) -> None:
         """Close the log (a Kafka producer in Redis mode) and the store."""
-        close_log = getattr(self.log, "close", None)
-        try:
-            if callable(close_log):
-                close_log()
-        finally:
-            self.store.close()
+        close_graph(self.store, self.log)
+
+    @classmethod
+    def of(cls, graph: Graph, settings: Settings) -> Backend:
+        """The backend of an opened graph (keel.connect): network stores are `blocking`."""
+        return cls(graph.cartridge, graph.store, graph.log, blocking=not graph.embedded,
+                   allow_global_notes=settings.allow_global_notes, tenants=graph.tenants)
 
     @classmethod
     def embedded(cls, cartridge: Cartridge, events: str | Path, *, allow_global_notes: bool = False,
                  stream: TextIO | None = None) -> Backend:
         """A memory store replayed from an events file; notes are appended to that file (bad lines → stream)."""
-        projector, report = build_embedded(cartridge, events, allow_global_notes=allow_global_notes, stream=stream)
-        return cls(cartridge, projector.store, FileLog(projector, events), blocking=False,
-                   allow_global_notes=allow_global_notes, tenants=sorted(report.tenants))
+        settings = Settings(allow_global_notes=allow_global_notes)
+        return cls.of(open_graph(cartridge, settings, events, stream=stream), settings)
 
     @classmethod
-    def redis(cls, cartridge: Cartridge, url: str, settings: Settings, *, log: Any = None) -> Backend:
-        """The Redis graph the workers maintain; notes go to the cartridge's topic (workers.log.KafkaLog)."""
-        from keel.cli import open_redis, redis_mode_log
-        store = open_redis(cartridge, url)
-        if log is None:
-            log = redis_mode_log(cartridge, store, settings)
-        return cls(cartridge, store, log, blocking=True, allow_global_notes=settings.allow_global_notes)
+    def redis(cls, cartridge: Cartridge, url: str, settings: Settings) -> Backend:
+        """The Redis graph the workers maintain; notes go to the cartridge's topic (keel.kafka_log.KafkaLog)."""
+        return cls.of(open_graph(cartridge, settings.model_copy(update={"redis_url": url})), settings)

@@ -1,4 +1,4 @@
-"""Subcommands this package adds to `keel` (see keel.cli.EXTENSION_MODULES): serve, tools, token.
+"""Subcommands this package adds to `keel` (entry point `tools_server` of the group `keel.commands`): serve, tools, token.
 
 Heavy imports (the MCP SDK) happen inside the commands, so other `keel` commands stay fast.
 """
@@ -12,6 +12,7 @@ import sys
 from functools import partial
 from typing import TextIO
 
+from keel.commandline import pick_tenant
 from keel.errors import UsageError
 
 from .config import CALL_LOGGER, DEFAULT_HOST, DEFAULT_PORT, MCP_PATH, Identity
@@ -75,7 +76,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.transport == "stdio":
             if args.tokens:
                 raise UsageError("--tokens is for --transport http; stdio binds the caller with --tenant/--agent/--task")
-            from keel.cli import pick_tenant
             identity = Identity(pick_tenant(args.tenant, backend.tenants), args.agent, args.task)
             server = build_server(ServerConfig(backend, identity=identity, call_log=log))
             run_server(server.run_stdio_async)
@@ -106,21 +106,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _open_backend(args: argparse.Namespace):  # -> Backend (imported lazily)
     from keel.cartridge import load_cartridge
-    from keel.config import resolve
+    from keel.commandline import settings_of
+    from keel.connect import open_graph
 
     from .backend import Backend
 
     cartridge = load_cartridge(args.cartridge)
-    settings = resolve(vars(args))
+    settings = settings_of(args)
     if args.events and args.redis:
         raise UsageError("give one of --events FILE or --redis URL")
-    if args.events:
-        if not os.path.isfile(args.events):
-            raise UsageError(f"events file {args.events} not found")
-        return Backend.embedded(cartridge, args.events, allow_global_notes=settings.allow_global_notes)
-    if settings.redis_url:
-        return Backend.redis(cartridge, settings.redis_url, settings)
-    raise UsageError("give --events FILE (embedded) or --redis URL (or set KEEL_REDIS_URL)")
+    if not args.events and not settings.redis_url:
+        raise UsageError("give --events FILE (embedded) or --redis URL (or set KEEL_REDIS_URL)")
+    return Backend.of(open_graph(cartridge, settings, args.events), settings)
 
 
 def call_logger(stream: TextIO) -> logging.Logger:

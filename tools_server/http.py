@@ -1,7 +1,10 @@
 """The streamable HTTP transport: Host/Origin checks (DNS rebinding), bearer auth, /metrics, uvicorn."""
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -11,8 +14,11 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from keel.errors import UsageError
+
 from .config import MCP_PATH, METRICS_PATH, ServerConfig
 from .observe import Metrics
+from .tokens import TokenTable
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -73,7 +79,20 @@ async def serve_http(server: MCPServer, config: ServerConfig, *, json_response: 
     app = http_app(server, config, json_response=json_response)
     uv = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                        access_log=False, lifespan="on"))
+    if config.tokens is not None:
+        reload_tokens_on_sighup(config.tokens)
     await uv.serve()
+
+
+def reload_tokens_on_sighup(table: TokenTable) -> None:
+    """SIGHUP re-reads the tokens file (as the webhook does its secrets); connections and calls in flight are
+    untouched. A bad file is reported and the old tokens stay."""
+    def reload() -> None:
+        try:
+            print(f"keel serve: tokens file reloaded ({table.reload()} token(s))", file=sys.stderr, flush=True)
+        except UsageError as e:
+            print(f"keel serve: tokens file NOT reloaded, the previous tokens stay: {e}", file=sys.stderr, flush=True)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
 
 
 def run_server(main: Callable[[], Awaitable[None]]) -> None:

@@ -53,7 +53,7 @@ def _result(properties: dict[str, Any]) -> dict[str, Any]:
 
 
 # A rule with `when:` carries Keel's verdict: holds (null: see missing or reason) and its evidence ids.
-_RULES = {"type": "object", "additionalProperties": {"properties": {
+_RULES = {"additionalProperties": {"properties": {
     "holds": {"type": ["boolean", "null"]}, "because": {"type": "array"}}}}
 
 
@@ -72,8 +72,8 @@ _WRITER = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempote
 SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "context",
-        "An entity's labels, facts with evidence, relations, and its type's rules with Keel's verdict. Use it "
-        "for what is true; at gives another date, known_at what was known then.",
+        "An entity's labels, facts with evidence, relations, rules, Keel's verdicts. Use it for what "
+        "is true; at: another date; known_at: as known then.",
         _object({"entity": _ENTITY, "at": _AT, "known_at": _KNOWN_AT}, ["entity"]),
         _result({"entity": _S, "type": _S, "ref": _SN, "labels": {"type": "object"},
                  "facts": _array(_FACT), "relations": _array(_RELATION), "rules": _RULES}),
@@ -89,7 +89,7 @@ SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "search",
         "Find entity ids by words in their ids, labels or type (BM25). Use it first when you lack the "
-        "exact id; no match gives empty results and a message suggesting broader words.",
+        "exact id; no match gives a message suggesting broader words.",
         _object({"query": _arg("Words: a name, product, label or entity type"),
                  "type": _arg("Only entities of this type"),
                  "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,
@@ -111,7 +111,7 @@ SPECS: tuple[ToolSpec, ...] = (
                  "evidence": _arg("Event id behind the note (a fact's evidence); some scopes require it"),
                  "task": _arg("Task id for task scope; default your own")},
                 ["entity", "predicate", "value", "scope"]),
-        _result({"fact": _FACT}),
+        _result({"fact": _FACT, "applied": {"type": "boolean"}, "event_id": _S, "message": _S}),
         _WRITER),
     ToolSpec(
         "related",

@@ -46,8 +46,9 @@ def token_entry(token: str, identity: Identity) -> dict[str, str]:
 class TokenTable:
     """sha256(token) → identity."""
 
-    def __init__(self, entries: dict[str, Identity]) -> None:
+    def __init__(self, entries: dict[str, Identity], source: tuple[Path, str | None] | None = None) -> None:
         self._by_hash = dict(entries)
+        self._source = source            # (file, tenant filter) it was loaded from, for `reload`
 
     def __len__(self) -> int:
         return len(self._by_hash)
@@ -77,7 +78,17 @@ class TokenTable:
         if not entries:
             which = f" for tenant {tenant!r}" if tenant else ""
             raise UsageError(f"tokens file {path} holds no token{which}; make one with `keel token`")
-        return cls(entries)
+        return cls(entries, (Path(path), tenant))
+
+    def reload(self) -> int:
+        """Read the file again (SIGHUP): the new table replaces the old in one assignment, so calls in flight
+        are not disturbed, and the next request of a removed token is refused (401). A bad file raises
+        UsageError and leaves the table as it was. Returns the number of tokens."""
+        if self._source is None:
+            raise UsageError("this token table was not loaded from a file")
+        path, tenant = self._source
+        self._by_hash = TokenTable.load(path, tenant=tenant)._by_hash
+        return len(self)
 
 
 def _parse_line(line: str, where: str) -> tuple[str, Identity]:

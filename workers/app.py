@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import faust
@@ -17,10 +21,16 @@ from faust.app.base import BootStrategy
 
 from keel.cartridge import Cartridge
 from keel.config import Settings
+from keel.connect import open_redis_store
+from keel.errors import EXIT_UNAVAILABLE
 from keel.kafka import bootstrap_list, ensure_topics
+from keel.logs import install as install_log_limit
+from keel.wire import dlq_topic, events_topic
 
 from .ingest import CartridgeIngest, WorkerOptions
-from .names import dlq_topic, events_topic
+
+TERM_BOUND_S = 14.0     # SIGTERM → exit, at the latest (the promise is 15 s; ingest's budget is 10 s)
+EXIT_WATCHDOG = EXIT_UNAVAILABLE    # the watchdog ended the process (see docs/operations.md)
 
 
 def create_app(cartridges: list[Cartridge], settings: Settings) -> faust.App:
@@ -33,21 +43,46 @@ def create_app(cartridges: list[Cartridge], settings: Settings) -> faust.App:
     return app
 
 
+class KeelWorker(faust.Worker):
+    """faust's Worker, plus a promise: after SIGTERM/SIGINT the process ends within TERM_BOUND_S.
+
+    The graceful path (workers/ingest.py: finish the write under way, close the clients, each bounded)
+    normally takes well under that; the watchdog is for what cannot be bounded from inside the loop (a
+    thread blocked in a client call, a library stuck in its own task). Ending there is as safe as SIGKILL:
+    Redis holds each tenant's applied offset with its writes and redelivered records are skipped."""
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        install_log_limit()       # faust replaced the handlers: library lines one per cause per interval again
+
+    def _schedule_shutdown(self, signal: signal.Signals) -> None:     # mode's hook for SIGTERM and SIGINT
+        if not self._signal_stop_time:
+            timer = threading.Timer(TERM_BOUND_S, _watchdog_exit, args=(signal.name,))
+            timer.daemon = True
+            timer.start()
+        super()._schedule_shutdown(signal)
+
+
+def _watchdog_exit(name: str) -> None:
+    logging.getLogger("keel.worker").error("watchdog: still running %.0fs after %s; exiting now (what was not "
+                                           "committed is redelivered)", TERM_BOUND_S, name)
+    logging.shutdown()
+    os._exit(EXIT_WATCHDOG)
+
+
 def create_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions, *,
                   loglevel: str = "info", quiet: bool = False) -> faust.Worker:
     """The faust Worker running the app and one CartridgeIngest per cartridge."""
     app = create_app(cartridges, settings)
     services = [CartridgeIngest(c, settings, options) for c in cartridges]
-    return faust.Worker(app, *services, loglevel=loglevel, quiet=quiet, redirect_stdouts=False)
+    return KeelWorker(app, *services, loglevel=loglevel, quiet=quiet, redirect_stdouts=False)
 
 
 def preflight(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions) -> None:
     """Fail fast, with a one-line error, when Kafka or Redis cannot be reached; creates missing topics."""
-    from keel.store.redis import RedisStore
     topics = [t for c in cartridges for t in (events_topic(c.name), dlq_topic(c.name))]
     asyncio.run(ensure_topics(settings.kafka_bootstrap, topics, options.topics))
     for c in cartridges:
-        RedisStore.from_url(settings.redis_url or "", namespace=c.name).close()
+        open_redis_store(c, settings).close()
 
 
 def run_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions, *,

@@ -14,15 +14,13 @@ from dataclasses import dataclass, field
 
 from keel.cartridge import Cartridge
 from keel.envelope import TENANT
-from keel.errors import EnvelopeRejected, HandlerFailed, KeelError, StoreUnavailable
 from keel.projector import Projector
-from keel.store.base import GLOBAL_TENANT, Write
+from keel.store.base import GLOBAL_TENANT, BatchStep, EventWrites, Position, Store
 
-from .mirror import BatchStore, Mirrors, Position, TopicPartition
+from .judge import judge
+from .mirror import Mirrors, TopicPartition
 from .records import Record
 
-Event = tuple[list[Write], str]
-Step = tuple[str, list[Event], Position | None]     # one commit_batch call: tenant, events, position
 COMMIT_CHUNK = 1024         # tenant steps per round trip when the store can pipeline them
 
 
@@ -41,7 +39,7 @@ class TenantBatch:
     tenant: str
     topic: str
     partition: int
-    events: list[Event] = field(default_factory=list)
+    events: list[EventWrites] = field(default_factory=list)
     last_offset: int | None = None
 
     @property
@@ -53,7 +51,7 @@ class TenantBatch:
 class BatchPlan:
     """Everything a batch will write, computed before anything is written."""
     tenants: dict[tuple[str, str, int], TenantBatch] = field(default_factory=dict)
-    global_notes: list[Event] = field(default_factory=list)
+    global_notes: list[EventWrites] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     records: int = 0
     applied: int = 0
@@ -75,7 +73,7 @@ class BatchPlan:
 class BatchApplier:
     """Plans and commits batches of one cartridge's records against a durable store, through mirrors."""
 
-    def __init__(self, cartridge: Cartridge, durable: BatchStore, *, writer: BatchStore | None = None,
+    def __init__(self, cartridge: Cartridge, durable: Store, *, writer: Store | None = None,
                  allow_global_notes: bool = False, max_mirrored_tenants: int = 100_000) -> None:
         self.cartridge = cartridge
         self.durable = durable                          # mirrors load from it (the planning thread)
@@ -102,53 +100,24 @@ class BatchApplier:
         return plan
 
     def _plan_record(self, plan: BatchPlan, record: Record) -> None:
-        try:
-            if record.value is None:
-                raise EnvelopeRejected("empty record: the value must be an event envelope")
-            event = self.projector.parse(record.value, default_recorded_at=record.timestamp_micros)
-        except EnvelopeRejected as e:
-            tenant = e.tenant if e.tenant and TENANT.match(e.tenant) else None
-            if tenant is not None and self._already_applied(plan, tenant, record):
-                return
-            self._dead(plan, record, e.reason, e.event_id, tenant)
+        verdict = judge(self.projector, self.recorder, record, lambda t: self._already_applied(plan, t, record))
+        if verdict.outcome == "skipped":
             return
-        tenant = event.tenant
-        if self._already_applied(plan, tenant, record):
+        if verdict.outcome == "refused":
+            self._dead(plan, record, verdict.reason or "", verdict.event_id, verdict.tenant)
             return
-        if record.key != tenant.encode():
-            shown = None if record.key is None else record.key.decode("utf-8", "replace")
-            self._dead(plan, record, f"record key {shown!r} is not the envelope's tenant {tenant!r} "
-                                     f"(Keel's topics are keyed by tenant)", event.id, tenant)
-            return
+        tenant, event_id = verdict.tenant or "", verdict.event_id
         batch = plan.batch_of(tenant, record)
         batch.last_offset = record.offset
-        self.recorder.take()
-        self.recorder.recording = True
-        try:
-            outcome = self.projector.apply(event)
-        except StoreUnavailable:
-            raise
-        except EnvelopeRejected as e:
-            self._dead(plan, record, e.reason, event.id, tenant)
-            return
-        except HandlerFailed as e:
-            self._dead(plan, record, str(e), event.id, tenant)
-            return
-        except KeelError as e:
-            self._dead(plan, record, f"{type(e).__name__}: {e}", event.id, tenant)
-            return
-        finally:
-            self.recorder.recording = False
-            applied = self.recorder.take()
-        if outcome == "duplicate":
+        if verdict.outcome == "duplicate":
             plan.duplicates += 1
             return
         plan.applied += 1
-        for where, writes, event_id in applied:
+        for where, writes, write_id in verdict.writes:
             if where == GLOBAL_TENANT:     # a global note: marked with a tenant-qualified id, so it is idempotent too
-                plan.global_notes.append((writes, f"{tenant}/{event.id}"))
+                plan.global_notes.append((writes, f"{tenant}/{event_id}"))
             else:
-                batch.events.append((writes, event_id or event.id))
+                batch.events.append((writes, write_id or event_id))
 
     def _already_applied(self, plan: BatchPlan, tenant: str, record: Record) -> bool:
         key = (tenant, record.topic, record.partition)
@@ -171,9 +140,9 @@ class BatchApplier:
     # ---- committing -----------------------------------------------------------------------------
 
     @staticmethod
-    def steps(plan: BatchPlan) -> list[Step]:
+    def steps(plan: BatchPlan) -> list[BatchStep]:
         """The plan's commit steps: global notes first, then one atomic step per tenant (and partition)."""
-        steps: list[Step] = []
+        steps: list[BatchStep] = []
         if plan.global_notes:
             steps.append((GLOBAL_TENANT, plan.global_notes, None))
         for b in plan.tenants.values():
@@ -185,18 +154,13 @@ class BatchApplier:
 
     def write(self, plan: BatchPlan) -> None:
         """Commit a plan to the durable store: each tenant's events + ids + offset in one atomic step (steps
-        of several tenants share round trips when the store has `commit_many`). Touches no mirror, so it may
+        of several tenants share round trips through `commit_many`). Touches no mirror, so it may
         run on another thread while the next batch is planned."""
         steps = self.steps(plan)
-        commit_many = getattr(self.writer, "commit_many", None)
         with self.mirrors.write_lock:        # a mirror reloading from the durable store waits for the batch
             for i in range(0, len(steps), COMMIT_CHUNK):
                 chunk = steps[i:i + COMMIT_CHUNK]
-                if commit_many is not None:
-                    commit_many(chunk)
-                else:
-                    for tenant, events, position in chunk:
-                        self.writer.commit_batch(tenant, events, position)
+                self.writer.commit_many(chunk)
 
     def settle(self, plan: BatchPlan) -> None:
         """After `write`: the mirrors' applied offsets follow what the durable store now holds, and they

@@ -1,4 +1,4 @@
-"""Subcommands this package adds to `keel` (see keel.cli.EXTENSION_MODULES): publish, worker, status, replay.
+"""Subcommands this package adds to `keel` (entry point `workers` of the group `keel.commands`): publish, worker, status, replay.
 
 Heavy imports (faust, aiokafka, redis) happen inside the commands, so `keel --help` stays fast.
 """
@@ -9,9 +9,12 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from keel.cli import positive_int
-from keel.config import Settings, resolve
+from keel.commandline import positive_int, settings_of
+
+if TYPE_CHECKING:
+    from .dlq_commands import Filter
 
 LOG_LEVELS = ("crit", "error", "warn", "info", "debug")
 
@@ -37,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "2 when some were rejected (the valid ones are sent).")
     p.add_argument("cartridge", help="cartridge folder")
     p.add_argument("events", help="JSONL events file")
+    p.add_argument("--recorded-at", choices=("occurred", "now"), default="occurred",
+                   help="recorded_at of envelopes without one: occurred_at, as file mode does (default), or the "
+                        "time of publishing (for fixed dead letters and late data: knowledge is not backdated)")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
     p.set_defaults(run=cmd_publish)
 
@@ -57,13 +63,54 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no startup banner")
     p.set_defaults(run=cmd_worker)
 
-    p = sub.add_parser("status", parents=[kafka, redis], help="lag, offsets and dead letters of a cartridge's workers",
-                       description="Per partition: log end, the worker group's committed offset and lag; per tenant "
-                                   "(from Redis): the applied offset; dead letters.")
+    p = sub.add_parser("status", parents=[kafka, redis], help="lag, owners, offsets and dead letters of a cartridge's workers",
+                       description="Per partition: log end, the worker group's committed offset, lag, owner (group "
+                                   "member) and last commit; the group's members; per tenant (from Redis): the "
+                                   "applied offset; dead letters of every writer (open, total, last hour); problems "
+                                   "in plain words. Exit 0, or 3 when Kafka or Redis could not be read (what could "
+                                   "be read is still printed).")
     p.add_argument("cartridge", help="cartridge folder")
     p.add_argument("--tenant", help="only this tenant's applied offsets")
-    p.add_argument("--json", action="store_true", help="print {lag, partitions, tenants, dead_letters} as JSON")
+    p.add_argument("--stalled-after", type=float, default=60.0, metavar="SECONDS",
+                   help="a partition with lag whose owner has not committed for this long is reported stalled "
+                        "(default 60)")
+    p.add_argument("--json", action="store_true",
+                   help="print {lag, members, partitions, tenants, dead_letters, problems, unavailable} as JSON")
     p.set_defaults(run=cmd_status)
+
+    p = sub.add_parser("dlq", parents=[kafka], help="list, show, redrive and close a cartridge's dead letters",
+                       description="Dead letters of keel.<cartridge>.dlq, whoever wrote them (workers, relay, "
+                                   "webhook). A letter is named <partition>:<offset>. redrive re-sends the letters "
+                                   "the cartridge now accepts with recorded_at = now and closes them.")
+    dsub = p.add_subparsers(dest="dlq_command", required=True, metavar="{list,show,redrive,close}",
+                            parser_class=type(p))
+    select = argparse.ArgumentParser(add_help=False)
+    select.add_argument("cartridge", help="cartridge folder")
+    select.add_argument("--tenant", help="only this tenant's letters")
+    select.add_argument("--reason", help="only letters whose reason contains this text (any case)")
+    select.add_argument("--since", metavar="TIME", help="only letters dead-lettered at or after TIME")
+    select.add_argument("--until", metavar="TIME", help="only letters dead-lettered at or before TIME")
+    q = dsub.add_parser("list", parents=[kafka, select], help="one line per open dead letter")
+    q.add_argument("--all", action="store_true", help="include letters already redriven")
+    q.add_argument("--json", action="store_true", help="one JSON object per line")
+    q.set_defaults(run=cmd_dlq_list)
+    q = dsub.add_parser("show", parents=[kafka], help="a dead letter in full: headers, key and value")
+    q.add_argument("cartridge", help="cartridge folder")
+    q.add_argument("ref", nargs="+", metavar="PARTITION:OFFSET")
+    q.set_defaults(run=cmd_dlq_show)
+    q = dsub.add_parser("redrive", parents=[kafka, select], help="send open letters again, recorded_at = now",
+                        description="Re-send the selected open letters that the cartridge now accepts, with "
+                                    "recorded_at = the time of the redrive and header keel.redrive.of, then mark "
+                                    "them redriven. Exit 0 when every selected letter was sent, 2 when some are "
+                                    "still rejected (they stay open).")
+    q.add_argument("--ref", action="append", default=[], metavar="PARTITION:OFFSET", help="only these (repeatable)")
+    q.add_argument("--dry-run", action="store_true", help="say what would be sent, send nothing")
+    q.set_defaults(run=cmd_dlq_redrive)
+    q = dsub.add_parser("close", parents=[kafka, select], help="close open letters dealt with by hand (sends nothing)",
+                        description="Mark the selected open letters as dealt with (e.g. the fixed envelope was sent "
+                                    "with `keel publish --recorded-at now`): they no longer count as open.")
+    q.add_argument("--ref", action="append", default=[], metavar="PARTITION:OFFSET", help="only these (repeatable)")
+    q.set_defaults(run=cmd_dlq_close)
 
     p = sub.add_parser("replay", parents=[kafka, redis], help="rebuild tenants from the topic, no downtime",
                        description="Rebuild a tenant (or every tenant) from its partition of keel.<cartridge>.events "
@@ -81,11 +128,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
     p.set_defaults(run=cmd_replay)
 
-
-
-
-def settings_of(args: argparse.Namespace) -> Settings:
-    return resolve(vars(args))
 
 
 # ---- commands --------------------------------------------------------------------------------
@@ -107,7 +149,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     progress = None if args.quiet or not sys.stderr.isatty() else _progress_printer()
     report = publish_file(cartridge, args.events, settings.kafka_bootstrap,
                           topics=TopicSpec(args.partitions, args.replication_factor),
-                          on_reject=print_reject(args.events), progress=progress)
+                          on_reject=print_reject(args.events), progress=progress,
+                          recorded_now=args.recorded_at == "now")
     if progress is not None:
         print(file=sys.stderr)
     if not args.quiet:
@@ -150,12 +193,60 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from keel.cartridge import load_cartridge
 
-    from .status import gather_status, render_status
+    from .status import EXIT_PARTIAL, gather_status, render_status
 
     cartridge = load_cartridge(args.cartridge)
-    doc = gather_status(cartridge, settings_of(args), tenant=args.tenant)
+    doc = gather_status(cartridge, settings_of(args), tenant=args.tenant, stalled_after=args.stalled_after)
     print(json.dumps(doc, indent=2) if args.json else render_status(doc))
+    return EXIT_PARTIAL if doc["unavailable"] else 0
+
+
+def _dlq_filter(args: argparse.Namespace, refs: list[str] | None = None) -> Filter:
+    from .dlq_commands import Filter
+    return Filter.of(args.tenant, args.reason, args.since, args.until, refs or [],
+                     include_redriven=getattr(args, "all", False))
+
+
+def cmd_dlq_list(args: argparse.Namespace) -> int:
+    from keel.cartridge import load_cartridge
+
+    from .dlq_commands import letter_doc, load, render_list
+
+    dead = load(load_cartridge(args.cartridge), settings_of(args).kafka_bootstrap)
+    letters = _dlq_filter(args).select(dead)
+    if args.json:
+        for x in letters:
+            print(json.dumps(letter_doc(x, dead), ensure_ascii=False))
+    else:
+        print(render_list(letters, dead))
     return 0
+
+
+def cmd_dlq_show(args: argparse.Namespace) -> int:
+    from keel.cartridge import load_cartridge
+    from keel.errors import UsageError
+
+    from .dlq_commands import Filter, letter_doc, load
+
+    dead = load(load_cartridge(args.cartridge), settings_of(args).kafka_bootstrap)
+    letters = Filter.of(None, None, None, None, args.ref, include_redriven=True).select(dead)
+    missing = set(args.ref) - {x.ref for x in letters}
+    if missing:
+        raise UsageError(f"no dead letter {', '.join(sorted(missing))} (`keel dlq list --all` names them)")
+    for x in letters:
+        print(json.dumps(letter_doc(x, dead, value=True), indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_dlq_redrive(args: argparse.Namespace) -> int:
+    from keel.cartridge import load_cartridge
+
+    from .dlq_commands import redrive
+
+    report = redrive(load_cartridge(args.cartridge), settings_of(args).kafka_bootstrap,
+                     _dlq_filter(args, args.ref), dry_run=args.dry_run)
+    print(("(dry run) " if args.dry_run else "") + report.summary())
+    return 2 if report.refused else 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -170,4 +261,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     options=ReplayOptions(batch=args.batch), progress=progress)
     if not args.quiet:
         print(report.summary())
+    return 0
+
+
+def cmd_dlq_close(args: argparse.Namespace) -> int:
+    from keel.cartridge import load_cartridge
+
+    from .dlq_commands import close
+
+    refs = close(load_cartridge(args.cartridge), settings_of(args).kafka_bootstrap, _dlq_filter(args, args.ref))
+    print(f"closed {len(refs)} dead letter(s)" + (f": {', '.join(refs)}" if refs else ""))
     return 0

@@ -9,26 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from redis.exceptions import RedisError
 
-from keel.errors import StoreUnavailable
 from keel.kafka import kafka_guard
+from keel.store.redis import dead_letter_keys, guard
+from keel.wire import (
+    CARTRIDGE,
+    EVENT_ID,
+    MAX_REASON,
+    REASON,
+    SOURCE_OFFSET,
+    SOURCE_PARTITION,
+    SOURCE_TIMESTAMP,
+    SOURCE_TOPIC,
+    TENANT,
+)
 
 from .applier import DeadLetter
-
-REASON = "keel.reason"
-SOURCE_TOPIC = "keel.source.topic"
-SOURCE_PARTITION = "keel.source.partition"
-SOURCE_OFFSET = "keel.source.offset"
-SOURCE_TIMESTAMP = "keel.source.timestamp"
-EVENT_ID = "keel.event_id"
-TENANT = "keel.tenant"
-CARTRIDGE = "keel.cartridge"
-MAX_REASON = 4000
 
 
 def dead_letter_headers(letter: DeadLetter, cartridge: str) -> list[tuple[str, bytes]]:
@@ -40,11 +39,6 @@ def dead_letter_headers(letter: DeadLetter, cartridge: str) -> list[tuple[str, b
         (SOURCE_TIMESTAMP, None if r.timestamp_ms is None else str(r.timestamp_ms)),
         (EVENT_ID, letter.event_id), (TENANT, letter.tenant)]
     return list(r.headers) + [(k, v.encode()) for k, v in ours if v is not None]
-
-
-def reason_of(headers: Iterable[tuple[str, bytes]]) -> dict[str, str]:
-    """Keel's headers of a dead-letter record as text (for tools and tests)."""
-    return {k: v.decode("utf-8", "replace") for k, v in headers if k.startswith("keel.")}
 
 
 class DeadLetterQueue:
@@ -88,8 +82,8 @@ class DeadLetterCounts:
 
     def __init__(self, client: Any, namespace: str) -> None:
         self.client = client
-        self.seen = f"keel:{{{namespace}}}:dlq:seen"
-        self.counts_key = f"keel:{{{namespace}}}:dlq:count"
+        self.namespace = namespace
+        self.seen, self.counts_key = dead_letter_keys(namespace)
         self._count = client.register_script(_COUNT)
 
     def record(self, letters: list[DeadLetter]) -> int:
@@ -100,15 +94,11 @@ class DeadLetterCounts:
         for d in letters:
             r = d.record
             args += [json.dumps([r.topic, r.partition, r.offset]), d.tenant or ""]
-        try:
+        with guard(self.namespace, "dead-letter count"):
             return int(self._count(keys=[self.seen, self.counts_key], args=args))
-        except RedisError as e:
-            raise StoreUnavailable(f"Redis dead-letter count failed: {type(e).__name__}: {e}") from e
 
     def counts(self) -> dict[str, int]:
         """{tenant: dead letters}; "" holds records whose tenant could not be read."""
-        try:
+        with guard(self.namespace, "dead-letter count read"):
             raw = self.client.hgetall(self.counts_key)
-        except RedisError as e:
-            raise StoreUnavailable(f"Redis dead-letter count read failed: {type(e).__name__}: {e}") from e
         return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in sorted(raw.items())}

@@ -10,35 +10,63 @@ committed explicitly, only after Redis holds the batch.
 
 The loop: fetch (at most `batch` records) → plan on the mirrors → dead letters → Redis → commit offsets.
 Batch k is written while batch k+1 is planned (only k touches Redis or Kafka offsets; if k's write fails,
-both plans are discarded and redone in order). A rebalance waits until nothing is planned or being written,
-then the revoked tenants' mirrors are dropped; SIGTERM finishes what is planned and commits it; SIGKILL
-anywhere is harmless: Redis keeps each tenant's applied offset with its writes, in one atomic step, and
-redelivered records at or below it are skipped.
+both plans are discarded and redone in order).
+
+Rebalances never wait for the loop. aiokafka calls `on_partitions_revoked` from its coordinator task after
+marking the assignment as changing; from then on `getmany()` waits for the new assignment, which only comes
+after the callback returns. So the callback only bumps the assignment epoch and notes the revoked
+partitions (waiting there for the loop was the hang of issue 10). The loop compares each batch's epoch
+with the current one: a batch planned under an older assignment is abandoned (its mirrors dropped; the
+records are fetched again by whoever owns them now, from the committed offsets), its retries stop, its
+offsets are not committed, and the revoked partitions' mirrors are forgotten before anything else is
+planned. A write already under way may land after the partition moved: the Redis APPLY script skips
+event ids already applied and only moves a tenant's applied offset forward, so a late write by the old
+owner changes nothing the new owner wrote (tests/test_store_redis.py).
+
+SIGTERM: the loop finishes the batch it is writing (and drops the one only planned) within
+SHUTDOWN_BUDGET_S; past that it is cancelled and the clients are closed with bounded waits; a watchdog
+(workers/app.py) ends the process by TERM_BOUND_S whatever happens. SIGKILL anywhere is harmless: Redis
+keeps each tenant's applied offset with its writes, in one atomic step, and redelivered records at or
+below it are skipped.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    OffsetAndMetadata,
+    TopicPartition,
+)
 from aiokafka.errors import CommitFailedError, ConsumerStoppedError, KafkaError
 from mode import Service
 
 from keel.cartridge import Cartridge
 from keel.config import Settings
+from keel.connect import open_redis_store
 from keel.errors import UsageError
 from keel.kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_consumer, new_producer
 from keel.store.redis import RedisStore
+from keel.wire import dlq_topic, events_topic, group_id
 
 from .applier import BatchApplier, BatchPlan
 from .dlq import DeadLetterCounts, DeadLetterQueue
-from .names import dlq_topic, events_topic, group_id
 from .pipeline import BatchPipeline
 from .records import Record
+from .status import commit_metadata
 
 PROGRESS_EVERY_S = 10.0
+SHUTDOWN_BUDGET_S = 10.0      # SIGTERM: time for the batch being written before the loop is cancelled
+CLOSE_TIMEOUT_S = 2.0         # each client's close (leave group, flush) after that
+COMMIT_TIMEOUT_S = 10.0       # an offset commit that takes longer is given up (Redis offsets make that safe)
 
 
 @dataclass(frozen=True)
@@ -48,7 +76,7 @@ class WorkerOptions:
     within_s: float = 0.5                 # how long a fetch waits for records before a smaller batch
     topics: TopicSpec = field(default_factory=TopicSpec)
     max_mirrored_tenants: int = 100_000
-    shutdown_timeout_s: float = 120.0     # how long SIGTERM waits for the in-flight batch
+    shutdown_timeout_s: float = SHUTDOWN_BUDGET_S   # how long SIGTERM waits for the batch being written
 
 
 @dataclass
@@ -57,6 +85,7 @@ class _Planned:
     fetched: dict[TopicPartition, list]
     records: list[Record]
     plan: BatchPlan
+    epoch: int                   # the assignment it was fetched under (CartridgeIngest._epoch)
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -64,7 +93,7 @@ class _Rebalance(ConsumerRebalanceListener):
         self.service = service
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.service.on_revoked(revoked)
+        self.service.on_revoked(revoked)        # never awaits the consume loop (see the module docstring)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.service.on_assigned(assigned)
@@ -82,9 +111,9 @@ class CartridgeIngest(Service):
         self.options = options
         self.topic = events_topic(cartridge.name)
         self.log = logging.getLogger(f"keel.worker.{cartridge.name}")
-        self._idle = asyncio.Event()         # set: no batch planned or being written
-        self._idle.set()
-        self._revoking = False
+        self._epoch = 0                       # bumped by every revocation
+        self._revoked: set[TopicPartition] = set()     # revoked, mirrors not forgotten yet
+        self._loop_task: asyncio.Task | None = None
         self._loop_done = asyncio.Event()     # set: the consume loop is not running
         self._loop_done.set()
         self.pipeline: BatchPipeline | None = None
@@ -95,6 +124,7 @@ class CartridgeIngest(Service):
         self.records = 0
         self.dead_letters = 0
         self._reported = (0.0, 0)         # (monotonic time, records) of the last progress line
+        self.client_id = f"keel-worker-{socket.gethostname()}-{os.getpid()}"    # the group member `keel status` shows
 
     @property
     def label(self) -> str:  # mode's name for logs
@@ -103,14 +133,13 @@ class CartridgeIngest(Service):
     async def on_start(self) -> None:
         s, o = self.settings, self.options
         for _ in range(2):
-            self.stores.append(await asyncio.to_thread(RedisStore.from_url, s.redis_url,   # strict: a replay's
-                                                       namespace=self.cartridge.name,   # cutover makes a batch
-                                                       strict_generations=True))        # be planned again
+            self.stores.append(await asyncio.to_thread(open_redis_store, self.cartridge, s,  # strict: a replay's
+                                                       strict_generations=True))   # cutover makes a batch be planned again
         reader, writer = self.stores
         await ensure_topics(s.kafka_bootstrap, [self.topic, dlq_topic(self.cartridge.name)], o.topics)
         self.producer = new_producer(s.kafka_bootstrap)
         self.consumer = new_consumer(s.kafka_bootstrap, self.topic, group_id(self.cartridge.name),
-                                     max_poll_records=o.batch)
+                                     max_poll_records=o.batch, client_id=self.client_id)
         async with kafka_guard("start producer and consumer", s.kafka_bootstrap):
             await self.producer.start()
             await self.consumer.start()
@@ -123,28 +152,33 @@ class CartridgeIngest(Service):
         self.log.info("%s: consuming %s as group %s into Redis namespace %r", self.label, self.topic,
                       group_id(self.cartridge.name), self.cartridge.name)
 
-    @Service.task
+    async def on_started(self) -> None:
+        self._loop_done.clear()
+        self._loop_task = asyncio.ensure_future(self._consume())
+
     async def _consume(self) -> None:
         """Fetch → plan → write → commit offsets; batch k is written while batch k+1 is planned."""
         pending: _Planned | None = None          # planned, not written yet
-        self._loop_done.clear()
         try:
             while not self.should_stop:
                 fetched = await self._fetch()
+                epoch = self._epoch              # the fetch returns records of the current assignment only
                 if self.should_stop:
                     break
-                if not fetched or self._revoking:
-                    # nothing new, or a rebalance is waiting for us (records fetched now are fetched again
-                    # from the committed offsets once it is over): write what is planned, then be idle
+                pending = await self._after_rebalance(pending)
+                if epoch != self._epoch:          # revoked meanwhile: fetched again from the committed offsets
+                    continue
+                if not fetched:                   # nothing new: write what is planned
                     if pending is not None:
                         await self._write_alone(pending)
                         pending = None
-                    self._idle.set()
                     continue
-                self._idle.clear()
-                pending = await self._step(pending, self._records(fetched), fetched)
-            if pending is not None:
-                await self._write_alone(pending)
+                pending = await self._step(pending, self._records(fetched), fetched, epoch)
+            pending = await self._after_rebalance(pending)
+            if pending is not None and self.pipeline is not None:
+                self.log.info("%s: stopping; a planned batch of %d record(s) is left to be redelivered",
+                              self.label, len(pending.records))
+                await self.pipeline.discard(pending.plan)
         except asyncio.CancelledError:
             raise
         except BaseException as e:     # a bug, not an outage: stop the worker (nothing more is acknowledged)
@@ -152,8 +186,22 @@ class CartridgeIngest(Service):
             await self.crash(e)
             raise
         finally:
-            self._idle.set()
             self._loop_done.set()
+
+    async def _after_rebalance(self, pending: _Planned | None) -> _Planned | None:
+        """Abandon a planned batch of an older assignment, then forget the revoked partitions' mirrors."""
+        assert self.pipeline is not None
+        if pending is not None and pending.epoch != self._epoch:
+            self.log.info("%s: partitions were revoked; a planned batch of %d record(s) is abandoned (it is "
+                          "redelivered to their owner)", self.label, len(pending.records))
+            await self.pipeline.discard(pending.plan)
+            pending = None
+        if self._revoked:
+            revoked, self._revoked = self._revoked, set()
+            n = await self.pipeline.forget({(tp.topic, tp.partition) for tp in revoked})
+            self.log.info("%s: partitions %s revoked; %d mirrored tenant(s) dropped", self.label,
+                          sorted(tp.partition for tp in revoked), n)
+        return pending
 
     async def _fetch(self) -> dict[TopicPartition, list]:
         assert self.consumer is not None
@@ -173,27 +221,29 @@ class CartridgeIngest(Service):
     def _records(fetched: dict[TopicPartition, list]) -> list[Record]:
         return [Record.of(r) for tp in sorted(fetched, key=lambda t: t.partition) for r in fetched[tp]]
 
-    def _stopping(self) -> bool:
-        return bool(self.should_stop)
+    def _stopping(self, epoch: int) -> Callable[[], bool]:
+        """When retries of a batch fetched under `epoch` stop: SIGTERM, or its partitions were revoked."""
+        return lambda: bool(self.should_stop) or self._epoch != epoch
 
     async def _step(self, pending: _Planned | None, records: list[Record],
-                    fetched: dict[TopicPartition, list]) -> _Planned | None:
+                    fetched: dict[TopicPartition, list], epoch: int) -> _Planned | None:
         """Write `pending` (if any) while planning `records`; returns the new pending batch (None when stopping)."""
         assert self.pipeline is not None
+        stopping = self._stopping(epoch)
         if pending is None:
-            plan = await self.pipeline.plan_until_done(records, stopping=self._stopping)
+            plan = await self.pipeline.plan_until_done(records, stopping=stopping)
         else:
             written, plan = await self.pipeline.process_overlapped((pending.records, pending.plan), records,
-                                                                   stopping=self._stopping)
+                                                                   stopping=stopping)
             if written is None:
                 return None
             await self._written(pending, written)
-            if plan is None:
-                plan = await self.pipeline.plan_until_done(records, stopping=self._stopping)
+            if plan is None and not stopping():
+                plan = await self.pipeline.plan_until_done(records, stopping=stopping)
         if plan is None:
             return None
         plan.log_ends = self._log_ends(fetched)
-        return _Planned(fetched, records, plan)
+        return _Planned(fetched, records, plan, epoch)
 
     def _log_ends(self, fetched: dict[TopicPartition, list]) -> dict[tuple[str, int], int]:
         """The log end of each fetched partition as the last fetch saw it (no request): committed with the
@@ -204,7 +254,8 @@ class CartridgeIngest(Service):
 
     async def _write_alone(self, pending: _Planned) -> None:
         assert self.pipeline is not None
-        written = await self.pipeline.process(pending.records, stopping=self._stopping, plan=pending.plan)
+        written = await self.pipeline.process(pending.records, stopping=self._stopping(pending.epoch),
+                                              plan=pending.plan)
         if written is not None:
             await self._written(pending, written)
 
@@ -225,10 +276,15 @@ class CartridgeIngest(Service):
             self.log.warning("%s: %d dead letter(s) in a batch of %d, e.g. partition %d offset %d: %s", self.label,
                              len(plan.dead_letters), len(batch.records), first.record.partition,
                              first.record.offset, first.reason)
-        offsets = {tp: recs[-1].offset + 1 for tp, recs in batch.fetched.items()}
+        metadata = commit_metadata(self.client_id)        # `keel status` tells a stalled owner by it
+        offsets = {tp: OffsetAndMetadata(recs[-1].offset + 1, metadata) for tp, recs in batch.fetched.items()}
+        if batch.epoch != self._epoch:       # their owner now commits them (or skips them by Redis's offsets)
+            self.log.info("%s: a batch written as its partitions were revoked; its offsets are not committed",
+                          self.label)
+            return
         try:
             async with kafka_guard("commit offsets", self.settings.kafka_bootstrap):
-                await self.consumer.commit(offsets)
+                await asyncio.wait_for(self.consumer.commit(offsets), COMMIT_TIMEOUT_S)
         except KafkaUnavailable as e:
             # Redis already holds the batch: a redelivery is skipped by offset. Those partitions may be
             # owned elsewhere by now, so their mirrors are forgotten.
@@ -252,38 +308,36 @@ class CartridgeIngest(Service):
             self._reported = (now, self.records)
 
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._revoking = False
         self.log.info("%s: assigned partitions %s", self.topic, sorted(tp.partition for tp in assigned) or "none")
 
-    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
-        """Rebalance: let the batches in flight finish and commit, then forget the revoked tenants."""
-        self._revoking = True
-        await self._idle.wait()
-        if self.pipeline is not None and revoked:
-            n = await self.pipeline.forget({(tp.topic, tp.partition) for tp in revoked})
-            self.log.info("%s: partitions %s revoked; %d mirrored tenant(s) dropped", self.label,
-                          sorted(tp.partition for tp in revoked), n)
+    def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Rebalance (aiokafka's coordinator task): a new assignment epoch; the loop abandons older batches
+        and forgets these partitions' mirrors. Waits for nothing: the loop may be parked in a fetch that
+        returns only after the rebalance."""
+        self._epoch += 1
+        self._revoked |= revoked
 
     async def on_stop(self) -> None:
-        """SIGTERM: the loop sees should_stop after its fetch or batch, writes what it has planned and
-        ends; wait for that (bounded), then close the clients."""
-        try:
-            await asyncio.wait_for(self._loop_done.wait(), self.options.shutdown_timeout_s)
-        except TimeoutError:
-            self.log.warning("%s: batch still being written after %.0fs; it will be redelivered",
-                             self.label, self.options.shutdown_timeout_s)
-        if self.consumer is not None:
+        """SIGTERM: the loop sees should_stop after its fetch or batch, finishes the write under way and
+        ends; wait for that (bounded, then cancel it), then close the clients (each bounded)."""
+        cancelled = False
+        if self._loop_task is not None and not self._loop_task.done():
             try:
-                await self.consumer.stop()
-            except KafkaError as e:
-                self.log.warning("%s: consumer stop: %s", self.label, e)
-        if self.producer is not None:
-            try:
-                await self.producer.stop()
-            except KafkaError as e:
-                self.log.warning("%s: producer stop: %s", self.label, e)
+                await asyncio.wait_for(self._loop_done.wait(), self.options.shutdown_timeout_s)
+            except TimeoutError:
+                self.log.warning("%s: the consume loop did not end within %.0fs; cancelled (what it had not "
+                                 "committed is redelivered)", self.label, self.options.shutdown_timeout_s)
+                self._loop_task.cancel()
+                cancelled = True
+                await asyncio.gather(self._loop_task, return_exceptions=True)
+        for what, client in (("consumer", self.consumer), ("producer", self.producer)):
+            if client is not None:
+                try:
+                    await asyncio.wait_for(client.stop(), CLOSE_TIMEOUT_S)
+                except (KafkaError, TimeoutError) as e:
+                    self.log.warning("%s: %s stop: %s", self.label, what, type(e).__name__)
         if self.pipeline is not None:
-            await asyncio.to_thread(self.pipeline.close)
+            self.pipeline.close(wait=not cancelled)      # a thread of the cancelled loop may still be busy
         for store in self.stores:
             store.close()
         self.log.info("%s: stopped after %d batch(es), %d record(s)", self.label, self.batches, self.records)

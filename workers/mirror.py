@@ -22,27 +22,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
-from keel.store.base import GLOBAL_TENANT, Key, Write
+from keel.store.base import GLOBAL_TENANT, Key, Position, Store, Write
 from keel.store.memory import MemoryStore
 from keel.timeline import Assertion
 
-Position = tuple[str, int, int] | tuple[str, int, int, int]   # (topic, partition, last offset applied[, log end])
 TopicPartition = tuple[str, int]
 _Loaded = tuple[list[tuple[Key, list[Assertion]]], list[str], dict[TopicPartition, "int | None"]]
-
-
-class BatchStore(Protocol):
-    """What the worker needs of the durable store (keel.store.redis.RedisStore)."""
-
-    def dump(self, tenant: str) -> Iterator[tuple[Key, list[Assertion]]]: ...
-    def event_ids(self, tenant: str) -> list[str]: ...
-    def has_event(self, tenant: str, event_id: str) -> bool: ...
-    def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None: ...
-    def commit_batch(self, tenant: str, events: list[tuple[list[Write], str]],
-                     position: Position | None) -> None: ...
-    # optional: commit_many(steps) — several commit_batch steps in one round trip (RedisStore has it)
 
 
 class _Tenant:
@@ -55,7 +42,7 @@ class _Tenant:
 class Mirrors:
     """Per-tenant MemoryStore copies of the durable store, with each tenant's applied offsets."""
 
-    def __init__(self, durable: BatchStore, *, max_tenants: int = 100_000, loaders: int = 8) -> None:
+    def __init__(self, durable: Store, *, max_tenants: int = 100_000, loaders: int = 8) -> None:
         self.durable = durable
         self.write_lock = threading.Lock()     # held while a batch is written (BatchApplier.write)
         self.memory = RecordingStore(reload=self._reload)
@@ -76,7 +63,7 @@ class Mirrors:
         if tenant in self._tenants:
             self._tenants.move_to_end(tenant)
             return
-        self._install(tenant, self._read(tenant, ()))
+        self._install(tenant, self._fetch(tenant, ()))
 
     def prefetch(self, wanted: dict[str, set[TopicPartition]]) -> None:
         """Load the tenants not mirrored yet (and their applied offsets on these partitions) concurrently:
@@ -87,11 +74,11 @@ class Mirrors:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.loaders, thread_name_prefix="keel-mirror-load")
         for tenant, loaded in zip([t for t, _ in missing],
-                                  self._pool.map(lambda item: self._read(*item), missing)):
+                                  self._pool.map(lambda item: self._fetch(*item), missing)):
             if tenant not in self._tenants:
                 self._install(tenant, loaded)
 
-    def _read(self, tenant: str, tps: set[TopicPartition] | tuple[()]) -> _Loaded:
+    def _fetch(self, tenant: str, tps: set[TopicPartition] | tuple[()]) -> _Loaded:
         """What the mirror needs of a tenant first, read from the durable store (any thread): its applied
         event ids and offsets; its graph is read on the first read of a handler (`_reload`)."""
         return [], self.durable.event_ids(tenant), {tp: self.durable.applied_offset(tenant, *tp) for tp in tps}

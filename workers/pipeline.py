@@ -160,7 +160,10 @@ class BatchPipeline:
         await self.settle(prev_plan)
         return prev_plan, plan
 
-    def close(self) -> None:
-        self._writer.shutdown(wait=True)
-        self._planner.shutdown(wait=True)
-        self.applier.mirrors.close()
+    def close(self, *, wait: bool = True) -> None:
+        """Stop the threads; `wait=False` when a cancelled loop may have left a step running (it ends on
+        its own; what it writes is safe, see workers/ingest.py) and the mirrors are left to the process end."""
+        self._writer.shutdown(wait=wait, cancel_futures=not wait)
+        self._planner.shutdown(wait=wait, cancel_futures=not wait)
+        if wait:
+            self.applier.mirrors.close()

@@ -8,7 +8,6 @@ reported with their line numbers and not sent.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -16,19 +15,14 @@ from pathlib import Path
 
 from keel.cartridge import Cartridge
 from keel.embedded import Rejected
-from keel.envelope import Catalog, Event
+from keel.envelope import Catalog
 from keel.errors import EnvelopeRejected
 from keel.kafka import TopicSpec, ensure_topics, kafka_guard, new_producer
-
-from .names import events_topic
+from keel.times import now_micros
+from keel.wire import canonical_bytes, events_topic, record_key
 
 Progress = Callable[[int, int], None]
 _WINDOW = 20_000            # records in flight before waiting for acknowledgements
-
-
-def canonical_bytes(event: Event) -> bytes:
-    """The record value of an event: its canonical envelope as compact JSON."""
-    return json.dumps(event.to_envelope(), ensure_ascii=False, separators=(",", ":")).encode()
 
 
 @dataclass
@@ -41,15 +35,19 @@ class Prepared:
 
 
 def checked_records(cartridge: Cartridge, path: str | Path, into: Prepared,
-                    on_reject: Callable[[Rejected], None] | None = None) -> Iterator[tuple[bytes, bytes]]:
-    """Stream the valid lines of a file as (tenant, canonical envelope); rejects and tenants go to `into`."""
+                    on_reject: Callable[[Rejected], None] | None = None, *,
+                    recorded_now: bool = False) -> Iterator[tuple[bytes, bytes]]:
+    """Stream the valid lines of a file as (tenant, canonical envelope); rejects and tenants go to `into`.
+    An envelope without recorded_at gets occurred_at (file mode's rule), or with `recorded_now` the time
+    the publishing started (re-sent or late data: the graph learns it now, never backdated)."""
     catalog = Catalog(cartridge)
+    now = now_micros() if recorded_now else None
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             try:
-                event = catalog.parse(raw)
+                event = catalog.parse(raw, default_recorded_at=now)
             except EnvelopeRejected as e:
                 rejected = Rejected(number, e.event_id, e.reason)
                 into.rejected.append(rejected)
@@ -57,7 +55,7 @@ def checked_records(cartridge: Cartridge, path: str | Path, into: Prepared,
                     on_reject(rejected)
                 continue
             into.tenants.add(event.tenant)
-            yield event.tenant.encode(), canonical_bytes(event)
+            yield record_key(event.tenant), canonical_bytes(event)
 
 
 def prepare(cartridge: Cartridge, path: str | Path, on_reject: Callable[[Rejected], None] | None = None) -> Prepared:
@@ -133,9 +131,9 @@ async def _publish(cartridge: Cartridge, into: Prepared, records: Iterable[tuple
 
 def publish_file(cartridge: Cartridge, path: str | Path, bootstrap: str, *, topics: TopicSpec | None = None,
                  on_reject: Callable[[Rejected], None] | None = None,
-                 progress: Progress | None = None) -> PublishReport:
+                 progress: Progress | None = None, recorded_now: bool = False) -> PublishReport:
     """Check and send a whole events file, streaming it; returns once every record is acknowledged."""
     into = Prepared()
     total = count_lines(path) if progress is not None else 0
-    return asyncio.run(_publish(cartridge, into, checked_records(cartridge, path, into, on_reject), bootstrap,
-                                topics or TopicSpec(), progress, total))
+    records = checked_records(cartridge, path, into, on_reject, recorded_now=recorded_now)
+    return asyncio.run(_publish(cartridge, into, records, bootstrap, topics or TopicSpec(), progress, total))

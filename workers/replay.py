@@ -28,13 +28,15 @@ from typing import Any, TypeVar
 
 from keel.cartridge import Cartridge
 from keel.config import Settings
+from keel.connect import open_redis_store
 from keel.envelope import TENANT
 from keel.errors import KeelError, StoreUnavailable, UsageError
 from keel.kafka import KafkaUnavailable
-from keel.store.redis import GenerationLoader, RedisStore
+from keel.store.base import EventWrites
+from keel.store.redis import GenerationLoader
+from keel.wire import events_topic
 
-from .names import events_topic
-from .replay_build import Event, PartitionBuild
+from .replay_build import PartitionBuild
 from .replay_progress import Progress
 from .replay_scan import PartitionScan, partition_count, tenant_partition
 from .replay_state import ReplayState
@@ -95,7 +97,7 @@ class ReplayReport:
         lines = [head]
         for r in self.results[:20]:
             lines.append(f"  {r.tenant}: partition {r.partition}, generation {r.old_gen} -> {r.new_gen}"
-                         f"{' (switched)' if r.switched else ' (NOT switched)'}, {r.applied:,} applied, "
+                         f" (switched), {r.applied:,} applied, "
                          f"{r.skipped:,} skipped, old generation dropped ({r.dropped_keys:,} keys)")
         if len(self.results) > 20:
             lines.append(f"  … {len(self.results) - 20} more tenant(s)")
@@ -127,7 +129,7 @@ class Replayer:
         self.options = options
         self.progress = progress
         self.topic = events_topic(cartridge.name)
-        self.store = RedisStore.from_url(settings.redis_url or "", namespace=cartridge.name)
+        self.store = open_redis_store(cartridge, settings)
         self.state = ReplayState(self.store)
         self.report = ReplayReport(cartridge.name, self.topic)
         self.claimed: dict[str, TenantResult] = {}          # shadows written and not switched yet
@@ -254,7 +256,7 @@ class Replayer:
                                                 tenant, new)
         return result
 
-    def _load(self, steps: dict[str, list[Event]], partition: int, position: int | None) -> None:
+    def _load(self, steps: dict[str, list[EventWrites]], partition: int, position: int | None) -> None:
         """Each tenant's new events into its shadow, in steps of at most `batch` events (the last one carries
         the offset); Redis executes them while the next records are projected and encoded."""
         pos = None if position is None else (self.topic, partition, position)

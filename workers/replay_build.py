@@ -1,7 +1,7 @@
 """The projection side of a replay: records of a partition → the cartridge's handlers on an in-memory mirror of
 each tenant being rebuilt → each event's writes, collected for the shadow generation.
 
-Records are judged exactly as the worker judges them (workers/applier.py): parsed with the cartridge's
+Records are judged by the worker's own function (workers/judge.py): parsed with the cartridge's
 catalog, recorded_at defaulting to the record timestamp; an invalid envelope, an envelope whose tenant is not
 the record key, a refused note or a handler failure is skipped and counted (live ingestion already sent it to
 the dead-letter topic); an event id seen before is a duplicate. Global notes are not written again (they
@@ -13,14 +13,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from keel.cartridge import Cartridge
-from keel.errors import EnvelopeRejected, HandlerFailed, KeelError, StoreUnavailable
 from keel.projector import Projector
-from keel.store.base import GLOBAL_TENANT, Write
+from keel.store.base import GLOBAL_TENANT, EventWrites
 
+from .judge import judge
 from .mirror import RecordingStore
 from .records import Record
-
-Event = tuple[list[Write], str]
 
 
 @dataclass
@@ -30,7 +28,7 @@ class TenantProgress:
     skipped: int = 0          # rejected envelopes and handler failures (already dead-lettered live)
     duplicates: int = 0
     global_notes: int = 0     # note events whose fact lives in the global graph (not rewritten)
-    pending: list[Event] = field(default_factory=list)      # writes not committed to the shadow yet
+    pending: list[EventWrites] = field(default_factory=list)      # writes not committed to the shadow yet
 
 
 class PartitionBuild:
@@ -60,41 +58,22 @@ class PartitionBuild:
             self._apply(tenant, progress, record)
 
     def _apply(self, tenant: str, progress: TenantProgress, record: Record) -> None:
-        if record.value is None:
+        verdict = judge(self.projector, self.mirror, record)
+        if verdict.outcome == "refused":
             progress.skipped += 1
             return
-        try:
-            event = self.projector.parse(record.value, default_recorded_at=record.timestamp_micros)
-        except EnvelopeRejected:
-            progress.skipped += 1
-            return
-        if event.tenant != tenant:
-            progress.skipped += 1
-            return
-        mirror = self.mirror
-        mirror.recording = True
-        try:
-            outcome = self.projector.apply(event)
-        except StoreUnavailable:
-            raise
-        except (EnvelopeRejected, HandlerFailed, KeelError):
-            progress.skipped += 1
-            return
-        finally:
-            mirror.recording = False
-            applied = mirror.take()
-        if outcome == "duplicate":
+        if verdict.outcome == "duplicate":
             progress.duplicates += 1
             return
         progress.applied += 1
-        for where, writes, event_id in applied:
+        for where, writes, event_id in verdict.writes:
             if where == GLOBAL_TENANT:
                 progress.global_notes += 1
             else:
-                progress.pending.append((writes, event_id or event.id))
+                progress.pending.append((writes, event_id or verdict.event_id))
                 self.pending += 1
 
-    def take(self) -> dict[str, list[Event]]:
+    def take(self) -> dict[str, list[EventWrites]]:
         """Every tenant's events not committed yet (every tenant appears, to carry the scanned offset)."""
         out = {}
         for tenant, progress in self.tenants.items():

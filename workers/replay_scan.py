@@ -6,9 +6,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from keel.errors import UsageError
 from keel.kafka import admin_client, bootstrap_list, kafka_guard, topic_exists
+from keel.wire import partition_for
 
 from .records import Record
-from .status import partition_for
 
 
 async def partition_count(bootstrap: str, topic: str) -> int:
@@ -46,6 +46,7 @@ class PartitionScan:
             self.first = (await self.consumer.beginning_offsets([self.tp]))[self.tp]
             await self.consumer.seek_to_beginning(self.tp)
         if self.first > 0:
+            await self.consumer.stop()           # refused: close it here (the caller never gets to)
             raise UsageError(f"{self.tp.topic} partition {self.tp.partition} starts at offset {self.first}: older "
                              f"records were deleted (retention), so a replay would lose them. Keel's topics "
                              f"need retention.ms=-1")

@@ -1,6 +1,6 @@
 """The in-progress marker of a replay: which shadow generation of a tenant is being built, and by whom.
 
-One small Redis key per tenant, `keel:{<ns>/<tenant>}:replay` (RedisStore's key naming: the tenant's hash tag,
+One small Redis key per tenant, `keel:{<ns>/<tenant>}:replay` (keel/store/redis/keys.py: the tenant's hash tag,
 so it lives in the tenant's slot), holding JSON `{"gen", "old", "host", "pid", "seen"}`. A replay claims it
 before writing its shadow, refreshes `seen` while it works and deletes it when done. A rerun after an
 interruption (Ctrl-C, kill -9) finds it and drops the abandoned shadow before starting again; a live claim
@@ -12,14 +12,11 @@ import json
 import os
 import socket
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from keel.errors import StoreUnavailable, UsageError
-from keel.store.redis import RedisStore
+from keel.errors import UsageError
+from keel.store.redis import RedisStore, guard
 
 STALE_AFTER_S = 30.0        # a claim not refreshed for this long is abandoned, whatever host holds it
 
@@ -47,15 +44,6 @@ class Claim:
         return True
 
 
-@contextmanager
-def _redis(what: str, tenant: str):  # type: ignore[no-untyped-def]
-    try:
-        yield
-    except RedisError as e:
-        raise StoreUnavailable(f"Redis {what} failed (tenant {tenant!r}): {type(e).__name__}: {e}",
-                               tenant=tenant) from e
-
-
 class ReplayState:
     """Reads and writes the replay markers of one namespace (cartridge) through a RedisStore's client."""
 
@@ -64,10 +52,10 @@ class ReplayState:
         self.client: Any = store.client
 
     def key(self, tenant: str) -> str:
-        return f"keel:{{{self.store.namespace}/{tenant}}}:replay"
+        return self.store.tenant_keys(tenant).replay
 
     def get(self, tenant: str) -> Claim | None:
-        with _redis("read replay marker", tenant):
+        with guard(self.store.namespace, "read replay marker", tenant):
             raw = self.client.get(self.key(tenant))
         if raw is None:
             return None
@@ -77,11 +65,11 @@ class ReplayState:
     def put(self, tenant: str, gen: int, old: int) -> None:
         """Claim (or refresh the claim on) the tenant's shadow generation `gen`."""
         doc = {"gen": gen, "old": old, "host": socket.gethostname(), "pid": os.getpid(), "seen": time.time()}
-        with _redis("write replay marker", tenant):
+        with guard(self.store.namespace, "write replay marker", tenant):
             self.client.set(self.key(tenant), json.dumps(doc))
 
     def clear(self, tenant: str) -> None:
-        with _redis("delete replay marker", tenant):
+        with guard(self.store.namespace, "delete replay marker", tenant):
             self.client.delete(self.key(tenant))
 
     def recover(self, tenant: str) -> int:
@@ -101,15 +89,14 @@ class ReplayState:
     def drop_orphans(self, tenant: str) -> int:
         """Drop every generation of the tenant that holds keys but is not the current one."""
         current = self.store.current_generation(tenant)
-        with _redis("read generation sequence", tenant):
-            highest = int(self.client.get(f"keel:{{{self.store.namespace}/{tenant}}}:gseq") or 1)
+        with guard(self.store.namespace, "read generation sequence", tenant):
+            highest = int(self.client.get(self.store.tenant_keys(tenant).gseq) or 1)
         deleted = 0
         for gen in range(1, max(highest, current) + 1):
             if gen == current:
                 continue
-            d = f"keel:{{{self.store.namespace}/{tenant}}}:g{gen}:"
-            names = [d + "ev", d + "m", d + "ents", d + "pv"]        # the generation's index keys
-            with _redis("probe generation", tenant):
+            names = self.store.tenant_keys(tenant).data_keys(gen)        # the generation's index keys
+            with guard(self.store.namespace, "probe generation", tenant):
                 present = int(self.client.exists(*names))
             if present:
                 deleted += self.store.drop_generation(tenant, gen)

@@ -1,85 +1,206 @@
-"""`keel status`: how far the workers of a cartridge are, from Kafka (end and committed offsets per
-partition, lag) and Redis (each tenant's applied offset, dead letters)."""
+"""`keel status`: how far the workers of a cartridge are, and what is wrong, from what can be read.
+
+Kafka: per partition the log end, the worker group's committed offset, lag, its owner (group member:
+client id, host) and when it last committed (the worker stores who and when with each offset commit);
+the group's members; the dead-letter topic (every writer: workers, relay, webhook), total, open (not
+redriven) and the last hour. Redis: each tenant's applied offset. Either may be down: what cannot be read
+is said (`unavailable`) and the command exits EXIT_PARTIAL instead of 0. `problems` says in plain words
+what an operator must look at: no member in the group, a partition with lag whose owner stopped
+committing, dead letters arriving.
+"""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from dataclasses import asdict
 from typing import Any
 
-from aiokafka.partitioner import murmur2
-
 from keel.cartridge import Cartridge
 from keel.config import Settings
-from keel.kafka import PartitionOffsets, group_offsets, topic_exists
+from keel.connect import open_redis_store
+from keel.deadletters import DeadLetters, read_dead_letters
+from keel.errors import EXIT_UNAVAILABLE, KafkaUnavailable, StoreUnavailable
+from keel.kafka import GroupDescription, PartitionOffsets, describe_group, group_offsets, topic_exists
+from keel.wire import dlq_topic, events_topic, group_id, partition_for
 
 from .dlq import DeadLetterCounts
-from .names import dlq_topic, events_topic, group_id
 
 NO_TENANT = ""      # dead letters whose tenant could not be read
+EXIT_PARTIAL = EXIT_UNAVAILABLE    # Kafka or Redis could not be read: the status printed is partial
+KAFKA_TIMEOUT_S = 15.0
+STALLED_AFTER_S = 60.0
 
 
-def partition_for(tenant: str, partitions: int) -> int:
-    """The partition Kafka's default partitioner gives a record keyed by this tenant."""
-    return (murmur2(tenant.encode()) & 0x7FFFFFFF) % partitions
+def commit_metadata(client_id: str) -> str:
+    """What a worker stores with each offset commit: who committed, and when (seconds since the epoch)."""
+    return json.dumps({"by": client_id, "at": round(time.time(), 1)}, separators=(",", ":"))
 
 
-def shape_status(cartridge: str, partitions: list[PartitionOffsets], applied: dict[str, dict[int, int | None]],
-                 dead: dict[str, int]) -> dict[str, Any]:
-    """The `keel status --json` document."""
-    tenants = {t: {"applied_offsets": {str(p): off for p, off in sorted(offsets.items())},
-                   "dead_letters": dead.get(t, 0)}
-               for t, offsets in sorted(applied.items())}
-    return {"cartridge": cartridge, "topic": events_topic(cartridge), "dlq": dlq_topic(cartridge),
-            "group": group_id(cartridge), "lag": sum(p.lag for p in partitions),
-            "partitions": [asdict(p) for p in partitions], "tenants": tenants,
-            "dead_letters": sum(dead.values()),
-            "dead_letters_without_tenant": dead.get(NO_TENANT, 0)}
+def _last_commit(metadata: str) -> tuple[str | None, float | None]:
+    try:
+        doc = json.loads(metadata)
+        return str(doc["by"]), float(doc["at"])
+    except (ValueError, KeyError, TypeError):
+        return None, None
+
+
+def _partition_rows(partitions: list[PartitionOffsets], group: GroupDescription | None, now: float,
+                    stalled_after: float) -> list[dict[str, Any]]:
+    owners = {p: m for m in (group.members if group else ()) for p in m.partitions}
+    rows = []
+    for p in partitions:
+        row = asdict(p)
+        del row["metadata"]
+        owner = owners.get(p.partition)
+        by, at = _last_commit(p.metadata)
+        row.update(owner=None if owner is None else {"member_id": owner.member_id, "client_id": owner.client_id,
+                                                     "host": owner.host},
+                   last_commit_by=by, last_commit_age_s=None if at is None else round(now - at, 1))
+        row["stalled"] = bool(owner is not None and p.lag > 0 and at is not None and now - at > stalled_after)
+        rows.append(row)
+    return rows
+
+
+def _problems(doc: dict[str, Any], stalled_after: float) -> list[str]:
+    out = []
+    group = doc.get("members")
+    if group is not None and not group and doc["lag"]:
+        out.append(f"the group {doc['group']} has no members: no worker is consuming ({doc['lag']} record(s) wait)")
+    elif group is not None and not group and doc["partitions"]:
+        out.append(f"the group {doc['group']} has no members (no worker is running)")
+    for p in doc["partitions"]:
+        if p["stalled"]:
+            o = p["owner"]
+            out.append(f"partition {p['partition']}: lag {p['lag']} and no commit for {p['last_commit_age_s']:.0f}s "
+                       f"(over {stalled_after:.0f}s) although member {o['client_id']} ({o['host']}) owns it: "
+                       f"that worker stopped consuming")
+        elif group and p["owner"] is None and p["lag"]:
+            out.append(f"partition {p['partition']}: lag {p['lag']} and no owner (the group is rebalancing?)")
+    dead = doc.get("dead_letters")
+    if isinstance(dead, dict) and dead.get("last_hour"):
+        out.append(f"{dead['last_hour']} dead letter(s) in the last hour ({dead['open']} open): `keel dlq list`")
+    return out
+
+
+async def _kafka_part(cartridge: Cartridge, settings: Settings) -> tuple[list[PartitionOffsets],
+                                                                        GroupDescription | None, DeadLetters]:
+    topic, bootstrap = events_topic(cartridge.name), settings.kafka_bootstrap
+    partitions: list[PartitionOffsets] = []
+    group = None
+    if await topic_exists(bootstrap, topic):
+        partitions = await group_offsets(bootstrap, topic, group_id(cartridge.name))
+        group = await describe_group(bootstrap, group_id(cartridge.name), topic)
+    dead = DeadLetters()
+    if await topic_exists(bootstrap, dlq_topic(cartridge.name)):
+        dead = await read_dead_letters(bootstrap, dlq_topic(cartridge.name))
+    return partitions, group, dead
 
 
 def gather_status(cartridge: Cartridge, settings: Settings, *, tenant: str | None = None,
-                  per_tenant: bool = True) -> dict[str, Any]:
-    """Read Kafka (and Redis when configured) and shape the status document; `tenant` limits the per-tenant
-    part to one tenant, `per_tenant=False` skips it (one Redis read per tenant)."""
-    topic = events_topic(cartridge.name)
+                  per_tenant: bool = True, stalled_after: float = STALLED_AFTER_S) -> dict[str, Any]:
+    """Read Kafka and Redis (each as far as it can) and shape the status document; `tenant` limits the
+    per-tenant part to one tenant, `per_tenant=False` skips it (one Redis read per tenant)."""
+    name = cartridge.name
+    unavailable: dict[str, str] = {}
     partitions: list[PartitionOffsets] = []
-    if asyncio.run(topic_exists(settings.kafka_bootstrap, topic)):
-        partitions = asyncio.run(group_offsets(settings.kafka_bootstrap, topic, group_id(cartridge.name)))
-    applied: dict[str, dict[int, int | None]] = {}
-    dead: dict[str, int] = {}
+    group: GroupDescription | None = None
+    dead: DeadLetters | None = None
+    try:
+        partitions, group, dead = asyncio.run(asyncio.wait_for(_kafka_part(cartridge, settings), KAFKA_TIMEOUT_S))
+    except (KafkaUnavailable, TimeoutError) as e:
+        unavailable["kafka"] = str(e) or f"no answer from {settings.kafka_bootstrap} within {KAFKA_TIMEOUT_S:.0f}s"
+    applied: dict[str, dict[str, int | None]] = {}
+    redis_counts: dict[str, int] | None = None
     if settings.redis_url:
-        from keel.store.redis import RedisStore
-        store = RedisStore.from_url(settings.redis_url, namespace=cartridge.name)
         try:
-            dead = DeadLetterCounts(store.client, cartridge.name).counts()
-            tenants = [] if not per_tenant else [tenant] if tenant else store.tenants()
-            for t in tenants:
-                p = partition_for(t, len(partitions)) if partitions else 0
-                applied[t] = {p: store.applied_offset(t, topic, p)}
-        finally:
-            store.close()
-    return shape_status(cartridge.name, partitions, applied, dead)
+            applied, redis_counts = _redis_part(cartridge, settings, partitions, tenant, per_tenant)
+        except StoreUnavailable as e:
+            unavailable["redis"] = str(e)
+    return shape_status(name, partitions, group, applied, dead, redis_counts, unavailable, now=time.time(),
+                        stalled_after=stalled_after)
+
+
+def shape_status(name: str, partitions: list[PartitionOffsets], group: GroupDescription | None,
+                 applied: dict[str, dict[str, int | None]], dead: DeadLetters | None,
+                 redis_counts: dict[str, int] | None, unavailable: dict[str, str], *, now: float,
+                 stalled_after: float = STALLED_AFTER_S) -> dict[str, Any]:
+    """The `keel status --json` document (None where a service could not be read)."""
+    doc: dict[str, Any] = {
+        "cartridge": name, "topic": events_topic(name), "dlq": dlq_topic(name), "group": group_id(name),
+        "lag": sum(p.lag for p in partitions) if "kafka" not in unavailable else None,
+        "group_state": group.state if group else None,
+        "members": None if group is None else [asdict(m) for m in group.members],
+        "partitions": _partition_rows(partitions, group, now, stalled_after),
+        "tenants": {t: {"applied_offsets": offsets} for t, offsets in sorted(applied.items())},
+        "dead_letters": dead.summary(int(now * 1000)) if dead is not None else None,
+        "dead_letters_counted_by_workers": redis_counts,
+        "unavailable": unavailable}
+    if dead is not None:
+        for info in doc["tenants"].values():
+            info["dead_letters"] = 0
+        for t, n in doc["dead_letters"]["by_tenant"].items():
+            if t in doc["tenants"]:
+                doc["tenants"][t]["dead_letters"] = n
+    doc["problems"] = _problems(doc, stalled_after)
+    return doc
+
+
+def _redis_part(cartridge: Cartridge, settings: Settings, partitions: list[PartitionOffsets], tenant: str | None,
+                per_tenant: bool) -> tuple[dict[str, dict[str, int | None]], dict[str, int]]:
+    topic = events_topic(cartridge.name)
+    store = open_redis_store(cartridge, settings)
+    try:
+        counts = DeadLetterCounts(store.client, cartridge.name).counts()
+        tenants = [] if not per_tenant else [tenant] if tenant else store.tenants()
+        applied = {}
+        for t in tenants:
+            p = partition_for(t, len(partitions)) if partitions else 0
+            applied[t] = {str(p): store.applied_offset(t, topic, p)}
+        return applied, counts
+    finally:
+        store.close()
 
 
 def render_status(doc: dict[str, Any]) -> str:
     """A short human-readable status."""
-    lines = [f"{doc['topic']}  group {doc['group']}  lag {doc['lag']}"]
+    lag = "?" if doc["lag"] is None else doc["lag"]
+    lines = [f"{doc['topic']}  group {doc['group']} ({doc['group_state'] or 'unknown'})  lag {lag}"]
+    for what, why in doc["unavailable"].items():
+        lines.append(f"  CANNOT READ {what.upper()}: {why}")
+    if doc["members"] is not None:
+        lines.append(f"  members: {len(doc['members'])}"
+                     + "".join(f"\n    {m['client_id']} at {m['host']}: partitions {list(m['partitions'])}"
+                               for m in doc["members"]))
     if doc["partitions"]:
-        lines.append(f"  {'partition':>9} {'end':>12} {'committed':>12} {'lag':>10}")
+        lines.append(f"  {'partition':>9} {'end':>12} {'committed':>12} {'lag':>10}  {'owner':<34} last commit")
         for p in doc["partitions"]:
             committed = "-" if p["committed"] is None else p["committed"]
-            lines.append(f"  {p['partition']:>9} {p['end']:>12} {committed:>12} {p['lag']:>10}")
-    else:
+            owner = "-" if p["owner"] is None else f"{p['owner']['client_id']}@{p['owner']['host']}"
+            age = "-" if p["last_commit_age_s"] is None else f"{p['last_commit_age_s']:.0f}s ago"
+            flag = "  STALLED" if p["stalled"] else ""
+            lines.append(f"  {p['partition']:>9} {p['end']:>12} {committed:>12} {p['lag']:>10}  {owner:<34} {age}{flag}")
+    elif "kafka" not in doc["unavailable"]:
         lines.append("  (topic not created yet: publish or start a worker)")
     tenants = doc["tenants"]
     if tenants:
         lines.append(f"tenants in Redis: {len(tenants)}")
         for t, info in list(tenants.items())[:20]:
             offsets = ", ".join(f"p{p}@{o}" for p, o in info["applied_offsets"].items())
-            extra = f", {info['dead_letters']} dead letter(s)" if info["dead_letters"] else ""
+            extra = f", {info['dead_letters']} open dead letter(s)" if info.get("dead_letters") else ""
             lines.append(f"  {t}: applied {offsets}{extra}")
         if len(tenants) > 20:
             lines.append(f"  … {len(tenants) - 20} more (--json for all, --tenant T for one)")
-    lines.append(f"dead letters: {doc['dead_letters']} in {doc['dlq']}"
-                 + (f" ({doc['dead_letters_without_tenant']} without a readable tenant)"
-                    if doc["dead_letters_without_tenant"] else ""))
+    dead = doc["dead_letters"]
+    if dead is not None:
+        writers = ", ".join(f"{w} {n}" for w, n in dead["by_writer"].items())
+        lines.append(f"dead letters in {doc['dlq']}: {dead['open']} open, {dead['total']} total"
+                     f"{f' ({writers})' if writers else ''}, {dead['last_hour']}/h in the last hour"
+                     + (f"; {dead['by_tenant'].get(NO_TENANT, 0)} open without a readable tenant"
+                        if dead["by_tenant"].get(NO_TENANT) else ""))
+    elif doc["dead_letters_counted_by_workers"] is not None:
+        lines.append(f"dead letters counted by workers (Redis; relay/webhook letters not included): "
+                     f"{sum(doc['dead_letters_counted_by_workers'].values())}")
+    for problem in doc["problems"]:
+        lines.append(f"PROBLEM: {problem}")
     return "\n".join(lines)

@@ -36,7 +36,7 @@ from ingest import cartridge_copy, cleanup, faust_probe_rate, run_workers, write
 
 from keel.cartridge import load_cartridge
 from keel.kafka import TopicSpec, admin_client, bootstrap_list
-from workers.names import events_topic
+from keel.wire import events_topic
 from workers.publish import prepare, publish_prepared
 
 GOAL_RATE = 15_000

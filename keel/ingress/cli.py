@@ -1,4 +1,4 @@
-"""Subcommands this package adds to `keel` (see keel.cli.EXTENSION_MODULES): `outbox init`, `outbox relay`,
+"""Subcommands this package adds to `keel` (entry point `ingress` of the group `keel.commands`): `outbox init`, `outbox relay`,
 `webhook`. Also runnable alone: `python -m keel.ingress.cli outbox relay ...`.
 
 Configuration: flags, then KEEL_POSTGRES_DSN / KEEL_KAFKA_BOOTSTRAP from the environment.
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from keel.cartridge import load_cartridge
-from keel.cli import positive_int
+from keel.commandline import positive_int
 from keel.config import resolve
 from keel.errors import UsageError
 
@@ -78,6 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="largest request body (default 1048576)")
     p.add_argument("--max-batch", type=positive_int, default=1000, metavar="N",
                    help="most envelopes per request (default 1000)")
+    p.add_argument("--kafka-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="answer 503 when Kafka has not acknowledged a request's events within this (default 5)")
     p.add_argument("--progress", type=float, default=10.0, metavar="SECONDS", help="counters line period (default 10)")
     p.set_defaults(run=cmd_webhook)
 
@@ -147,7 +149,7 @@ def cmd_webhook(args: argparse.Namespace) -> int:
     secrets = SecretsFile(Path(args.secrets), log)
     settings = resolve(vars(args))
     return asyncio.run(webhook_main(cartridges, secrets, args.host, args.port, settings.kafka_bootstrap,
-                                    Limits(args.max_body, args.max_batch),
+                                    Limits(args.max_body, args.max_batch, args.kafka_timeout),
                                     TopicSpec(args.partitions, args.replication_factor), log, args.progress))
 
 

@@ -1,13 +1,22 @@
 """Errors raised by the ingress paths; every client-library error is translated at its boundary."""
 from __future__ import annotations
 
-from keel.errors import KafkaUnavailable, KeelError, StoreUnavailable, UsageError
+from keel.errors import DomainError, KafkaUnavailable, KeelError, StoreUnavailable, UsageError
 
-__all__ = ["KafkaUnavailable", "ListenFailed", "OutboxMissing", "OutboxUnavailable", "SecretsInvalid"]
+__all__ = ["KafkaUnavailable", "ListenFailed", "OutboxMissing", "OutboxUnavailable", "RelayBusy", "SecretsInvalid"]
 
 
 class OutboxUnavailable(StoreUnavailable):
     """PostgreSQL (the outbox database) could not be reached or refused a statement."""
+    service = "PostgreSQL"
+
+
+class RelayBusy(DomainError):
+    """`--once` found another relay of the same name holding the outbox (exit 1: nothing is down)."""
+
+    def __init__(self, name: str, tables: object) -> None:
+        super().__init__(f"another relay named {name!r} is running on {tables}")
+        self.name = name
 
 
 class OutboxMissing(UsageError):

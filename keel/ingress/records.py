@@ -1,23 +1,16 @@
 """Kafka records the ingress paths produce: canonical envelopes for the events topic and dead letters.
 
-Dead-letter headers use the names the stream workers use (`keel.reason`, `keel.cartridge`, `keel.event_id`,
-`keel.tenant`), plus `keel.source` (`outbox`) and where the row came from (`keel.source.table`,
-`keel.source.xid`, `keel.source.position`).
+Dead-letter headers are keel.wire's (`keel.reason`, `keel.cartridge`, `keel.event_id`, `keel.tenant`), plus
+`keel.source` (`outbox`) and where the row came from (`keel.source.table`, `keel.source.xid`,
+`keel.source.position`).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from keel.envelope import Event
+from keel.wire import CARTRIDGE, EVENT_ID, MAX_REASON, REASON, SOURCE, TENANT, canonical_bytes, record_key
 
-REASON = "keel.reason"
-CARTRIDGE = "keel.cartridge"
-EVENT_ID = "keel.event_id"
-TENANT = "keel.tenant"
-SOURCE = "keel.source"
-VALUE_OMITTED = "keel.value_omitted"
-MAX_REASON = 4000
 RECORD_OVERHEAD = 512          # bytes reserved for the record and batch framing around key, value and headers
 
 
@@ -34,14 +27,9 @@ class OutRecord:
                 + sum(len(k) + len(v) for k, v in self.headers))
 
 
-def canonical_bytes(event: Event) -> bytes:
-    """The record value of an event: its canonical envelope (`Event.to_envelope()`) as compact JSON."""
-    return json.dumps(event.to_envelope(), ensure_ascii=False, separators=(",", ":")).encode()
-
-
 def event_record(topic: str, event: Event) -> OutRecord:
     """An accepted event: key = tenant, value = canonical envelope."""
-    return OutRecord(topic, event.tenant.encode(), canonical_bytes(event))
+    return OutRecord(topic, record_key(event.tenant), canonical_bytes(event))
 
 
 def dead_letter(topic: str, cartridge: str, value: bytes | None, reason: str, *, event_id: str | None,
@@ -51,9 +39,3 @@ def dead_letter(topic: str, cartridge: str, value: bytes | None, reason: str, *,
                *((f"{SOURCE}.{k}" if k else SOURCE, v) for k, v in source.items())]
     return OutRecord(topic, tenant.encode() if tenant else None, value,
                      tuple((k, v.encode()) for k, v in headers if v is not None))
-
-
-def headers_of(headers: object) -> dict[str, str]:
-    """Keel's headers of a consumed record as text (for tools and tests)."""
-    return {k: v.decode("utf-8", "replace") for k, v in headers  # type: ignore[attr-defined]
-            if k.startswith("keel.")}

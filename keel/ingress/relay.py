@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from keel.cartridge import Cartridge
 
 from .encode import Encoded, RowEncoder
-from .errors import KafkaUnavailable, OutboxUnavailable
+from .errors import KafkaUnavailable, OutboxUnavailable, RelayBusy
 from .producer import Acks, KafkaSink, TopicSpec
 from .source import START, Cursor, OutboxSource
 from .xmin import XminWatch
@@ -183,7 +183,7 @@ async def _lock(source: OutboxSource, options: RelayOptions, log: Log, stop: asy
     waited = False
     while not await source.try_lock(options.name):
         if options.once:
-            raise OutboxUnavailable(f"another relay named {options.name!r} is running on {source.tables}")
+            raise RelayBusy(options.name, source.tables)
         if not waited:
             log(f"another relay named {options.name!r} holds {source.tables}; standing by")
             waited = True

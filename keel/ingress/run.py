@@ -13,6 +13,7 @@ from typing import TextIO
 from aiohttp import web
 
 from keel.cartridge import Cartridge
+from keel.logs import install as install_log_limit
 
 from .auth import Secrets, load_secrets, loose_permissions
 from .errors import ListenFailed, SecretsInvalid
@@ -37,6 +38,7 @@ def library_logging() -> None:
     """Warnings of the client libraries (aiokafka retries, aiohttp server errors) as timestamped lines."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s: %(levelname)s %(message)s")
+    install_log_limit()       # one line per cause per interval (Kafka down: aiokafka logs every retry)
 
 
 def stop_on_signals(stop: asyncio.Event, log: Log) -> None:

@@ -8,13 +8,15 @@ or a batch (JSON lines or a JSON array), signed per tenant (see auth.py). Answer
   the answer, invalid ones in the same batch are listed with their reasons and not produced;
 * 400 the same shape with `error` when no envelope was valid, or the body is empty/malformed;
 * 401 missing or bad signature, unknown tenant; 404 unknown cartridge; 413 body or batch over the limits;
-* 503 Kafka did not acknowledge (retry the request: ids make the retry harmless).
+* 503 Kafka did not acknowledge within `Limits.kafka_timeout_s` (`--kafka-timeout`, default 5 s) or failed
+  (retry the request: ids make the retry harmless; records Kafka acknowledges after the 503 are applied once).
 
 Routing is by path, not by event type, so cartridges may share event type names (every cartridge accepts
 `keel.annotated`). `GET /healthz` answers 200 without authentication.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +49,7 @@ class Sink(Protocol):
 class Limits:
     max_body: int = 1 << 20        # bytes per request
     max_batch: int = 1000          # envelopes per request
+    kafka_timeout_s: float = 5.0   # longest wait for Kafka's acknowledgement before answering 503
 
 
 @dataclass
@@ -123,10 +126,13 @@ class WebhookHandler:
         self.counters.duplicates += len(outcome.duplicates)
         if not records:
             return web.json_response(_answer(route, tenant, outcome, "no valid envelope in the body"), status=400)
-        try:
-            await self.sink.send_all(records)
+        try:       # shielded: the producer keeps its records; only the wait for them is bounded
+            await asyncio.wait_for(asyncio.shield(self.sink.send_all(records)), self.limits.kafka_timeout_s)
         except KafkaUnavailable as e:
             return _error(503, f"events not stored, retry: {e}", headers={"Retry-After": "5"})
+        except TimeoutError:
+            return _error(503, f"events not acknowledged by Kafka within {self.limits.kafka_timeout_s:g}s, "
+                               f"retry (ids make a retry harmless)", headers={"Retry-After": "5"})
         self.counters.accepted += len(records)
         return web.json_response(_answer(route, tenant, outcome), status=202)
 

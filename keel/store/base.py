@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from ..envelope import ENTITY
@@ -193,10 +192,6 @@ class Store(ABC):
     def keys(self, tenant: str, entity: str) -> list[Key]:
         """Every timeline key involving the entity, in a stable order."""
 
-    @abstractmethod
-    def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
-                   known_at: Micros | None) -> list[Version | None]:
-        """The version of each key valid at `at`, believed at `known_at`."""
 
     @abstractmethod
     def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
@@ -217,6 +212,12 @@ class Store(ABC):
     @abstractmethod
     def freshness(self, tenant: str) -> Freshness:
         """The tenant's Freshness (known_through, lag) as the last applied write left it."""
+
+    def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
+                   known_at: Micros | None) -> list[Version | None]:
+        """The version of each key valid at `at`, believed at `known_at`: the one covering `at` among all its
+        versions (a backend may bisect its timelines instead)."""
+        return [covering(versions, at) for versions in self.versions_many(tenant, keys, known_at)]
 
     def recorded_many(self, tenant: str, entities: list[str]) -> list[Micros | None]:
         """`entity_recorded_at` of several entities; one request where possible."""
@@ -254,10 +255,25 @@ class Store(ABC):
     def close(self) -> None:
         """Release connections."""
 
-    @contextmanager
-    def batch(self, tenant: str) -> Iterator[None]:
-        """Group writes; backends with a network round trip may buffer them."""
-        yield
+    # ---- the batch contract: what a stream worker needs of a store ------------------------------
+
+    @abstractmethod
+    def commit_batch(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
+        """Apply several events, mark their ids and store the applied offset, in one atomic step.
+
+        `position` is (topic, partition, offset of the last record of the batch). Events whose id was
+        already applied (before, or earlier in this batch) are skipped whole, so committing a batch again
+        changes nothing. The stored offset only moves forward."""
+
+    @abstractmethod
+    def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
+        """The offset stored by the last commit_batch for (topic, partition) of the tenant, or None."""
+
+    def commit_many(self, steps: Sequence[BatchStep]) -> None:
+        """Several `commit_batch` steps (e.g. the tenants of one poll); each is atomic on its own, steps of
+        different tenants are not atomic together. Backends with a round trip send them together."""
+        for tenant, events, position in steps:
+            self.commit_batch(tenant, events, position)
 
     # ---- the write primitives of DESIGN §3 ----------------------------------------------------
 

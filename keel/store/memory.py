@@ -1,11 +1,11 @@
 """The embedded store: the whole graph in process memory (demo, CLI, cartridge development, tests)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from ..timeline import Assertion, Timeline, Version, insert
 from ..times import Micros
-from .base import Freshness, Key, Store, Write
+from .base import EventWrites, Freshness, Key, Position, Store, Write
 
 _NONE = -(1 << 62)      # below every time: known_through before any write
 
@@ -13,7 +13,8 @@ _NONE = -(1 << 62)      # below every time: known_through before any write
 class _TenantGraph:
     """A tenant's timelines as plain lists of assertions (appending is the write path's whole job), and the
     Timeline objects reads fold them with, made at a key's first read and sharing its list."""
-    __slots__ = ("by_entity", "events", "first_recorded", "generation", "known_through", "timelines", "views")
+    __slots__ = ("by_entity", "events", "first_recorded", "generation", "known_through", "offsets", "timelines",
+                 "views")
 
     def __init__(self) -> None:
         self.timelines: dict[Key, list[Assertion]] = {}
@@ -21,6 +22,7 @@ class _TenantGraph:
         self.by_entity: dict[str, dict[Key, None]] = {}     # entity -> its keys, insertion ordered
         self.first_recorded: dict[str, Micros] = {}
         self.events: set[str] = set()
+        self.offsets: dict[tuple[str, int], int] = {}       # (topic, partition) -> applied offset
         self.generation = 0
         self.known_through: Micros | None = None        # latest recorded_at among the writes applied
 
@@ -102,6 +104,20 @@ class MemoryStore(Store):
             keys[key] = None
             if first[entity] > recorded_at:  # noqa: PLR1730 - a compare, not a call (hot path)
                 first[entity] = recorded_at
+
+    def commit_batch(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
+        """The batch contract in process: each event as `apply_writes` (skipped when its id was applied), then
+        the offset, which only moves forward. Atomic as far as one thread sees."""
+        for writes, event_id in events:
+            self.apply_writes(tenant, writes, event_id)
+        if position is not None:
+            offsets = self._graph(tenant).offsets
+            where = (position[0], int(position[1]))
+            offsets[where] = max(offsets.get(where, -1), int(position[2]))
+
+    def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
+        g = self._tenants.get(tenant)           # like has_event: never needs the timelines up to date
+        return None if g is None else g.offsets.get((topic, int(partition)))
 
     def has_event(self, tenant: str, event_id: str) -> bool:
         g = self._tenants.get(tenant)           # event ids only: never needs the timelines up to date

@@ -66,7 +66,7 @@ def wait_working(cartridge: Path, env: dict[str, str], worker: WorkerProcess) ->
 def judge(cartridge: Path, env: dict[str, str], events: Path, dead_letters: int) -> None:
     expected = embedded_digests(load_cartridge(cartridge), events)
     assert redis_digests(cartridge, env, expected) == expected
-    assert status(cartridge, env)["dead_letters"] == dead_letters
+    assert status(cartridge, env)["dead_letters"]["total"] == dead_letters
 
 
 def test_worker_killed_at_random_points_under_load(tmp_path: Path, private_services: PrivateServices) -> None:

@@ -1,4 +1,4 @@
-"""Helpers for the worker tests (no tests here): a durable fake with RedisStore's batch API, records as a
+"""Helpers for the worker tests (no tests here): a memory store with an injected commit failure, records as a
 topic would hold them, cartridge copies with unique names, and the real-services plumbing (subprocess
 workers, waiting for lag 0, digests)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,50 +22,32 @@ from keel.cartridge import Cartridge, load_cartridge
 from keel.digest import digest
 from keel.embedded import build_embedded
 from keel.errors import StoreUnavailable
-from keel.store.base import Write
+from keel.store.base import EventWrites, Position
 from keel.store.memory import MemoryStore
+from keel.wire import partition_for
 from workers.publish import prepare
 from workers.records import Record
-from workers.status import partition_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CARTRIDGES = ("finance", "fleet", "salon")
 T0_MS = 1_790_000_000_000          # a fixed LogAppendTime for records built in tests
 
 
-class FakeDurable(MemoryStore):
-    """MemoryStore + RedisStore's batch API (commit_batch, applied_offset), with failure injection."""
+class FailingStore(MemoryStore):
+    """The memory store (the batch contract included) with one injected failure: the commit step after
+    `fail_after` successful ones raises StoreUnavailable."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.offsets: dict[tuple[str, str, int], int] = {}
         self.commits = 0
         self.fail_after: int | None = None      # raise StoreUnavailable on the commit after this many
 
-    def commit_batch(self, tenant: str, events: list[tuple[list[Write], str]],
-                     position: tuple[str, int, int] | None) -> None:
+    def commit_batch(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
         if self.fail_after is not None and self.commits >= self.fail_after:
             self.fail_after = None
             raise StoreUnavailable("injected failure", tenant=tenant)
         self.commits += 1
-        for writes, event_id in events:
-            if event_id and self.has_event(tenant, event_id):
-                continue
-            self.apply_writes(tenant, writes, event_id)
-        if position is not None:
-            key = (tenant, position[0], position[1])
-            self.offsets[key] = max(self.offsets.get(key, -1), position[2])
-
-    def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
-        return self.offsets.get((tenant, topic, partition))
-
-
-class FakeDurableMany(FakeDurable):
-    """FakeDurable that also pipelines steps of several tenants (RedisStore.commit_many)."""
-
-    def commit_many(self, steps: list[tuple[str, list[tuple[list[Write], str]], tuple[str, int, int] | None]]) -> None:
-        for tenant, events, position in steps:
-            self.commit_batch(tenant, events, position)
+        super().commit_batch(tenant, events, position)
 
 
 def topic_records(values: Iterable[tuple[bytes | None, bytes | None]], *, topic: str = "keel.t.events",
@@ -212,7 +194,25 @@ def status(cartridge: Path, env: dict[str, str]) -> dict[str, Any]:
     from keel.config import resolve
     from workers.status import gather_status
     settings = resolve({"kafka": env["KEEL_KAFKA_BOOTSTRAP"], "redis": env["KEEL_REDIS_URL"]})
-    return gather_status(load_cartridge(cartridge), settings, per_tenant=False)
+    doc = gather_status(load_cartridge(cartridge), settings, per_tenant=False)
+    if "kafka" in doc["unavailable"]:       # callers wait through an outage by catching this
+        from keel.errors import KafkaUnavailable
+        raise KafkaUnavailable(doc["unavailable"]["kafka"])
+    return doc
+
+
+def committed(cartridge: Path, env: dict[str, str]) -> int:
+    """Offsets the worker group committed so far, from Kafka only (`status` reads more, too slowly to catch a
+    worker in the middle of a small backlog); 0 while the group's coordinator is not known yet."""
+    from keel.errors import KafkaUnavailable
+    from keel.kafka import group_offsets
+    from keel.wire import events_topic, group_id
+    name = load_cartridge(cartridge).name
+    try:
+        parts = asyncio.run(group_offsets(env["KEEL_KAFKA_BOOTSTRAP"], events_topic(name), group_id(name)))
+    except KafkaUnavailable:
+        return 0
+    return sum(p.committed or 0 for p in parts)
 
 
 def wait_applied(cartridge: Path, env: dict[str, str], expected: int, worker: WorkerProcess | None = None,

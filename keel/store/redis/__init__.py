@@ -14,9 +14,10 @@
 from __future__ import annotations
 
 from .codec import decode_member, decode_point, encode_body, encode_point, encode_provenance
-from .keys import key_of, prefix_of
+from .keys import TenantKeys, dead_letter_keys, key_of, prefix_of
 from .loader import GenerationLoader
 from .store import GenerationChanged, RedisStore
+from .transport import guard
 
-__all__ = ["GenerationChanged", "GenerationLoader", "RedisStore", "decode_member", "decode_point", "encode_body",
-           "encode_point", "encode_provenance", "key_of", "prefix_of"]
+__all__ = ["GenerationChanged", "GenerationLoader", "RedisStore", "TenantKeys", "dead_letter_keys", "decode_member",
+           "decode_point", "encode_body", "encode_point", "encode_provenance", "guard", "key_of", "prefix_of"]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import StoreUnavailable, UsageError
-from ...timeline import Assertion, Timeline, Version, covering
+from ...timeline import Assertion, Timeline, Version, covering, version_at
 from ...times import Micros
 from ..base import EntityView, Freshness, Key, entity_view
 from .keys import index_key, key_of
@@ -139,14 +139,7 @@ def winner_version(a: Assertion, count: int, nxt: str, at: Micros) -> Version | 
     """The version valid at `at` from the winner at or before it (folded like Timeline.as_of, known_at=None):
     `count` > 1 when other assertions share its point (a correction), the next point is `nxt` (point9, "" when
     none)."""
-    if a.closed:
-        return None
-    valid_to = decode_point(nxt) if nxt else None
-    if a.expires_at is not None and (valid_to is None or a.expires_at < valid_to):
-        valid_to = a.expires_at
-    if valid_to is not None and valid_to <= at:
-        return None
-    return Version(a, valid_to, (a.by or a.source) if count > 1 else None)
+    return version_at(a, count, decode_point(nxt) if nxt else None, at)
 
 
 def timeline_of(members: list[str], prov: ProvenanceCache) -> Timeline:

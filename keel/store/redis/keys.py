@@ -8,6 +8,8 @@ one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
     keel:{<ns>}:tenants                    set: tenants ever written in the namespace (a registry)
     keel:{<ns>/<t>}:gen                    string: the current generation (absent = 1)
     keel:{<ns>/<t>}:gseq                   string: the highest generation handed out
+    keel:{<ns>/<t>}:replay                 string: the marker of a replay in progress (workers/replay_state.py)
+    keel:{<ns>}:dlq:seen, keel:{<ns>}:dlq:count   dead letters counted once per source record (workers/dlq.py)
     keel:{<ns>/<t>}:g<N>:ev                set: applied event ids
     keel:{<ns>/<t>}:g<N>:m                 hash: `sv` (write counter, the search version), applied offsets,
                                            `kt` (latest recorded_at applied), `lag` (at the last commit)
@@ -92,16 +94,22 @@ def check_name(what: str, name: str, allow_global: bool = False) -> str:
 
 
 class TenantKeys:
-    """Key names of one tenant: `gen`, `gseq` and the data prefix of each generation."""
-    __slots__ = ("base", "gen", "gseq")
+    """Key names of one tenant: `gen`, `gseq`, the replay marker and the data prefix of each generation."""
+    __slots__ = ("base", "gen", "gseq", "replay")
 
     def __init__(self, namespace: str, tenant: str) -> None:
         self.base = f"keel:{{{namespace}/{tenant}}}:"
         self.gen = self.base + "gen"
         self.gseq = self.base + "gseq"
+        self.replay = self.base + "replay"
 
     def data(self, gen: int) -> str:
         return f"{self.base}g{gen}:"
+
+    def data_keys(self, gen: int) -> list[str]:
+        """The fixed keys of a generation (its index: present exactly when the generation holds data)."""
+        d = self.data(gen)
+        return [d + k for k in DATA_KEYS]
 
 
 def offset_field(topic: str, partition: int) -> str:
@@ -120,6 +128,11 @@ def index_key(entity: str, element: str) -> Key:
 def registry_key(namespace: str) -> str:
     """The set of tenants ever written in a namespace."""
     return f"keel:{{{namespace}}}:tenants"
+
+
+def dead_letter_keys(namespace: str) -> tuple[str, str]:
+    """(source records counted, counts by tenant) of a namespace's dead letters."""
+    return f"keel:{{{namespace}}}:dlq:seen", f"keel:{{{namespace}}}:dlq:count"
 
 
 def entity_keys(d: str, entity: str) -> tuple[str, str]:

@@ -108,6 +108,10 @@ class RedisStore(GenerationAdmin, Store):
 
     # ---- the public interface of the key layout (the bulk loader uses it) ------------------------
 
+    def tenant_keys(self, tenant: str) -> TenantKeys:
+        """The key names of a tenant (its name checked)."""
+        return self._n(tenant)
+
     def data_prefix(self, tenant: str, gen: int) -> str:
         """The prefix of every data key of one generation of a tenant."""
         return self._n(tenant).data(int(gen))
@@ -323,13 +327,6 @@ class RedisStore(GenerationAdmin, Store):
         with self._guard("keys", tenant):
             raw = self._tx(tenant, lambda p, d: p.lrange(d + "x:" + escape(entity), 1, -1))[0]
         return [index_key(entity, element) for element in raw]
-
-    def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
-                   known_at: Micros | None) -> list[Version | None]:
-        """Whole timelines folded here (views, the hot read, go through the VIEW script instead)."""
-        if not keys:
-            return []
-        return [tl.as_of(at, known_at) for tl in self._timelines(tenant, keys)]
 
     def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
         if not keys:

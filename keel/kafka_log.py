@@ -1,4 +1,4 @@
-"""The event log in Redis mode: `annotate` produces its event to the cartridge's topic and returns once a
+"""The event log in Redis mode (keel's Kafka boundary, beside keel.kafka): `annotate` produces its event to the cartridge's topic and returns once a
 worker has applied it (read-your-writes), or raises WriteTimeout after `settings.apply_timeout_s`."""
 from __future__ import annotations
 
@@ -11,15 +11,13 @@ from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 
-from keel.cartridge import Cartridge
-from keel.config import Settings
-from keel.envelope import Catalog
-from keel.errors import WriteTimeout
-from keel.kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_producer
-from keel.store.base import Store
-
-from .names import dlq_topic, events_topic
-from .publish import canonical_bytes
+from .cartridge import Cartridge
+from .config import Settings
+from .envelope import Catalog
+from .errors import WriteTimeout
+from .kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_producer
+from .store.base import Store
+from .wire import canonical_bytes, dlq_topic, events_topic, record_key
 
 T = TypeVar("T")
 Sender = Callable[[str, bytes, bytes], None]        # (topic, key, value), returns once acknowledged
@@ -96,7 +94,7 @@ class KafkaLog:
         event = self.catalog.parse(envelope)                  # reject before it reaches the log
         timeout = self.settings.apply_timeout_s
         deadline = self._clock() + timeout
-        self._send(self.topic, event.tenant.encode(), canonical_bytes(event))
+        self._send(self.topic, record_key(event.tenant), canonical_bytes(event))
         delay = 0.005
         while not self.store.has_event(event.tenant, event.id):
             left = deadline - self._clock()

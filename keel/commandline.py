@@ -1,0 +1,65 @@
+"""Helpers every `keel` subcommand shares, whichever package adds it: the parser class, argument types,
+settings from flags, choosing the tenant and printing results.
+
+keel.cli is the entry point and imports this; the packages that plug in their subcommands (entry points
+of the group `keel.commands`, see keel.cli) import from here, never from keel.cli.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .config import Settings, resolve
+from .errors import UsageError
+
+COMMANDS_GROUP = "keel.commands"     # entry points: `name = "package.module:register"`, register(subparsers)
+
+
+class KeelArgumentParser(argparse.ArgumentParser):
+    """An argparse parser whose errors exit 2 with a pointer to --help."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"keel: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    """The settings of a command: its flags, then KEEL_* variables, then defaults."""
+    return resolve(vars(args))
+
+
+def pick_tenant(given: str | None, tenants: list[str] | None) -> str:
+    """The tenant a command works on: the one given, else the only one of an events file."""
+    if given:
+        return given
+    if tenants is None:
+        raise UsageError("--tenant is required with --redis")
+    if len(tenants) == 1:
+        return tenants[0]
+    if not tenants:
+        raise UsageError("the events file holds no valid event, so there is no tenant to query")
+    raise UsageError(f"the events file holds several tenants ({', '.join(tenants)}); pass --tenant")
+
+
+def emit(args: argparse.Namespace, result: Any, human: Callable[[Any], str]) -> int:
+    """Print a tool's result: JSON with --json, else its human rendering."""
+    if args.json:
+        print(json.dumps(result, ensure_ascii=False, indent=2))
+    else:
+        print(human(result))
+    return 0

@@ -1,0 +1,92 @@
+"""Where a command's graph lives, decided and opened in one place for every command and server.
+
+An events file means embedded mode: the file replayed into a MemoryStore, notes appended to the file.
+Otherwise the Redis URL of the resolved settings (`--redis`, else KEEL_REDIS_URL) means the graph the
+workers maintain, with notes produced to the cartridge's topic (KafkaLog). So KEEL_REDIS_URL means the same
+thing to `keel context`, `keel digest`, `keel serve`, `keel worker`, `keel status` and `keel replay`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self, TextIO
+
+from .cartridge import Cartridge
+from .config import Settings
+from .embedded import build_embedded
+from .errors import UsageError
+from .eventlog import EventLog, FileLog
+from .store.base import Store
+
+if TYPE_CHECKING:
+    from .store.redis import RedisStore
+
+
+@dataclass
+class Graph:
+    """An opened graph: its store, the log annotate writes to, and (embedded) the tenants of the file."""
+    cartridge: Cartridge
+    store: Store
+    log: EventLog | None
+    tenants: list[str] | None = None        # None: unknown (Redis); a file lists the tenants it holds
+    events: Path | None = None
+    embedded: bool = False
+
+    def close(self) -> None:
+        close_graph(self.store, self.log)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def close_graph(store: Store, log: EventLog | None) -> None:
+    """Close the log (a Kafka producer in Redis mode; a file log has nothing to close), then the store."""
+    close_log = getattr(log, "close", None)
+    try:
+        if callable(close_log):
+            close_log()
+    finally:
+        store.close()
+
+
+def redis_url(settings: Settings) -> str:
+    """The Redis URL of the settings, or a usage error naming both ways to give one."""
+    if not settings.redis_url:
+        raise UsageError("no Redis URL: pass --redis URL or set KEEL_REDIS_URL")
+    return settings.redis_url
+
+
+def open_redis_store(cartridge: Cartridge, settings: Settings, **options: Any) -> RedisStore:
+    """The cartridge's Redis graph (namespace = cartridge name); options go to RedisStore.from_url."""
+    from .store.redis import RedisStore  # redis-py is imported by the commands that use it only
+    return RedisStore.from_url(redis_url(settings), namespace=cartridge.name, **options)
+
+
+def open_event_log(cartridge: Cartridge, store: Store, settings: Settings) -> EventLog:
+    """The log of Redis mode: annotate produces to the cartridge's topic and waits until a worker applied it."""
+    from .kafka_log import KafkaLog
+    return KafkaLog(cartridge, store, settings)
+
+
+def open_graph(cartridge: Cartridge, settings: Settings, events: str | Path | None = None, *,
+               stream: TextIO | None = None) -> Graph:
+    """An events file when given (embedded), else the Redis graph of the settings (usage error when neither)."""
+    if events is not None:
+        path = Path(events)
+        if not path.is_file():
+            raise UsageError(f"events file {path} not found")
+        projector, report = build_embedded(cartridge, path, allow_global_notes=settings.allow_global_notes,
+                                           stream=stream)
+        return Graph(cartridge, projector.store, FileLog(projector, path), sorted(report.tenants), path, True)
+    if not settings.redis_url:
+        raise UsageError("give an events file (embedded) or --redis URL (or set KEEL_REDIS_URL)")
+    store = open_redis_store(cartridge, settings)
+    try:
+        log = open_event_log(cartridge, store, settings)
+    except BaseException:
+        store.close()
+        raise
+    return Graph(cartridge, store, log)

@@ -1,0 +1,86 @@
+"""The batch contract of keel.store.base.Store (commit_batch, commit_many, applied_offset, has_event), written
+once; the memory store, the Redis store (single node and Cluster), the worker's RecordingStore and the
+generation loader subclass BatchContract.
+
+    class TestMyBatches(BatchContract):
+        def make_batch_store(self) -> Store: ...   # a fresh, empty store
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from keel.digest import digest
+from keel.store.base import EventWrites, Store, Write, fact_write, relation_write
+from keel.store.memory import MemoryStore
+
+from .store_contract import day
+
+T = "acme"
+TOPIC = "keel.t.events"
+
+
+def event(n: int, value: Any = None, event_id: str | None = None) -> EventWrites:
+    """An event writing a fact on thing:n and linking it to group:g, with id `e<n>` unless given."""
+    eid = f"e{n}" if event_id is None else event_id
+    writes: list[Write] = [
+        fact_write(f"thing:{n}", "p", n if value is None else value, day(n), False, source="s", evidence=eid,
+                   recorded_at=None, by=None),
+        relation_write(f"thing:{n}", "in", "group:g", day(n), False, source="s", evidence=eid, recorded_at=None,
+                       by=None)]
+    return writes, eid
+
+
+class BatchContract:
+    """Subclasses provide make_batch_store(); every test starts from an empty store."""
+
+    def make_batch_store(self) -> Store:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def test_a_batch_applies_its_events_and_stores_the_offset(self) -> None:
+        s = self.make_batch_store()
+        assert s.applied_offset(T, TOPIC, 0) is None
+        s.commit_batch(T, [event(1), event(2)], (TOPIC, 0, 41))
+        assert s.has_event(T, "e1") and s.has_event(T, "e2") and not s.has_event(T, "e3")
+        assert s.applied_offset(T, TOPIC, 0) == 41
+        assert s.applied_offset(T, TOPIC, 1) is None and s.applied_offset("other", TOPIC, 0) is None
+        m = MemoryStore()
+        m.apply_writes(T, *event(1))
+        m.apply_writes(T, *event(2))
+        assert digest(s, T) == digest(m, T)
+
+    def test_committing_a_batch_again_changes_nothing(self) -> None:
+        s = self.make_batch_store()
+        batch = [event(1), event(2)]
+        s.commit_batch(T, batch, (TOPIC, 0, 7))
+        before = digest(s, T)
+        s.commit_batch(T, batch, (TOPIC, 0, 7))
+        assert digest(s, T) == before and s.applied_offset(T, TOPIC, 0) == 7
+
+    def test_an_event_id_applied_before_is_skipped_whole(self) -> None:
+        s = self.make_batch_store()
+        s.commit_batch(T, [event(1)], (TOPIC, 0, 1))
+        s.commit_batch(T, [event(1, value="changed"), event(2, value="once"), event(2, value="twice", event_id="e2")],
+                       (TOPIC, 0, 3))
+        m = MemoryStore()
+        m.apply_writes(T, *event(1))
+        m.apply_writes(T, *event(2, value="once"))
+        assert digest(s, T) == digest(m, T)
+
+    def test_the_offset_only_moves_forward(self) -> None:
+        s = self.make_batch_store()
+        s.commit_batch(T, [event(1)], (TOPIC, 2, 10))
+        s.commit_batch(T, [event(2)], (TOPIC, 2, 5))
+        assert s.applied_offset(T, TOPIC, 2) == 10 and s.has_event(T, "e2")
+        s.commit_batch(T, [], (TOPIC, 2, 12))       # a batch of refused records still moves the offset
+        assert s.applied_offset(T, TOPIC, 2) == 12
+
+    def test_commit_many_equals_its_steps_one_by_one(self) -> None:
+        s, one = self.make_batch_store(), MemoryStore()
+        steps = [(T, [event(1), event(2)], (TOPIC, 0, 2)), ("beta", [event(3)], (TOPIC, 1, 9)),
+                 (T, [event(2), event(4)], (TOPIC, 0, 4))]
+        s.commit_many(steps)
+        for tenant, events, position in steps:
+            one.commit_batch(tenant, events, position)
+        for tenant in (T, "beta"):
+            assert digest(s, tenant) == digest(one, tenant)
+        assert (s.applied_offset(T, TOPIC, 0), s.applied_offset("beta", TOPIC, 1)) == (4, 9)

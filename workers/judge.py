@@ -1,0 +1,78 @@
+"""How a record of an events topic is judged, once for the worker (workers/applier.py) and the replay
+(workers/replay_build.py), so that a replay rebuilds exactly what live ingestion built.
+
+A record is refused (with a reason) when its value is missing or not a valid envelope, when its key is not
+the envelope's tenant (Keel's topics are keyed by tenant), when a note is refused or a handler fails. An
+event id seen before is a duplicate. Otherwise the event's writes, as the Projector produced them on the
+recording mirror, are returned with the tenant they belong to (the global tenant for global notes).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from keel.envelope import TENANT, Event
+from keel.errors import EnvelopeRejected, HandlerFailed, KeelError, StoreUnavailable
+from keel.projector import Projector
+from keel.store.base import Write
+
+from .mirror import RecordingStore
+from .records import Record
+
+Outcome = Literal["skipped", "refused", "duplicate", "applied"]
+EMPTY_RECORD = "empty record: the value must be an event envelope"
+
+
+@dataclass
+class Verdict:
+    """What became of one record: skipped (the durable store holds it), refused (why), a duplicate event
+    id, or applied (with its writes)."""
+    outcome: Outcome
+    tenant: str | None = None
+    event: Event | None = None
+    reason: str | None = None
+    event_id: str | None = None
+    writes: list[tuple[str, list[Write], str | None]] = field(default_factory=list)   # (tenant, writes, id)
+
+
+def judge(projector: Projector, recorder: RecordingStore, record: Record,
+          already_applied: Callable[[str], bool] | None = None) -> Verdict:
+    """Judge and (unless refused or a duplicate) apply one record on the recording mirror.
+
+    `already_applied(tenant)` lets the worker skip a record the durable store already holds (by offset); it
+    is asked as soon as the record's tenant is known (before a refusal is reported, too)."""
+    try:
+        if record.value is None:
+            raise EnvelopeRejected(EMPTY_RECORD)
+        event = projector.parse(record.value, default_recorded_at=record.timestamp_micros)
+    except EnvelopeRejected as e:
+        tenant = e.tenant if e.tenant and TENANT.match(e.tenant) else None
+        if tenant is not None and already_applied is not None and already_applied(tenant):
+            return Verdict("skipped", tenant)
+        return Verdict("refused", tenant, reason=e.reason, event_id=e.event_id)
+    tenant = event.tenant
+    if already_applied is not None and already_applied(tenant):
+        return Verdict("skipped", tenant, event)
+    if record.key != tenant.encode():
+        shown = None if record.key is None else record.key.decode("utf-8", "replace")
+        return Verdict("refused", tenant, event, f"record key {shown!r} is not the envelope's tenant {tenant!r} "
+                                                 f"(Keel's topics are keyed by tenant)", event.id)
+    recorder.take()                 # nothing recorded before this event belongs to it
+    recorder.recording = True
+    try:
+        outcome = projector.apply(event)
+    except StoreUnavailable:
+        raise
+    except EnvelopeRejected as e:
+        return Verdict("refused", tenant, event, e.reason, event.id)
+    except HandlerFailed as e:
+        return Verdict("refused", tenant, event, str(e), event.id)
+    except KeelError as e:
+        return Verdict("refused", tenant, event, f"{type(e).__name__}: {e}", event.id)
+    finally:
+        recorder.recording = False
+        applied = recorder.take()
+    if outcome == "duplicate":
+        return Verdict("duplicate", tenant, event, event_id=event.id)
+    return Verdict("applied", tenant, event, event_id=event.id, writes=applied)
