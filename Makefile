@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test test-embedded lint bench soak services-up services-down clean
+.PHONY: install demo test test-deploy test-embedded images lint bench bench-peers soak services-up services-down clean
 
 install: $(VENV)/.installed
 
@@ -16,17 +16,27 @@ $(VENV)/.installed: pyproject.toml
 demo: install  ## the finance story, embedded: no servers
 	$(BIN)/keel demo
 
-test: install  ## the whole suite; starts local Kafka and Redis unless KEEL_KAFKA_BOOTSTRAP/KEEL_REDIS_URL are set
-	scripts/with-services $(BIN)/python -m pytest
+test: install  ## the whole suite; starts local Kafka, Redis and PostgreSQL unless KEEL_* point at them, and a container engine for the deploy tier
+	scripts/with-services scripts/with-engine $(BIN)/python -m pytest
+
+test-deploy: install  ## only the deploy tier: images from deploy/, the stack in containers, the compose file
+	scripts/with-engine env KEEL_REQUIRE_SERVICES=1 $(BIN)/python -m pytest tests/deploy
+
+images:  ## build keel, keel-kafka, keel-redis and keel-postgres on a local Debian base (no registry needed)
+	deploy/engine images
 
 test-embedded: install  ## only the tests that need no servers
-	$(BIN)/python -m pytest -m "not services"
+	$(BIN)/python -m pytest -m "not services" --ignore=tests/deploy
 
 lint: install
 	$(BIN)/ruff check keel workers tools_server cartridges tests bench
 
 bench: install
 	$(BIN)/python bench/embedded.py
+
+bench-peers: install  ## the worker, a quix-streams app and a bare faust agent on one topic (needs KEEL_KAFKA_BOOTSTRAP)
+	$(BIN)/pip install -q -e ".[dev,bench]"
+	$(BIN)/python bench/peers/compare.py
 
 SOAK ?= --minutes 30
 soak: install  ## opt-in: the rebalance scenarios many times, big backlogs, random moments (SOAK="--runs 20 --events 300000")

@@ -96,11 +96,11 @@ def test_metrics_text_format() -> None:
     observer.record("search", Identity("acme"), latency_s=0.0015, result_bytes=10, outcome="miss", miss=True)
     observer.record("search", None, latency_s=0.2, result_bytes=0, outcome="error", miss=False, error="UsageError")
     text = observer.metrics.render()
-    assert 'keel_tool_calls_total{tool="search",outcome="miss"} 1' in text
-    assert 'keel_tool_latency_seconds_bucket{tool="search",le="0.001"} 0' in text
-    assert 'keel_tool_latency_seconds_bucket{tool="search",le="0.002"} 1' in text
-    assert 'keel_tool_latency_seconds_bucket{tool="search",le="+Inf"} 2' in text
-    assert 'keel_tool_latency_seconds_count{tool="search"} 2' in text
-    assert 'keel_tool_result_bytes_total{tool="search"} 10' in text
-    assert 'keel_retrieval_failures_total{tool="search"} 1' in text
+    assert 'keel_tool_calls_total{outcome="miss",tool="search"} 1.0' in text
+    assert 'keel_tool_latency_seconds_bucket{le="0.001",tool="search"} 0.0' in text
+    assert 'keel_tool_latency_seconds_bucket{le="0.002",tool="search"} 1.0' in text
+    assert 'keel_tool_latency_seconds_bucket{le="+Inf",tool="search"} 2.0' in text
+    assert 'keel_tool_latency_seconds_count{tool="search"} 2.0' in text
+    assert 'keel_tool_result_bytes_total{tool="search"} 10.0' in text
+    assert 'keel_retrieval_failures_total{tool="search"} 1.0' in text
     assert "acme" not in text and text.endswith("\n")

@@ -11,6 +11,7 @@ import anyio
 import httpx2
 import pytest
 from mcp import MCPError
+from prometheus_client.parser import text_string_to_metric_families
 from support.mcp_sessions import (
     FINANCE,
     MCP_HEADERS,
@@ -49,7 +50,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     a, a2, b = (make_token(tokens, TENANT_A, "a1", "t1"), make_token(tokens, TENANT_A, "a2"),
                 make_token(tokens, TENANT_B, "b1"))
     assert a not in tokens.read_text() and len(tokens.read_text().splitlines()) == 3
-    with http_server(tmp, str(FINANCE), "--events", str(events), "--tokens", str(tokens)) as server:
+    with http_server(tmp, str(FINANCE), "--events", str(events), "--tokens", str(tokens),
+                     "--log-format", "json") as server:
         yield Setup(server, events, tokens, a, a2, b)
 
 
@@ -183,15 +185,27 @@ def test_metrics_and_call_log(setup: Setup) -> None:
     r = httpx2.get(f"{setup.server.base}/metrics", timeout=10)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
     text = r.text
-    assert 'keel_tool_calls_total{tool="search",outcome="miss"}' in text
-    assert 'keel_retrieval_failures_total{tool="search"}' in text
-    assert 'keel_retrieval_failures_total{tool="context"}' in text
-    assert 'keel_tool_latency_seconds_bucket{tool="related",le="+Inf"}' in text
+    samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
+               for family in text_string_to_metric_families(text) for x in family.samples}
+    assert samples[("keel_tool_calls_total", (("outcome", "miss"), ("tool", "search")))] >= 1
+    assert samples[("keel_retrieval_failures_total", (("tool", "search"),))] >= 1
+    assert samples[("keel_retrieval_failures_total", (("tool", "context"),))] >= 1
+    assert samples[("keel_tool_latency_seconds_bucket", (("le", "+Inf"), ("tool", "related")))] >= 1
     assert "# TYPE keel_tool_latency_seconds histogram" in text
     assert TENANT_A not in text and TENANT_B not in text
     lines = [json.loads(x) for x in setup.server.stderr().splitlines() if x.startswith("{")]
-    mine = [x for x in lines if x["tenant"] == TENANT_B and x["agent"] == "b1"]
+    calls = [x for x in lines if x["logger"] == "keel.tools_server.calls"]
+    assert calls and all({"ts", "level", "logger", "message"} <= set(x) for x in lines)
+    mine = [x for x in calls if x["tenant"] == TENANT_B and x["agent"] == "b1"]
     assert {(x["tool"], x["miss"]) for x in mine} >= {("search", True), ("context", True), ("related", False)}
+
+
+def test_health_and_readiness(setup: Setup) -> None:
+    """/healthz and /readyz answer without a token (probes reach them by address); the embedded store is ready."""
+    for path in ("/healthz", "/readyz"):
+        r = httpx2.get(f"{setup.server.base}{path}", timeout=10)
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] in ("ok", "ready")
 
 
 def test_sse_responses(tmp_path: Path, setup: Setup) -> None:

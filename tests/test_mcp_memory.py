@@ -22,6 +22,7 @@ from support.mcp_sessions import (
 )
 
 from keel.cartridge import load_cartridge
+from keel.logs import JsonFormatter
 from keel.tools import Tools
 from tools_server.backend import Backend
 from tools_server.config import Identity, ServerConfig
@@ -45,7 +46,7 @@ class Lines(logging.Handler):
         self.lines: list[dict[str, Any]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(json.loads(record.getMessage()))
+        self.lines.append(json.loads(JsonFormatter().format(record)))     # what --log-format json writes
 
 
 def serve(events: Path, identity: Identity, *, log: logging.Logger | None = None,
@@ -190,7 +191,7 @@ def test_tenant_is_never_an_argument(two_tenant_events: Path) -> None:
     run(serve(two_tenant_events, Identity(TENANT_B)), as_b)
 
 
-def test_one_json_line_per_call(finance_events: Path) -> None:
+def test_one_log_line_per_call(finance_events: Path) -> None:
     handler = Lines()
     log = logging.getLogger("test.keel.calls")
     log.addHandler(handler)

@@ -34,7 +34,8 @@ def test_stdio_story_and_surface(finance_events: Path, tmp_path: Path) -> None:
     async def go() -> None:
         with errlog.open("w") as err:
             async with stdio_session(str(FINANCE), "--tenant", TENANT_A, "--events", str(finance_events),
-                                     "--agent", "debts", "--task", "visa-plan", stderr=err) as s:
+                                     "--agent", "debts", "--task", "visa-plan", "--log-format", "json",
+                                     stderr=err) as s:
                 tools = (await s.list_tools()).tools
                 assert [t.name for t in tools] == ["context", "history", "search", "annotate", "related"]
                 assert sorted_json(canonical_tools(tools)) == sorted_json(golden_text())
@@ -43,7 +44,8 @@ def test_stdio_story_and_surface(finance_events: Path, tmp_path: Path) -> None:
                 assert "x" * 100 not in await refused(s, "search", {"query": "x" * 1_000_000})
                 assert (await ok(s, "context", {"entity": "debt:visa"}))["entity"] == "debt:visa"
     anyio.run(go)
-    calls = [json.loads(line) for line in errlog.read_text().splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in errlog.read_text().splitlines() if line.startswith("{")]
+    calls = [c for c in lines if c["message"] == "tool_call"]
     assert len(calls) == 11
     assert {c["tool"] for c in calls} == {"context", "history", "search", "annotate", "related"}
     assert all(c["tenant"] == TENANT_A and c["agent"] == "debts" and c["task"] == "visa-plan" for c in calls)

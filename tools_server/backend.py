@@ -8,6 +8,7 @@ from typing import TextIO
 from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.connect import Graph, close_graph, open_graph
+from keel.errors import StoreUnavailable
 from keel.eventlog import EventLog
 from keel.store.base import Store
 from keel.tools import Tools
@@ -41,6 +42,17 @@ class Backend:
                                   task=identity.task, log=self.log, allow_global_notes=self.allow_global_notes)
                     self._tools[identity] = tools
         return tools
+
+    def unreachable(self) -> str | None:
+        """Why the store does not answer now (None: it does, or it is in memory). For /readyz."""
+        ping = getattr(self.store, "ping", None)         # network stores have one
+        if ping is None:
+            return None
+        try:
+            ping()
+        except StoreUnavailable as e:
+            return str(e)
+        return None
 
     def close(self) -> None:
         """Close the log (a Kafka producer in Redis mode) and the store."""

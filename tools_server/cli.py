@@ -10,10 +10,10 @@ import logging
 import os
 import sys
 from functools import partial
-from typing import TextIO
 
 from keel.commandline import pick_tenant
 from keel.errors import UsageError
+from keel.logs import add_log_arguments, log_format, setup_logging
 
 from .config import CALL_LOGGER, DEFAULT_HOST, DEFAULT_PORT, MCP_PATH, Identity
 
@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-global-notes", action="store_true", default=None,
                    help="operator switch: allow notes in global scope (env KEEL_ALLOW_GLOBAL_NOTES)")
     p.add_argument("--sse", action="store_true", help="http: answer tool calls as SSE streams instead of JSON bodies")
-    p.add_argument("--no-call-log", action="store_true", help="do not write the JSON line per call on stderr")
+    p.add_argument("--no-call-log", action="store_true", help="do not write the log line per call on stderr")
+    add_log_arguments(p)
     p.set_defaults(run=cmd_serve)
 
     p = sub.add_parser("tools", help="print the MCP tool surface and its size in tokens",
@@ -70,8 +71,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .http import run_server
     from .server import build_server
 
+    setup_logging(log_format(args.log_format))
     backend = _open_backend(args)
-    log = None if args.no_call_log else call_logger(sys.stderr)
+    log = None if args.no_call_log else call_logger()
     try:
         if args.transport == "stdio":
             if args.tokens:
@@ -93,11 +95,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               allow_hosts=tuple(args.allow_host), call_log=log)
         server = build_server(config)
         shown = f"[{args.host}]" if ":" in args.host else args.host
-        print(f"keel serve: http://{shown}:{args.port}{MCP_PATH} ({len(table)} token(s)); metrics at /metrics",
-              file=sys.stderr)
+        say = logging.getLogger("keel.serve")
+        say.info(f"http://{shown}:{args.port}{MCP_PATH} ({len(table)} token(s)); /metrics, /healthz, /readyz")
         if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_host:
-            print(f"keel serve: bound to {args.host}: requests are refused unless their Host is loopback; "
-                  f"pass --allow-host NAME for the names clients use", file=sys.stderr)
+            say.warning(f"bound to {args.host}: requests are refused unless their Host is loopback; "
+                        f"pass --allow-host NAME for the names clients use")
         run_server(partial(serve_http, server, config, json_response=not args.sse))
         return 0
     finally:
@@ -120,15 +122,10 @@ def _open_backend(args: argparse.Namespace):  # -> Backend (imported lazily)
     return Backend.of(open_graph(cartridge, settings, args.events), settings)
 
 
-def call_logger(stream: TextIO) -> logging.Logger:
-    """The logger of the per-call JSON lines, writing bare lines to `stream`."""
+def call_logger() -> logging.Logger:
+    """The logger of the per-call lines (formatted by keel.logs like every other line of the process)."""
     log = logging.getLogger(CALL_LOGGER)
-    if not log.handlers:
-        handler = logging.StreamHandler(stream)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
     log.setLevel(logging.INFO)
-    log.propagate = False
     return log
 
 

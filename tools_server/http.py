@@ -1,4 +1,5 @@
-"""The streamable HTTP transport: Host/Origin checks (DNS rebinding), bearer auth, /metrics, uvicorn."""
+"""The streamable HTTP transport: Host/Origin checks (DNS rebinding), bearer auth, /metrics, /healthz, /readyz,
+uvicorn."""
 from __future__ import annotations
 
 import asyncio
@@ -10,9 +11,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from keel.errors import UsageError
 
@@ -51,16 +53,29 @@ def _has_port(host: str) -> bool:
 
 
 def add_metrics_route(server: MCPServer, metrics: Metrics, config: ServerConfig) -> None:
-    """GET /metrics in Prometheus text format, behind the same Host/Origin checks as /mcp (no token needed)."""
+    """GET /metrics in Prometheus text format, behind the same Host/Origin checks as /mcp (no token needed).
+    GET /healthz (the server's event loop answers) and /readyz (the store answers), without checks: probes
+    of an orchestrator reach them by the pod's address."""
     guard = TransportSecurityMiddleware(security_settings(config))
 
     async def metrics_endpoint(request: Request) -> Response:
         refused = await guard.validate_request(request, is_post=False)
         if refused is not None:
             return refused
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        reason = await anyio.to_thread.run_sync(config.backend.unreachable)
+        if reason:
+            return JSONResponse({"status": "not ready", "failing": {"store": reason}}, status_code=503)
+        return JSONResponse({"status": "ready"})
 
     server.custom_route(METRICS_PATH, methods=["GET"])(metrics_endpoint)
+    server.custom_route("/healthz", methods=["GET"])(healthz)
+    server.custom_route("/readyz", methods=["GET"])(readyz)
 
 
 def http_app(server: MCPServer, config: ServerConfig, *, json_response: bool = True) -> Starlette:

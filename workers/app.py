@@ -14,20 +14,45 @@ import os
 import signal
 import tempfile
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import faust
 from faust.app.base import BootStrategy
+from prometheus_client import CollectorRegistry
 
 from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.connect import open_redis_store
 from keel.errors import EXIT_UNAVAILABLE
+from keel.health import DEFAULT_STALL_S, Health, HealthServer
 from keel.kafka import bootstrap_list, ensure_topics
+from keel.logs import LEVELS, dict_config
 from keel.logs import install as install_log_limit
 from keel.wire import dlq_topic, events_topic
 
 from .ingest import CartridgeIngest, WorkerOptions
+from .metrics import WorkerMetrics
+
+
+@dataclass(frozen=True)
+class ProcessOptions:
+    """How the worker process logs and exposes its probes and metrics (flags)."""
+    loglevel: str = "info"
+    quiet: bool = False
+    log_format: str = "text"
+    metrics_port: int | None = None       # None: no /healthz, /readyz, /metrics server
+    stall_after_s: float = DEFAULT_STALL_S
+
+
+@dataclass
+class Probes:
+    """The worker's metrics registry and health state, shared by its ingest services."""
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    health: Health = field(default_factory=Health)
+
+    def __post_init__(self) -> None:
+        self.metrics = WorkerMetrics(self.registry)
 
 TERM_BOUND_S = 14.0     # SIGTERM → exit, at the latest (the promise is 15 s; ingest's budget is 10 s)
 EXIT_WATCHDOG = EXIT_UNAVAILABLE    # the watchdog ended the process (see docs/operations.md)
@@ -69,12 +94,16 @@ def _watchdog_exit(name: str) -> None:
     os._exit(EXIT_WATCHDOG)
 
 
-def create_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions, *,
-                  loglevel: str = "info", quiet: bool = False) -> faust.Worker:
-    """The faust Worker running the app and one CartridgeIngest per cartridge."""
+def create_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions,
+                  process: ProcessOptions, probes: Probes) -> faust.Worker:
+    """The faust Worker running the app and one CartridgeIngest per cartridge, logging with Keel's format."""
     app = create_app(cartridges, settings)
-    services = [CartridgeIngest(c, settings, options) for c in cartridges]
-    return KeelWorker(app, *services, loglevel=loglevel, quiet=quiet, redirect_stdouts=False)
+    services = [CartridgeIngest(c, settings, options, metrics=probes.metrics.of(c.name), health=probes.health)
+                for c in cartridges]
+    level = LEVELS.get(process.loglevel, "INFO")
+    logging_config = dict_config(process.log_format, level, libraries="DEBUG" if level == "DEBUG" else "WARNING")
+    return KeelWorker(app, *services, loglevel=level, quiet=process.quiet, redirect_stdouts=False,
+                      logging_config=logging_config)
 
 
 def preflight(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions) -> None:
@@ -85,16 +114,24 @@ def preflight(cartridges: list[Cartridge], settings: Settings, options: WorkerOp
         open_redis_store(c, settings).close()
 
 
-def run_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions, *,
-               loglevel: str = "info", quiet: bool = False) -> int:
+def run_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions,
+               process: ProcessOptions | None = None) -> int:
     """Check the services, then run until SIGTERM/SIGINT; returns the process exit code."""
+    process = process or ProcessOptions()
     preflight(cartridges, settings, options)
+    probes = Probes(health=Health(process.stall_after_s))
+    server = None
+    if process.metrics_port is not None:
+        server = HealthServer(probes.health, probes.registry, process.metrics_port).start()
     # The mirrors are millions of long-lived small objects: scan them less often (collection pauses
     # otherwise grow with the mirrored graph and cost ~20% of the batch time).
     gc.set_threshold(100_000, 50, 100)
-    worker = create_worker(cartridges, settings, options, loglevel=loglevel, quiet=quiet)
+    worker = create_worker(cartridges, settings, options, process, probes)
     try:
         worker.execute_from_commandline()
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        if server is not None:
+            server.stop()
     return 0

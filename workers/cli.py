@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from keel.commandline import positive_int, settings_of
+from keel.health import add_probe_arguments
+from keel.logs import add_log_arguments
 
 if TYPE_CHECKING:
     from .dlq_commands import Filter
@@ -61,6 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="apply global-scope notes (env KEEL_ALLOW_GLOBAL_NOTES)")
     p.add_argument("-l", "--loglevel", choices=LOG_LEVELS, default="info", help="log level (default info)")
     p.add_argument("--quiet", action="store_true", help="no startup banner")
+    add_log_arguments(p)
+    add_probe_arguments(p)
     p.set_defaults(run=cmd_worker)
 
     p = sub.add_parser("status", parents=[kafka, redis], help="lag, owners, offsets and dead letters of a cartridge's workers",
@@ -172,9 +176,11 @@ def _progress_printer() -> Callable[[int, int], None]:
 def cmd_worker(args: argparse.Namespace) -> int:
     from keel.cartridge import load_cartridge
     from keel.errors import UsageError
+    from keel.health import metrics_port
     from keel.kafka import TopicSpec
+    from keel.logs import log_format
 
-    from .app import run_worker
+    from .app import ProcessOptions, run_worker
     from .ingest import WorkerOptions
 
     cartridges = [load_cartridge(c) for c in args.cartridges]
@@ -187,7 +193,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     options = WorkerOptions(batch=args.batch, within_s=args.within,
                             topics=TopicSpec(args.partitions, args.replication_factor),
                             max_mirrored_tenants=args.max_mirrored_tenants)
-    return run_worker(cartridges, settings, options, loglevel=args.loglevel, quiet=args.quiet)
+    process = ProcessOptions(loglevel=args.loglevel, quiet=args.quiet, log_format=log_format(args.log_format),
+                             metrics_port=metrics_port(args.metrics_port), stall_after_s=args.stall_after)
+    return run_worker(cartridges, settings, options, process)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -52,18 +52,21 @@ from mode import Service
 from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.connect import open_redis_store
-from keel.errors import UsageError
+from keel.errors import StoreUnavailable, UsageError
+from keel.health import Health
 from keel.kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_consumer, new_producer
-from keel.store.redis import RedisStore
+from keel.store.redis import GenerationChanged, RedisStore
 from keel.wire import dlq_topic, events_topic, group_id
 
 from .applier import BatchApplier, BatchPlan
 from .dlq import DeadLetterCounts, DeadLetterQueue
+from .metrics import CartridgeMetrics
 from .pipeline import BatchPipeline
 from .records import Record
 from .status import commit_metadata
 
 PROGRESS_EVERY_S = 10.0
+LAG_EVERY_S = 5.0             # how often an idle worker asks the broker for its partitions' log ends
 SHUTDOWN_BUDGET_S = 10.0      # SIGTERM: time for the batch being written before the loop is cancelled
 CLOSE_TIMEOUT_S = 2.0         # each client's close (leave group, flush) after that
 COMMIT_TIMEOUT_S = 10.0       # an offset commit that takes longer is given up (Redis offsets make that safe)
@@ -102,7 +105,8 @@ class _Rebalance(ConsumerRebalanceListener):
 class CartridgeIngest(Service):
     """Consumes `keel.<cartridge>.events` in group `keel.<cartridge>.worker` and writes batches to Redis."""
 
-    def __init__(self, cartridge: Cartridge, settings: Settings, options: WorkerOptions, **kwargs: object) -> None:
+    def __init__(self, cartridge: Cartridge, settings: Settings, options: WorkerOptions, *,
+                 metrics: CartridgeMetrics, health: Health, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         if not settings.redis_url:
             raise UsageError("the worker needs Redis: pass --redis URL or set KEEL_REDIS_URL")
@@ -111,6 +115,12 @@ class CartridgeIngest(Service):
         self.options = options
         self.topic = events_topic(cartridge.name)
         self.log = logging.getLogger(f"keel.worker.{cartridge.name}")
+        self.metrics = metrics
+        self.health = health
+        self.beat_name = f"consume {cartridge.name}"
+        self.assigned_count = 0               # readiness: partitions the group gave this worker
+        self._kafka_failing: str | None = None    # readiness: why the last fetch failed (None: it worked)
+        self._lag_at = 0.0                        # monotonic time the idle lag was last measured
         self._epoch = 0                       # bumped by every revocation
         self._revoked: set[TopicPartition] = set()     # revoked, mirrors not forgotten yet
         self._loop_task: asyncio.Task | None = None
@@ -148,7 +158,13 @@ class CartridgeIngest(Service):
                                max_mirrored_tenants=o.max_mirrored_tenants)
         self.pipeline = BatchPipeline(applier, DeadLetterQueue(self.producer, dlq_topic(self.cartridge.name),
                                                                self.cartridge.name, s.kafka_bootstrap),
-                                      DeadLetterCounts(writer.client, self.cartridge.name), log=self.log)
+                                      DeadLetterCounts(writer.client, self.cartridge.name), log=self.log,
+                                      on_outage=self._outage)
+        self.health.check(f"kafka {self.cartridge.name}", lambda: self._kafka_failing)
+        self.health.check(f"partitions {self.cartridge.name}",
+                          lambda: None if self.assigned_count else "no partition assigned: waiting for the group, "
+                                                                   "or more workers than partitions")
+        self.health.check(f"redis {self.cartridge.name}", self._redis_reachable)
         self.log.info("%s: consuming %s as group %s into Redis namespace %r", self.label, self.topic,
                       group_id(self.cartridge.name), self.cartridge.name)
 
@@ -161,6 +177,7 @@ class CartridgeIngest(Service):
         pending: _Planned | None = None          # planned, not written yet
         try:
             while not self.should_stop:
+                self.health.beat(self.beat_name)
                 fetched = await self._fetch()
                 epoch = self._epoch              # the fetch returns records of the current assignment only
                 if self.should_stop:
@@ -187,6 +204,8 @@ class CartridgeIngest(Service):
             raise
         finally:
             self._loop_done.set()
+            if self.should_stop:
+                self.health.retire(self.beat_name)
 
     async def _after_rebalance(self, pending: _Planned | None) -> _Planned | None:
         """Abandon a planned batch of an older assignment, then forget the revoked partitions' mirrors."""
@@ -211,11 +230,49 @@ class CartridgeIngest(Service):
         except ConsumerStoppedError:
             return {}
         except KafkaError as e:
+            self.metrics.kafka_errors.inc()
+            self._kafka_failing = f"fetch failed: {type(e).__name__}: {e}"
             self.log.warning("%s: fetch failed, retrying: %s: %s", self.label, type(e).__name__, e)
             await asyncio.sleep(1.0)
             return {}
+        self._kafka_failing = None
         assigned = self.consumer.assignment()
-        return {tp: recs for tp, recs in fetched.items() if recs and tp in assigned}
+        fetched = {tp: recs for tp, recs in fetched.items() if recs and tp in assigned}
+        if not fetched:
+            await self._caught_up(assigned)
+        return fetched
+
+    async def _caught_up(self, assigned: set[TopicPartition]) -> None:
+        """Nothing new was fetched: every LAG_EVERY_S, the lag of each assigned partition is its log end (asked
+        from the broker: partitions that returned no records have no known high watermark) minus the
+        consumer's position, which is where the written batches end."""
+        assert self.consumer is not None
+        now = time.monotonic()
+        if not assigned or now - self._lag_at < LAG_EVERY_S:
+            return
+        self._lag_at = now
+        try:
+            ends = await self.consumer.end_offsets(list(assigned))
+            for tp, end in ends.items():
+                self.metrics.lag(tp.partition, end - await self.consumer.position(tp))
+        except (KafkaError, AssertionError):    # assignment changed meanwhile: next time
+            return
+
+    def _outage(self, error: BaseException) -> None:
+        """A retried outage in the pipeline: count it; the retrying loop is alive."""
+        if isinstance(error, GenerationChanged):
+            return
+        (self.metrics.redis_errors if isinstance(error, StoreUnavailable) else self.metrics.kafka_errors).inc()
+        self.health.beat(self.beat_name)
+
+    def _redis_reachable(self) -> str | None:
+        if not self.stores:
+            return "not connected yet"
+        try:
+            self.stores[0].ping()
+        except StoreUnavailable as e:
+            return f"ping failed: {e}"
+        return None
 
     @staticmethod
     def _records(fetched: dict[TopicPartition, list]) -> list[Record]:
@@ -265,6 +322,11 @@ class CartridgeIngest(Service):
         self.batches += 1
         self.records += len(batch.records)
         self.dead_letters += len(plan.dead_letters)
+        m = self.metrics
+        m.applied.inc(plan.applied)
+        m.dead_lettered.inc(len(plan.dead_letters))
+        m.records.inc(len(batch.records))
+        m.batch_size.observe(len(batch.records))
         if self.log.isEnabledFor(logging.DEBUG):
             self.log.debug("%s: batch of %d: %d applied, %d duplicate, %d skipped (already in Redis), %d dead, "
                            "%d tenant step(s); last plan %.3fs, last write %.3fs", self.label, len(batch.records),
@@ -282,10 +344,17 @@ class CartridgeIngest(Service):
             self.log.info("%s: a batch written as its partitions were revoked; its offsets are not committed",
                           self.label)
             return
+        for tp, done in offsets.items():
+            end = self.consumer.highwater(tp)
+            if end is not None:
+                m.lag(tp.partition, end - done.offset)
+        committing = time.perf_counter()
         try:
             async with kafka_guard("commit offsets", self.settings.kafka_bootstrap):
                 await asyncio.wait_for(self.consumer.commit(offsets), COMMIT_TIMEOUT_S)
+            m.commit_latency.observe(self.pipeline.timings[1] + time.perf_counter() - committing)
         except KafkaUnavailable as e:
+            m.kafka_errors.inc()
             # Redis already holds the batch: a redelivery is skipped by offset. Those partitions may be
             # owned elsewhere by now, so their mirrors are forgotten.
             level = logging.INFO if isinstance(e.__cause__, CommitFailedError) else logging.WARNING
@@ -308,6 +377,9 @@ class CartridgeIngest(Service):
             self._reported = (now, self.records)
 
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.assigned_count = len(assigned)
+        self.metrics.rebalances.inc()
+        self.metrics.assigned.set(len(assigned))
         self.log.info("%s: assigned partitions %s", self.topic, sorted(tp.partition for tp in assigned) or "none")
 
     def on_revoked(self, revoked: set[TopicPartition]) -> None:
@@ -316,6 +388,8 @@ class CartridgeIngest(Service):
         returns only after the rebalance."""
         self._epoch += 1
         self._revoked |= revoked
+        for tp in revoked:
+            self.metrics.drop_lag(tp.partition)
 
     async def on_stop(self) -> None:
         """SIGTERM: the loop sees should_stop after its fetch or batch, finishes the write under way and

@@ -33,8 +33,10 @@ class BatchPipeline:
     """Runs the batches of one cartridge on a planning thread and a writing thread."""
 
     def __init__(self, applier: BatchApplier, dlq: DeadLetterQueue, counts: DeadLetterCounts, *,
-                 log: logging.Logger, backoff: tuple[float, float] = (0.2, 10.0)) -> None:
+                 log: logging.Logger, backoff: tuple[float, float] = (0.2, 10.0),
+                 on_outage: Callable[[BaseException], None] | None = None) -> None:
         self.applier = applier
+        self.on_outage = on_outage or (lambda e: None)   # counts errors, and tells a retrying loop is alive
         self.dlq = dlq
         self.counts = counts
         self.log = log
@@ -97,6 +99,7 @@ class BatchPipeline:
             try:
                 return await self.plan(records)
             except Outage as e:
+                self.on_outage(e)
                 if stopping():
                     return None
                 self.log.warning("batch of %d records not planned, retrying in %.1fs: %s", len(records), delay, e)
@@ -116,6 +119,7 @@ class BatchPipeline:
             try:
                 await self.write(plan)
             except Outage as e:
+                self.on_outage(e)
                 await self.discard(plan)
                 plan = None
                 if stopping():
@@ -143,7 +147,8 @@ class BatchPipeline:
         writing = asyncio.ensure_future(self.write(prev_plan))
         try:
             plan: BatchPlan | None = await self.plan(records)
-        except Outage:
+        except Outage as e:
+            self.on_outage(e)
             plan = None                                # plan() already dropped what it touched
         except BaseException:
             await asyncio.gather(writing, return_exceptions=True)
@@ -151,6 +156,7 @@ class BatchPipeline:
         try:
             await writing
         except Outage as e:
+            self.on_outage(e)
             self.log.warning("batch of %d records not written (%s); redoing it", len(prev_records), e)
             await self.discard(prev_plan, plan)        # the next plan was built on the failed one
             return await self.process(prev_records, stopping=stopping), None

@@ -34,6 +34,7 @@ from keel.errors import KeelError, StoreUnavailable, UsageError
 from keel.kafka import KafkaUnavailable
 from keel.store.base import EventWrites
 from keel.store.redis import GenerationLoader
+from keel.store.redis.layout import stamp_layout
 from keel.wire import events_topic
 
 from .replay_build import PartitionBuild
@@ -115,7 +116,10 @@ def replay(cartridge: Cartridge, settings: Settings, *, tenants: list[str] | Non
     replayer = Replayer(cartridge, settings, options or ReplayOptions(),
                         progress or Progress(f"replay {cartridge.name}", quiet=True))
     try:
-        return asyncio.run(replayer.run(tenants))
+        report = asyncio.run(replayer.run(tenants))
+        if tenants is None and all(r.switched for r in report.results):
+            stamp_layout(replayer.store.client, cartridge.name)    # every tenant is in this version's layout
+        return report
     finally:
         replayer.close()
 
@@ -129,7 +133,7 @@ class Replayer:
         self.options = options
         self.progress = progress
         self.topic = events_topic(cartridge.name)
-        self.store = open_redis_store(cartridge, settings)
+        self.store = open_redis_store(cartridge, settings, upgrading_layout=True)
         self.state = ReplayState(self.store)
         self.report = ReplayReport(cartridge.name, self.topic)
         self.claimed: dict[str, TenantResult] = {}          # shadows written and not switched yet

@@ -16,6 +16,8 @@ from keel.cartridge import load_cartridge
 from keel.commandline import positive_int
 from keel.config import resolve
 from keel.errors import UsageError
+from keel.health import add_probe_arguments, metrics_port
+from keel.logs import add_log_arguments, log_format, setup_logging
 
 from . import DEFAULT_TABLE
 
@@ -62,6 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--progress", type=float, default=10.0, metavar="SECONDS", help="progress line period (default 10)")
     p.add_argument("--prune", action="store_true",
                    help="delete rows once every relay of the table has relayed them")
+    add_log_arguments(p)
+    add_probe_arguments(p)
     p.set_defaults(run=cmd_outbox_relay)
     outbox.set_defaults(run=lambda args: _usage(outbox))
 
@@ -81,6 +85,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kafka-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="answer 503 when Kafka has not acknowledged a request's events within this (default 5)")
     p.add_argument("--progress", type=float, default=10.0, metavar="SECONDS", help="counters line period (default 10)")
+    add_log_arguments(p)
+    add_probe_arguments(p)
     p.set_defaults(run=cmd_webhook)
 
 
@@ -103,6 +109,14 @@ def tables_of(args: argparse.Namespace) -> OutboxTables:
     return OutboxTables(table=args.table, schema=args.schema)
 
 
+def process_options(args: argparse.Namespace):  # -> run.ProcessOptions (imported lazily)
+    """Logging set up once for the process (--log-format), and its probe options."""
+    from .run import ProcessOptions
+    options = ProcessOptions(log_format(args.log_format), metrics_port(args.metrics_port), args.stall_after)
+    setup_logging(options.log_format)
+    return options
+
+
 def cmd_outbox_init(args: argparse.Namespace) -> int:
     from .outbox import init_outbox
     tables = tables_of(args)
@@ -120,7 +134,7 @@ def cmd_outbox_init(args: argparse.Namespace) -> int:
 def cmd_outbox_relay(args: argparse.Namespace) -> int:
     from .producer import TopicSpec
     from .relay import RelayOptions
-    from .run import relay_main, stderr_log
+    from .run import process_log, relay_main
 
     cartridge = load_cartridge(args.cartridge)
     if args.interval <= 0 or args.xmin_warn <= 0 or args.progress <= 0:
@@ -128,15 +142,16 @@ def cmd_outbox_relay(args: argparse.Namespace) -> int:
     options = RelayOptions(name=args.name or cartridge.name, batch=args.batch, interval_s=args.interval,
                            xmin_warn_s=args.xmin_warn, progress_s=args.progress, prune=args.prune, once=args.once)
     settings = resolve(vars(args))
-    log = stderr_log("keel outbox relay")
+    process = process_options(args)
+    log = process_log("keel.relay")
     asyncio.run(relay_main(cartridge, dsn_of(args), tables_of(args), settings.kafka_bootstrap, options,
-                           TopicSpec(args.partitions, args.replication_factor), log))
+                           TopicSpec(args.partitions, args.replication_factor), log, process))
     return 0
 
 
 def cmd_webhook(args: argparse.Namespace) -> int:
     from .producer import TopicSpec
-    from .run import SecretsFile, stderr_log, webhook_main
+    from .run import SecretsFile, process_log, webhook_main
     from .webhook import Limits
 
     cartridges = [load_cartridge(path) for path in args.cartridges]
@@ -145,12 +160,14 @@ def cmd_webhook(args: argparse.Namespace) -> int:
         raise UsageError(f"two cartridge folders have the same name: {', '.join(sorted(names))}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: not a TCP port")
-    log = stderr_log("keel webhook")
+    process = process_options(args)
+    log = process_log("keel.webhook")
     secrets = SecretsFile(Path(args.secrets), log)
     settings = resolve(vars(args))
     return asyncio.run(webhook_main(cartridges, secrets, args.host, args.port, settings.kafka_bootstrap,
                                     Limits(args.max_body, args.max_batch, args.kafka_timeout),
-                                    TopicSpec(args.partitions, args.replication_factor), log, args.progress))
+                                    TopicSpec(args.partitions, args.replication_factor), log, args.progress,
+                                    process))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from keel.cartridge import Cartridge
+from keel.health import Health
 
 from .encode import Encoded, RowEncoder
 from .errors import KafkaUnavailable, OutboxUnavailable, RelayBusy
+from .metrics import Probes, RelayMetrics
 from .producer import Acks, KafkaSink, TopicSpec
 from .source import START, Cursor, OutboxSource
 from .xmin import XminWatch
@@ -65,8 +67,11 @@ class Relay:
     """The relay loop of one cartridge over one outbox table."""
 
     def __init__(self, cartridge: Cartridge, source: OutboxSource, sink: KafkaSink, options: RelayOptions,
-                 log: Log, stats: RelayStats | None = None) -> None:
+                 log: Log, stats: RelayStats | None = None, *, metrics: RelayMetrics | None = None,
+                 health: Health | None = None) -> None:
         self.cartridge = cartridge
+        self.metrics = metrics
+        self.health = health or Health()
         self.source = source
         self.sink = sink
         self.options = options
@@ -88,15 +93,17 @@ class Relay:
         last_progress = self.stats.mark()
         try:
             while not stop.is_set():
+                self.health.beat(BEAT)
                 rows = await self.source.read(cursor, opts.batch)
                 if rows:
                     encoded = self.encoder.encode(rows)
+                    produced = time.perf_counter()
                     acks = await self.sink.enqueue(encoded.records)
                     cursor = rows[-1].cursor
                     previous, inflight = inflight, None
                     if previous is not None:
                         await previous                      # at most two steps in flight
-                    inflight = asyncio.create_task(self._confirm(acks, cursor, encoded))
+                    inflight = asyncio.create_task(self._confirm(acks, cursor, encoded, produced))
                 if time.monotonic() - last_progress[1] >= opts.progress_s:
                     self.log(self.stats.since(last_progress))
                     last_progress = self.stats.mark()
@@ -121,10 +128,15 @@ class Relay:
                 await asyncio.gather(inflight, return_exceptions=True)
         return self.stats
 
-    async def _confirm(self, acks: Acks, cursor: Cursor, encoded: Encoded) -> None:
+    async def _confirm(self, acks: Acks, cursor: Cursor, encoded: Encoded, produced: float) -> None:
         """Wait for Kafka's acknowledgement of a step, then store its cursor (and prune)."""
         await self.sink.confirm(acks)
         await self.source.store_cursor(self.options.name, cursor, encoded.relayed, encoded.dead)
+        if self.metrics is not None:
+            self.metrics.relayed.inc(encoded.relayed)
+            self.metrics.dead_lettered.inc(encoded.dead)
+            self.metrics.batch_size.observe(encoded.relayed + encoded.dead)
+            self.metrics.commit_latency.observe(time.perf_counter() - produced)
         self.stats.relayed += encoded.relayed
         self.stats.dead_lettered += encoded.dead
         self.stats.steps += 1
@@ -149,39 +161,59 @@ class Backoff:
 async def run_relay(cartridge: Cartridge, make_source: Callable[[], OutboxSource],
                     make_sink: Callable[[], KafkaSink], options: RelayOptions, log: Log,
                     stop: asyncio.Event, *, topics: TopicSpec | None = None,
-                    backoff: Backoff | None = None) -> RelayStats:
+                    backoff: Backoff | None = None, probes: Probes | None = None) -> RelayStats:
     """Open the connections, take the relay's lock, create missing topics and run; on a lost database or
-    Kafka, log, wait and start again from the stored cursor (with `once`, fail instead)."""
+    Kafka, log, wait and start again from the stored cursor (with `once`, fail instead).
+
+    `probes`: readiness follows PostgreSQL and Kafka; liveness follows the loop (standing by and retrying
+    count as turning); metrics count rows, steps and outages."""
     topics = topics or TopicSpec()
     backoff = backoff or Backoff()
+    probes = probes or Probes()
+    metrics = RelayMetrics(probes.registry, cartridge.name)
+    probes.watch("postgres")
+    probes.watch("kafka")
     stats = RelayStats()
     delay = backoff.first_s
     while not stop.is_set():
+        probes.health.beat(BEAT)
         source, sink = make_source(), make_sink()
         try:
             await source.open()
-            if not await _lock(source, options, log, stop):
+            probes.reachable("postgres")
+            if not await _lock(source, options, log, stop, probes.health):
                 break
             await sink.start()
             await sink.ensure_topics([cartridge.topic, cartridge.dlq_topic], topics)
+            probes.reachable("kafka")
             delay = backoff.first_s
-            await Relay(cartridge, source, sink, options, log, stats).run(stop)
+            metrics.active.set(1)
+            await Relay(cartridge, source, sink, options, log, stats, metrics=metrics, health=probes.health).run(stop)
             break
         except (OutboxUnavailable, KafkaUnavailable) as e:
+            system = "postgres" if isinstance(e, OutboxUnavailable) else "kafka"
+            probes.unreachable(system, e)
+            (metrics.postgres_errors if system == "postgres" else metrics.kafka_errors).inc()
             if options.once:
                 raise
             log(f"{e}; retrying in {delay:.1f}s from the stored cursor")
             await _sleep_unless(stop, delay)
             delay = min(delay * 2, backoff.max_s)
         finally:
+            metrics.active.set(0)
             await _close(source, sink, log)
+    probes.health.retire(BEAT)
     log(f"stopped: {stats.line()}")
     return stats
 
 
-async def _lock(source: OutboxSource, options: RelayOptions, log: Log, stop: asyncio.Event) -> bool:
+BEAT = "relay"
+
+
+async def _lock(source: OutboxSource, options: RelayOptions, log: Log, stop: asyncio.Event, health: Health) -> bool:
     waited = False
     while not await source.try_lock(options.name):
+        health.beat(BEAT)
         if options.once:
             raise RelayBusy(options.name, source.tables)
         if not waited:

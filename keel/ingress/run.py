@@ -3,20 +3,22 @@ webhook's secrets), log lines on stderr, and the wiring of sources, sinks and se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
-import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 from aiohttp import web
 
 from keel.cartridge import Cartridge
-from keel.logs import install as install_log_limit
+from keel.health import DEFAULT_STALL_S, Health, HealthServer
 
 from .auth import Secrets, load_secrets, loose_permissions
 from .errors import ListenFailed, SecretsInvalid
+from .metrics import Probes
 from .outbox import OutboxTables
 from .producer import KafkaSink, TopicSpec
 from .relay import Log, RelayOptions, RelayStats, run_relay
@@ -24,21 +26,32 @@ from .source import OutboxSource
 from .webhook import Limits, WebhookHandler, create_app
 
 
-def stderr_log(name: str, stream: TextIO | None = None) -> Log:
-    """A log function writing `<UTC time> <name>: <message>` lines, flushed at once."""
-    out = stream if stream is not None else sys.stderr
-
-    def log(message: str) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        print(f"{stamp} {name}: {message}", file=out, flush=True)
-    return log
+def process_log(name: str) -> Log:
+    """The log function of an ingress process: INFO lines of logger `name` (formatted by keel.logs)."""
+    return logging.getLogger(name).info
 
 
-def library_logging() -> None:
-    """Warnings of the client libraries (aiokafka retries, aiohttp server errors) as timestamped lines."""
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(name)s: %(levelname)s %(message)s")
-    install_log_limit()       # one line per cause per interval (Kafka down: aiokafka logs every retry)
+@dataclass(frozen=True)
+class ProcessOptions:
+    """How an ingress process logs and exposes its probes and metrics (flags)."""
+    log_format: str = "text"
+    metrics_port: int | None = None       # None: no /healthz, /readyz, /metrics server
+    stall_after_s: float = DEFAULT_STALL_S
+
+
+@contextlib.contextmanager
+def process_probes(process: ProcessOptions, log: Log) -> Iterator[Probes]:
+    """The probes, with their server (when a port is given), for the life of the process."""
+    probes = Probes(health=Health(process.stall_after_s))
+    server = None
+    if process.metrics_port is not None:
+        server = HealthServer(probes.health, probes.registry, process.metrics_port).start()
+        log(f"/healthz, /readyz and /metrics on port {server.port}")
+    try:
+        yield probes
+    finally:
+        if server is not None:
+            server.stop()
 
 
 def stop_on_signals(stop: asyncio.Event, log: Log) -> None:
@@ -54,13 +67,13 @@ def stop_on_signals(stop: asyncio.Event, log: Log) -> None:
 
 
 async def relay_main(cartridge: Cartridge, dsn: str, tables: OutboxTables, bootstrap: str, options: RelayOptions,
-                     topics: TopicSpec, log: Log) -> RelayStats:
+                     topics: TopicSpec, log: Log, process: ProcessOptions) -> RelayStats:
     """`keel outbox relay` until SIGTERM/SIGINT (or, with --once, until nothing is relayable)."""
-    library_logging()
-    stop = asyncio.Event()
-    stop_on_signals(stop, log)
-    return await run_relay(cartridge, lambda: OutboxSource(dsn, tables), lambda: KafkaSink(bootstrap), options,
-                           log, stop, topics=topics)
+    with process_probes(process, log) as probes:
+        stop = asyncio.Event()
+        stop_on_signals(stop, log)
+        return await run_relay(cartridge, lambda: OutboxSource(dsn, tables), lambda: KafkaSink(bootstrap), options,
+                               log, stop, topics=topics, probes=probes)
 
 
 class SecretsFile:
@@ -86,17 +99,25 @@ class SecretsFile:
 
 
 async def webhook_main(cartridges: list[Cartridge], secrets: SecretsFile, host: str, port: int, bootstrap: str,
-                       limits: Limits, topics: TopicSpec, log: Log, progress_s: float = 10.0) -> int:
+                       limits: Limits, topics: TopicSpec, log: Log, progress_s: float = 10.0,
+                       process: ProcessOptions | None = None) -> int:
     """`keel webhook` until SIGTERM/SIGINT: in-flight requests are answered before the producer closes."""
-    library_logging()
+    with process_probes(process or ProcessOptions(), log) as probes:
+        return await _webhook(cartridges, secrets, host, port, bootstrap, limits, topics, log, progress_s, probes)
+
+
+async def _webhook(cartridges: list[Cartridge], secrets: SecretsFile, host: str, port: int, bootstrap: str,
+                   limits: Limits, topics: TopicSpec, log: Log, progress_s: float, probes: Probes) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop, log)
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, secrets.reload)
     sink = KafkaSink(bootstrap, client_id="keel-webhook")
+    probes.watch("kafka")
     await sink.start()
     try:
         await sink.ensure_topics([t for c in cartridges for t in (c.topic, c.dlq_topic)], topics)
-        handler = WebhookHandler(cartridges, secrets, sink, limits)
+        probes.reachable("kafka")
+        handler = WebhookHandler(cartridges, secrets, sink, limits, probes=probes)
         runner = web.AppRunner(create_app(handler, limits), access_log=None, handle_signals=False,
                                shutdown_timeout=30)
         await runner.setup()
@@ -129,12 +150,20 @@ def _bound_port(runner: web.AppRunner, asked: int) -> int:
 
 
 async def _report_until(stop: asyncio.Event, handler: WebhookHandler, log: Log, every_s: float) -> None:
-    last = handler.counters.line()
+    """The counters line every `every_s`; the event loop's heartbeat every second (a blocked loop, which
+    answers no request, shows as a stale beat on /healthz)."""
+    health = handler.probes.health
+    last, reported = handler.counters.line(), time.monotonic()
     while not stop.is_set():
+        health.beat("event loop")
         try:
-            await asyncio.wait_for(stop.wait(), every_s)
+            await asyncio.wait_for(stop.wait(), min(every_s, 1.0))
         except TimeoutError:
+            if time.monotonic() - reported < every_s:
+                continue
+            reported = time.monotonic()
             line = handler.counters.line()
             if line != last:
                 log(line)
                 last = line
+    health.retire("event loop")

@@ -31,6 +31,7 @@ from keel.times import Micros
 from .auth import SIGNATURE_HEADER, TENANT_HEADER, Secrets
 from .batch import BatchOutcome, BodyMalformed, check_batch, split_body
 from .errors import KafkaUnavailable
+from .metrics import Probes, WebhookMetrics
 from .records import OutRecord, event_record
 
 Log = Callable[[str], None]
@@ -81,18 +82,25 @@ class WebhookHandler:
     """The request handling of the webhook, independent of how the server is run."""
 
     def __init__(self, cartridges: Sequence[Cartridge], secrets: Callable[[], Secrets], sink: Sink,
-                 limits: Limits, *, clock: Callable[[], Micros] = wall_clock_micros) -> None:
+                 limits: Limits, *, clock: Callable[[], Micros] = wall_clock_micros,
+                 probes: Probes | None = None) -> None:
         self.routes = {c.name: Route(c, Catalog(c)) for c in cartridges}
         self.secrets = secrets
         self.sink = sink
         self.limits = limits
         self.clock = clock
         self.counters = Counters()
+        self.probes = probes or Probes()
+        self.metrics = WebhookMetrics(self.probes.registry)
 
     async def post(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
         response = await self._post(request)
         self.counters.requests += 1
         self.counters.by_status[response.status] = self.counters.by_status.get(response.status, 0) + 1
+        route = self._route(request)
+        self.metrics.requests.labels(route.cartridge.name if route else "", str(response.status)).inc()
+        self.metrics.latency.observe(time.perf_counter() - started)
         return response
 
     async def health(self, request: web.Request) -> web.Response:
@@ -124,16 +132,25 @@ class WebhookHandler:
         records = self._records(route, outcome)
         self.counters.rejected += len(outcome.rejected)
         self.counters.duplicates += len(outcome.duplicates)
+        events = self.metrics.events
+        events.labels(route.cartridge.name, "rejected").inc(len(outcome.rejected))
+        events.labels(route.cartridge.name, "duplicate").inc(len(outcome.duplicates))
         if not records:
             return web.json_response(_answer(route, tenant, outcome, "no valid envelope in the body"), status=400)
         try:       # shielded: the producer keeps its records; only the wait for them is bounded
             await asyncio.wait_for(asyncio.shield(self.sink.send_all(records)), self.limits.kafka_timeout_s)
         except KafkaUnavailable as e:
+            self.metrics.kafka_errors.inc()
+            self.probes.unreachable("kafka", e)
             return _error(503, f"events not stored, retry: {e}", headers={"Retry-After": "5"})
         except TimeoutError:
+            self.metrics.kafka_errors.inc()
+            self.probes.unreachable("kafka", f"no acknowledgement within {self.limits.kafka_timeout_s:g}s")
             return _error(503, f"events not acknowledged by Kafka within {self.limits.kafka_timeout_s:g}s, "
                                f"retry (ids make a retry harmless)", headers={"Retry-After": "5"})
+        self.probes.reachable("kafka")
         self.counters.accepted += len(records)
+        events.labels(route.cartridge.name, "accepted").inc(len(records))
         return web.json_response(_answer(route, tenant, outcome), status=202)
 
     def _route(self, request: web.Request) -> Route | None:

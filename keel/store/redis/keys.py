@@ -6,6 +6,7 @@ Key layout. Every key of a tenant carries the hash tag `{<namespace>/<tenant>}`,
 one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
 
     keel:{<ns>}:tenants                    set: tenants ever written in the namespace (a registry)
+    keel:{<ns>}:layout                     string: the layout version (layout.py), checked at start
     keel:{<ns>/<t>}:gen                    string: the current generation (absent = 1)
     keel:{<ns>/<t>}:gseq                   string: the highest generation handed out
     keel:{<ns>/<t>}:replay                 string: the marker of a replay in progress (workers/replay_state.py)
@@ -128,6 +129,11 @@ def index_key(entity: str, element: str) -> Key:
 def registry_key(namespace: str) -> str:
     """The set of tenants ever written in a namespace."""
     return f"keel:{{{namespace}}}:tenants"
+
+
+def layout_key(namespace: str) -> str:
+    """The layout version the namespace was written with (layout.py)."""
+    return f"keel:{{{namespace}}}:layout"
 
 
 def dead_letter_keys(namespace: str) -> tuple[str, str]:

@@ -37,6 +37,7 @@ from .batch import ApplyBatch, PendingStep
 from .codec import ProvenanceCache, clamped_point, decode_member, decode_view, freshness_of, timeline_of
 from .generations import CHUNK, GenerationAdmin, chunks
 from .keys import TenantKeys, check_name, escape, index_key, key_of, offset_field, prefix_of, registry_key
+from .layout import check_layout
 from .transport import Client, eval_many, guard
 
 Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
@@ -78,10 +79,13 @@ class RedisStore(GenerationAdmin, Store):
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None,
-                 strict_generations: bool = False, **options: Any) -> RedisStore:
-        """Connect to `redis://…`; `cluster=None` asks the server (`INFO cluster`) whether it is a Cluster node."""
+                 strict_generations: bool = False, upgrading_layout: bool = False, **options: Any) -> RedisStore:
+        """Connect to `redis://…`; `cluster=None` asks the server (`INFO cluster`) whether it is a Cluster node.
+        With `cluster=None` (what every process uses) it also refuses a namespace written in another key layout
+        (layout.py; a replay is `upgrading_layout`); with `cluster` given it connects lazily."""
         options.setdefault("socket_connect_timeout", 5)
         options.setdefault("socket_timeout", 30)
+        probed = cluster is None
         try:
             if cluster is None:
                 probe = redis.Redis.from_url(url, **options)
@@ -94,6 +98,8 @@ class RedisStore(GenerationAdmin, Store):
                 client = RedisCluster.from_url(url, decode_responses=True, **options)
             else:
                 client = redis.Redis.from_url(url, decode_responses=True, **options)
+            if probed:                       # a process opening its store: connected now, check the layout
+                check_layout(client, check_name("namespace", namespace), upgrading=upgrading_layout)
         except RedisError as e:
             raise StoreUnavailable(f"cannot connect to Redis at {url}: {type(e).__name__}: {e}") from e
         return cls(client, namespace=namespace, strict_generations=strict_generations)
@@ -101,6 +107,11 @@ class RedisStore(GenerationAdmin, Store):
     @property
     def client(self) -> Client:
         return self._client
+
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless the server answers (readiness probes)."""
+        with self._guard("ping"):
+            self._client.ping()
 
     def close(self) -> None:
         if self._owns_client:

@@ -1,0 +1,62 @@
+"""The Redis layout version: stamped on a new namespace, checked by every process at start, refused with
+a message saying what to run, and rewritten by `keel replay --all` (real Redis and Kafka)."""
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+from support.workers import keel, services, services_env, unique_cartridge
+
+from keel.cartridge import load_cartridge
+from keel.store.redis import RedisStore
+from keel.store.redis.keys import layout_key
+from keel.store.redis.layout import LAYOUT_VERSION, LayoutIncompatible
+
+pytestmark = [services, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def env() -> dict[str, str]:
+    return services_env()
+
+
+def test_a_new_namespace_is_stamped_and_another_version_refused(env: dict[str, str]) -> None:
+    url = env["KEEL_REDIS_URL"]
+    ns = f"lay{uuid.uuid4().hex[:10]}"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        RedisStore.from_url(url, namespace=ns).close()
+        assert client.get(layout_key(ns)) == str(LAYOUT_VERSION)
+        client.set(layout_key(ns), LAYOUT_VERSION + 1)
+        with pytest.raises(LayoutIncompatible, match="written by a newer Keel"):
+            RedisStore.from_url(url, namespace=ns)
+        client.set(layout_key(ns), LAYOUT_VERSION - 1)
+        with pytest.raises(LayoutIncompatible, match=r"keel replay <cartridge folder> --all"):
+            RedisStore.from_url(url, namespace=ns)
+        RedisStore.from_url(url, namespace=ns, upgrading_layout=True).close()     # the replay may open it
+    finally:
+        client.delete(layout_key(ns))
+        client.close()
+
+
+def test_processes_refuse_an_old_layout_and_replay_all_upgrades_it(env: dict[str, str], tmp_path: Path) -> None:
+    folder = unique_cartridge(tmp_path)
+    ns = load_cartridge(folder).name
+    client = redis.Redis.from_url(env["KEEL_REDIS_URL"], decode_responses=True)
+    try:
+        keel("publish", str(folder), str(folder / "events.jsonl"), env=env)
+        client.set(layout_key(ns), LAYOUT_VERSION - 1)
+        for args in (["worker", str(folder), "--quiet"], ["status", str(folder)],
+                     ["digest", str(folder), "--tenant", "hogar-demo", "--redis", env["KEEL_REDIS_URL"]]):
+            proc = keel(*args, env=env, check=False, timeout=120)
+            assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+            assert f"Redis namespace '{ns}' has key layout version {LAYOUT_VERSION - 1}" in proc.stderr
+            assert "keel replay <cartridge folder> --all" in proc.stderr
+        keel("replay", str(folder), "--all", "--quiet", env=env)
+        assert client.get(layout_key(ns)) == str(LAYOUT_VERSION)
+        assert keel("status", str(folder), env=env).returncode == 0
+    finally:
+        client.delete(layout_key(ns))
+        client.close()
