@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import CartridgeInvalid
+from .limits import Limits
 from .registry import Registry
 from .rules import RESERVED, Rule, check_names, compile_rule
 from .times import parse_duration
@@ -88,6 +89,7 @@ class CartridgeSpec(_Strict):
     events: dict[str, EventSpec] = Field(default_factory=dict)
     rules: dict[str, RuleSpec] = Field(default_factory=dict)
     memory: MemorySpec = Field(default_factory=MemorySpec)
+    limits: Limits = Field(default_factory=Limits)
 
 
 class Cartridge:
@@ -132,7 +134,7 @@ def load_cartridge(path: str | Path) -> Cartridge:
     # imported here: keel.projection builds writes (store.base), and store.base imports envelope, which imports us
     from .projection import compile_projections
     folder = Path(path)
-    spec, problems = _load_spec(folder)
+    spec, problems, dropped = _load_spec(folder)
     registry = None
     if spec is not None:
         registry, handler_problems = _load_handlers(folder, spec.name)
@@ -141,27 +143,86 @@ def load_cartridge(path: str | Path) -> Cartridge:
         problems += projection_problems
         if registry is not None:
             problems += register_projections(registry, projections, spec)
-            problems += check_spec(spec, registry)
+            problems += [p for p in check_spec(spec, registry)     # a handler of an invalid entry is no extra
+                         if not any(f"handler for {ev!r}," in p for ev in dropped)]
     if problems:
         raise CartridgeInvalid(str(folder), problems)
     assert spec is not None and registry is not None
     return Cartridge(spec, registry, folder)
 
 
-def _load_spec(folder: Path) -> tuple[CartridgeSpec | None, list[str]]:
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a mapping naming one key twice is an error (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:
+                continue                        # an unhashable key: construct_mapping below reports it
+            if first != key_node.start_mark.line + 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {first})", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+_SECTIONS: dict[str, type[BaseModel]] = {"entities": EntitySpec, "relations": RelationSpec, "events": EventSpec,
+                                         "rules": RuleSpec}
+
+
+def _load_spec(folder: Path) -> tuple[CartridgeSpec | None, list[str], set[str]]:
+    """(spec, problems, event types left out). With problems, the spec holds the entries that are valid on
+    their own, so that `validate` reports every problem in one pass: the cross-checks run on the rest."""
+    if not folder.is_dir():
+        return None, [f"{folder}: not a folder (a cartridge is a folder with cartridge.yaml and handlers.py)"], set()
     file = folder / "cartridge.yaml"
     if not file.is_file():
-        return None, [f"{file}: missing (a cartridge folder needs cartridge.yaml; handlers.py holds Python handlers)"]
+        return None, [f"{file}: missing (a cartridge folder needs cartridge.yaml; handlers.py holds Python handlers)"], set()
     try:
-        doc = yaml.safe_load(file.read_text())
+        doc = yaml.load(file.read_text(encoding="utf-8-sig"), Loader=_UniqueKeyLoader)   # a SafeLoader
+    except (OSError, UnicodeDecodeError) as e:
+        return None, [f"{file}: cannot be read: {e}"], set()
     except yaml.YAMLError as e:
-        return None, [f"{file}: not valid YAML: {e}"]
+        return None, [f"{file}: not valid YAML: {e}"], set()
     if not isinstance(doc, dict):
-        return None, [f"{file}: must be a mapping with name, entities, relations, events, rules, memory"]
+        return None, [f"{file}: must be a mapping with name, entities, relations, events, rules, memory"], set()
     try:
-        return CartridgeSpec.model_validate(doc), []
+        return CartridgeSpec.model_validate(doc), [], set()
     except ValidationError as e:
-        return None, [f"{file}: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
+        problems = [f"{file}: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
+    partial = _valid_parts(doc)
+    events = doc.get("events")
+    dropped = set(events) - set(partial.events) if isinstance(events, dict) and partial is not None else set()
+    return partial, problems, dropped
+
+
+def _valid_parts(doc: dict[str, Any]) -> CartridgeSpec | None:
+    """A spec of the entries of `doc` that are valid on their own (None without a usable name)."""
+    parts: dict[str, Any] = {"name": doc.get("name")}
+    for section, model in _SECTIONS.items():
+        entries = doc.get(section)
+        if not isinstance(entries, dict):
+            continue
+        kept = {}
+        for name, entry in entries.items():
+            try:
+                kept[name] = model.model_validate(entry)
+            except ValidationError:
+                continue
+        parts[section] = kept
+    for section in ("memory", "limits"):
+        try:
+            CartridgeSpec.model_validate({"name": "x", section: doc.get(section)})
+            if section in doc:
+                parts[section] = doc[section]
+        except ValidationError:
+            continue
+    try:
+        return CartridgeSpec.model_validate(parts)
+    except ValidationError:
+        return None
 
 
 def _load_handlers(folder: Path, name: str) -> tuple[Registry | None, list[str]]:

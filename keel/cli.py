@@ -20,6 +20,7 @@ from .cartridge import load_cartridge
 from .commandline import COMMANDS_GROUP, KeelArgumentParser, emit, pick_tenant, settings_of
 from .connect import open_graph
 from .digest import digest
+from .echo import printable
 from .embedded import print_reject, replay_file
 from .errors import (
     EXIT_DOMAIN,
@@ -144,13 +145,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{e.path}: {problem}" if not problem.startswith(e.path) else problem, file=sys.stderr)
         return EXIT_USAGE
     except UsageError as e:
-        print(f"keel: {e}", file=sys.stderr)
+        print(printable(f"keel: {e}"), file=sys.stderr)
         return EXIT_USAGE
     except ServiceUnavailable as e:
-        print(f"keel: {e}", file=sys.stderr)
+        print(printable(f"keel: {e}"), file=sys.stderr)
         return EXIT_UNAVAILABLE
     except KeelError as e:
-        print(f"keel: {e}", file=sys.stderr)
+        print(printable(f"keel: {e}"), file=sys.stderr)
         return EXIT_DOMAIN
     except KeyboardInterrupt:
         print("keel: interrupted", file=sys.stderr)
@@ -173,7 +174,7 @@ class Session:
         if not args.redis:
             if not rest:
                 raise UsageError("give the events file (or --redis URL)")
-            if not settings.redis_url or Path(rest[0]).is_file() or rest[0].endswith(".jsonl"):
+            if not settings.redis_url or Path(rest[0]).exists() or rest[0].endswith(".jsonl"):
                 events = rest.pop(0)
         self.graph = open_graph(self.cartridge, settings, events)
         self.store, self.log = self.graph.store, self.graph.log
@@ -204,6 +205,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.events:
         projector = Projector(cartridge, MemoryStore(), allow_global_notes=True)
         report = replay_file(projector, args.events, on_reject=print_reject(args.events))
+        for warning in report.clamped:
+            print(printable(f"{args.events}:line {warning.line}: event {warning.event_id}: warning: "
+                            f"{warning.reason}"), file=sys.stderr)
         if report.rejected:
             print(f"{args.events}: {len(report.rejected)} bad line(s) of {report.applied + len(report.rejected)}",
                   file=sys.stderr)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import Settings, resolve
+from .echo import printable
 from .errors import UsageError
 
 COMMANDS_GROUP = "keel.commands"     # entry points: `name = "package.module:register"`, register(subparsers)
@@ -61,5 +62,5 @@ def emit(args: argparse.Namespace, result: Any, human: Callable[[Any], str]) -> 
     if args.json:
         print(json.dumps(result, ensure_ascii=False, indent=2))
     else:
-        print(human(result))
+        print(printable(human(result)))        # stored text never drives the terminal (ANSI, NUL)
     return 0

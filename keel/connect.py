@@ -75,9 +75,7 @@ def open_graph(cartridge: Cartridge, settings: Settings, events: str | Path | No
                stream: TextIO | None = None) -> Graph:
     """An events file when given (embedded), else the Redis graph of the settings (usage error when neither)."""
     if events is not None:
-        path = Path(events)
-        if not path.is_file():
-            raise UsageError(f"events file {path} not found")
+        path = Path(events)         # a missing, unreadable or folder path: build_embedded says which (usage)
         projector, report = build_embedded(cartridge, path, allow_global_notes=settings.allow_global_notes,
                                            stream=stream)
         return Graph(cartridge, projector.store, FileLog(projector, path), sorted(report.tenants), path, True)

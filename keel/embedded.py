@@ -7,13 +7,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from .cartridge import Cartridge
-from .errors import EnvelopeRejected, HandlerFailed
+from .echo import cut, printable
+from .errors import EnvelopeRejected, HandlerFailed, UsageError
 from .projector import Projector
 from .store.base import Store
 from .store.memory import MemoryStore
+from .times import format_time
 
 
 @dataclass
@@ -31,7 +33,24 @@ class ReplayReport:
     applied: int = 0
     duplicates: int = 0
     rejected: list[Rejected] = field(default_factory=list)
+    clamped: list[Rejected] = field(default_factory=list)    # applied, recorded_at raised to the tenant's latest
     tenants: set[str] = field(default_factory=set)
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def open_events(path: str | Path) -> BinaryIO:
+    """An events file opened for reading; a folder or an unreadable path is a usage error."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"events file {p} is a folder; give a JSONL file")
+    try:
+        return open(p, "rb")
+    except FileNotFoundError:
+        raise UsageError(f"events file {p} not found") from None
+    except OSError as e:
+        raise UsageError(f"events file {p} cannot be read: {e.strerror or e}") from None
 
 
 @contextmanager
@@ -61,12 +80,14 @@ def replay_file(projector: Projector, path: str | Path, *,
                 on_reject: Callable[[Rejected], None] | None = None) -> ReplayReport:
     """Apply every line of a JSONL file in order; bad lines are reported and skipped, never fatal."""
     report = ReplayReport()
-    with open(path, "rb") as f, bulk_allocation():
+    with open_events(path) as f, bulk_allocation():
         for number, raw in enumerate(f, 1):
-            if raw.isspace():     # a blank line (iteration never yields b"")
+            if number == 1 and raw.startswith(BOM):     # a UTF-8 byte-order mark some editors write
+                raw = raw[len(BOM):]
+            if raw.isspace() or not raw:     # a blank line
                 continue
             try:
-                event, outcome = projector.apply_raw(raw)
+                event, outcome = projector.apply_raw(raw, origin=f"at line {number}")
             except (EnvelopeRejected, HandlerFailed) as e:
                 reason = e.reason if isinstance(e, EnvelopeRejected) else str(e)
                 rejected = Rejected(number, e.event_id, reason)
@@ -75,6 +96,10 @@ def replay_file(projector: Projector, path: str | Path, *,
                     on_reject(rejected)
                 continue
             report.tenants.add(event.tenant)
+            if event.clamped_from is not None:
+                report.clamped.append(Rejected(number, event.id, (
+                    f"recorded_at {format_time(event.clamped_from)} is earlier than the tenant's latest; "
+                    f"taken as recorded at {format_time(event.recorded_at)}")))
             if outcome == "applied":
                 report.applied += 1
             else:
@@ -84,7 +109,7 @@ def replay_file(projector: Projector, path: str | Path, *,
 
 def print_reject(path: str | Path, stream: TextIO | None = None) -> Callable[[Rejected], None]:
     def report(r: Rejected) -> None:
-        print(f"{path}:{r}", file=stream if stream is not None else sys.stderr)
+        print(printable(cut(f"{path}:{r}", 600)), file=stream if stream is not None else sys.stderr)
     return report
 
 

@@ -1,6 +1,7 @@
 """The event envelope (DESIGN §2): structural model, catalog checks, and the Event handlers receive."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Annotated, Any, NotRequired
@@ -9,10 +10,12 @@ from pydantic import ConfigDict, StringConstraints, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from .cartridge import Cartridge, FieldSpec
+from .echo import quote
 from .errors import BadTime, EnvelopeRejected
-from .times import Micros, format_time, parse_time
+from .times import Micros, format_time, now_micros, parse_time
 
 ANNOTATED = "keel.annotated"
+RETRACTED = "keel.retracted"
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 ENTITY_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}"
 ENTITY_PATTERN = rf"^[a-z][a-z0-9_]*:{ENTITY_ID_PATTERN}$"
@@ -38,6 +41,7 @@ class Envelope(TypedDict):
     recorded_at: NotRequired[str | None]
     source: NotRequired[str | None]
     by: NotRequired[str | None]
+    corrects: NotRequired[Annotated[str, StringConstraints(min_length=1, max_length=256)] | None]
     payload: dict[str, Any]
 
 
@@ -55,6 +59,8 @@ class Event:
     """What a handler receives: a checked envelope with times parsed and defaults filled."""
     __slots__ = (
         "by",
+        "clamped_from",
+        "corrects",
         "id",
         "occurred_at",
         "payload",
@@ -68,7 +74,8 @@ class Event:
     )
 
     def __init__(self, *, id: str, tenant: str, type: str, subject: str, occurred_at: Micros,
-                 recorded_at: Micros, source: str | None, by: str | None, payload: dict[str, Any]) -> None:
+                 recorded_at: Micros, source: str | None, by: str | None, payload: dict[str, Any],
+                 corrects: str | None = None) -> None:
         self.id = id
         self.tenant = tenant
         self.type = type
@@ -79,18 +86,40 @@ class Event:
         self.source = source
         self.by = by
         self.payload = payload
+        self.corrects = corrects
+        self.clamped_from: Instant | None = None
 
     @classmethod
     def _checked(cls, id: str, tenant: str, type: str, subject: str, subject_type: str, subject_id: str,
                  occurred_at: Instant, recorded_at: Instant, source: str | None, by: str | None,
-                 payload: dict[str, Any]) -> Event:
+                 payload: dict[str, Any], corrects: str | None = None) -> Event:
         """The Catalog's constructor: fields already checked, subject split, times already Instants."""
         e = cls.__new__(cls)
         e.id, e.tenant, e.type, e.subject = id, tenant, type, subject
         e.subject_type, e.subject_id = subject_type, subject_id
         e.occurred_at, e.recorded_at = occurred_at, recorded_at
         e.source, e.by, e.payload = source, by, payload
+        e.clamped_from, e.corrects = None, corrects
         return e
+
+    @property
+    def supersedes(self) -> str | None:
+        """The id of the event whose versions this one supersedes (`corrects`, or a retraction's target)."""
+        return self.payload["event"] if self.type == RETRACTED else self.corrects
+
+    def clamp_recorded_at(self, latest: Micros) -> None:
+        """Take the event as recorded at `latest` (the tenant's latest recorded_at), keeping what it said."""
+        self.clamped_from = self.recorded_at
+        self.recorded_at = Instant(latest)
+
+    def content_hash(self) -> str:
+        """The event's identity for idempotency: a short hash of its canonical envelope without `recorded_at`
+        (which a broker may assign): every other field after the checks (times as integers, `source` with
+        its default), payload keys sorted. Two envelopes under one id are identical when their hashes are
+        equal; see docs/envelope.md."""
+        text = _CANONICAL.encode((self.id, self.tenant, self.type, self.subject, int(self.occurred_at),
+                                  self.source, self.by, self.corrects, self.payload))
+        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
     def to_envelope(self) -> dict[str, Any]:
         """The canonical envelope: what `keel publish` sends, so file and topic build equal graphs."""
@@ -101,6 +130,8 @@ class Event:
             out["source"] = self.source
         if self.by is not None:
             out["by"] = self.by
+        if self.corrects is not None:
+            out["corrects"] = self.corrects
         out["payload"] = self.payload
         return out
 
@@ -117,26 +148,52 @@ class Catalog:
         self._types = {ev: (PayloadCheck(ev, spec.fields()), spec.subject, spec.owner)
                        for ev, spec in cartridge.spec.events.items()}
         self._instants: dict[str, Instant] = {}
+        self._max_bytes = cartridge.spec.limits.envelope_bytes
+        self._future = cartridge.spec.limits.future_micros
 
     def parse(self, raw: bytes | str | dict[str, Any], *, default_recorded_at: Micros | None = None) -> Event:
-        """Raw envelope → Event. `default_recorded_at` applies when the envelope has none (Kafka record
-        time); otherwise recorded_at defaults to occurred_at (file mode). Raises EnvelopeRejected."""
+        """Raw envelope → Event. `default_recorded_at` is the Kafka record's time: the moment Keel learned
+        the event, and its recorded_at when the envelope has none. Without it (file mode) the moment is now
+        and recorded_at defaults to occurred_at. A recorded_at after that moment is taken as that moment;
+        more than `limits.future_tolerance` after it is refused. Raises EnvelopeRejected."""
+        if not isinstance(raw, dict) and len(raw) > self._max_bytes:
+            event_id, tenant = _peek_ids(raw[:4096])
+            raise EnvelopeRejected(f"envelope of {len(raw)} bytes is over the {self._max_bytes}-byte limit "
+                                   f"(limits.envelope_bytes); keep documents elsewhere and a pointer in the "
+                                   f"payload", event_id=event_id, tenant=tenant)
         env = _structure(raw)
         occurred = self._instant(env["occurred_at"], "occurred_at", env)
+        read_at = default_recorded_at if default_recorded_at is not None else now_micros()
         recorded_text = env.get("recorded_at")
         if recorded_text is not None:
             recorded = self._instant(recorded_text, "recorded_at", env)
+            if recorded > read_at:
+                if recorded - read_at > self._future:
+                    raise EnvelopeRejected(
+                        f"recorded_at {recorded_text} is in the future: more than "
+                        f"{self.cartridge.spec.limits.future_tolerance} (limits.future_tolerance) after Keel "
+                        f"read the event at {format_time(read_at)}", event_id=env["id"], tenant=env["tenant"])
+                recorded = Instant(read_at)
+        elif default_recorded_at is not None:
+            recorded = Instant(default_recorded_at)
         else:
-            recorded = Instant(default_recorded_at) if default_recorded_at is not None else occurred
+            recorded = occurred if occurred <= read_at else Instant(read_at)
         event_type, subject = env["type"], env["subject"]
         subject_type, _, subject_id = subject.partition(":")
         source = env.get("source")
-        if event_type == ANNOTATED:
-            check_annotation_payload(env)
+        corrects = env.get("corrects")
+        if event_type in (ANNOTATED, RETRACTED):
+            if corrects is not None:
+                raise EnvelopeRejected(f"corrects: a {event_type} event corrects nothing (retract a note "
+                                       f"with keel.retracted, correct it with a new note)",
+                                       event_id=env["id"], tenant=env["tenant"])
+            (check_annotation_payload if event_type == ANNOTATED else check_retraction_payload)(env)
+            if source is None and event_type == RETRACTED:
+                source = "keel"
         else:
             known = self._types.get(event_type)
             if known is None:
-                raise EnvelopeRejected(f"unknown event type {event_type!r} for cartridge "
+                raise EnvelopeRejected(f"unknown event type {quote(event_type)} for cartridge "
                                        f"{self.cartridge.name!r}", event_id=env["id"], tenant=env["tenant"])
             check, subject_kind, owner = known
             if subject_type != subject_kind:
@@ -145,8 +202,11 @@ class Catalog:
             check(env)
             if source is None:
                 source = owner
+        if corrects == env["id"]:
+            raise EnvelopeRejected("corrects: an event cannot correct itself", event_id=env["id"],
+                                   tenant=env["tenant"])
         return Event._checked(env["id"], env["tenant"], event_type, subject, subject_type, subject_id,
-                              occurred, recorded, source, env.get("by"), env["payload"])
+                              occurred, recorded, source, env.get("by"), env["payload"], corrects)
 
     def _instant(self, text: str, field: str, env: Envelope) -> Instant:
         """A time field as an Instant; the Instants of recent texts are shared (events repeat their dates)."""
@@ -161,6 +221,7 @@ class Catalog:
 
 
 _INSTANTS_MAX = 65536
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)     # one instance: C speed
 _VALIDATOR = TypeAdapter(Envelope).validator     # validate_json/validate_python without TypeAdapter's Python layer
 
 
@@ -171,29 +232,52 @@ def _structure(raw: bytes | str | dict[str, Any]) -> Envelope:
         return _VALIDATOR.validate_json(raw)
     except ValidationError as e:
         event_id, tenant = _peek_ids(raw)
-        raise EnvelopeRejected(_reasons(e), event_id=event_id, tenant=tenant) from None
+        raise EnvelopeRejected(_reasons(e, raw), event_id=event_id, tenant=tenant) from None
 
 
-def _reasons(e: ValidationError) -> str:
+_HINTS = {
+    "subject": "'<entity type>:<id>': a type of lowercase letters, digits and _, then an id of ASCII letters, "
+               "digits and . _ @ - (first a letter or digit, at most 128 characters)",
+    "tenant": "ASCII letters, digits and . _ - (first a letter or digit, at most 64 characters)",
+}
+_LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _reasons(e: ValidationError, raw: bytes | str | dict[str, Any]) -> str:
     parts = []
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"])
         kind = err["type"]
         if kind == "json_invalid":
-            detail = re.sub(r" at line \d+ column \d+$", "", err["msg"].removeprefix("Invalid JSON: "))
-            parts.append(f"not valid JSON ({detail})")
+            parts.append(_json_problem(err["msg"], raw))
         elif kind == "missing":
             parts.append(f"{loc}: required field missing")
         elif kind == "extra_forbidden":
             parts.append(f"{loc}: unknown envelope field")
         elif kind == "string_pattern_mismatch":
-            hint = ("'<entity type>:<id>'" if loc == "subject" else "[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-            parts.append(f"{loc}: {err.get('input')!r} does not match {hint}")
+            hint = _HINTS.get(loc, _HINTS["tenant"])
+            parts.append(f"{loc}: {quote(err.get('input'))} is not allowed; use {hint}")
         elif kind == "dict_type" and not loc:
             parts.append("an envelope must be a JSON object")
         else:
-            parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+            parts.append(f"{loc}: {quote(err['msg'])}" if loc else quote(err["msg"]))
     return "; ".join(parts)
+
+
+def _json_problem(message: str, raw: bytes | str | dict[str, Any]) -> str:
+    """What is wrong with text that is not JSON, in words a person understands."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if isinstance(data, bytes):
+        try:
+            data.decode()
+        except UnicodeDecodeError as u:
+            return (f"not UTF-8 text (byte 0x{data[u.start]:02x} at position {u.start}); save the file as "
+                    f"UTF-8")
+        if _LONE_SURROGATE.search(data) and ("escape" in message or "surrogate" in message):
+            return ("not valid JSON: a \\uD800-\\uDFFF escape must be one half of a surrogate pair (like "
+                    "\\ud83d\\ude00 for one emoji); alone it is not a character")
+    detail = re.sub(r" at line \d+ column \d+$", "", message.removeprefix("Invalid JSON: "))
+    return f"not valid JSON ({detail})"
 
 
 def _peek_ids(raw: bytes | str | dict[str, Any]) -> tuple[str | None, str | None]:
@@ -218,7 +302,7 @@ def _time(text: str, field: str, env: Envelope) -> Micros:
     try:
         return parse_time(text)
     except BadTime:
-        raise EnvelopeRejected(f"{field}: {text!r} is neither RFC 3339 (2026-10-01T00:00:00Z) nor a date "
+        raise EnvelopeRejected(f"{field}: {quote(text)} is neither RFC 3339 (2026-10-01T00:00:00Z) nor a date "
                                f"(2026-10-01)", event_id=env["id"], tenant=env["tenant"]) from None
 
 
@@ -295,7 +379,7 @@ class PayloadCheck:
                 if not optional:
                     problems.append(f"payload.{name}: required {kind} missing")
             elif not check(value):
-                problems.append(f"payload.{name}: expected {kind}, got {value!r}")
+                problems.append(f"payload.{name}: expected {kind}, got {quote(value)}")
         if not self.names.issuperset(payload):
             problems += [f"payload.{k}: unknown field for {self.event_type}" for k in payload if k not in self.names]
         return problems
@@ -325,5 +409,20 @@ def check_annotation_payload(env: Envelope) -> None:
     for k in ("evidence", "task", "agent"):
         if p.get(k) is not None and not isinstance(p[k], str):
             problems.append(f"payload.{k}: expected string")
+    if problems:
+        raise EnvelopeRejected("; ".join(problems), event_id=env["id"], tenant=env["tenant"])
+
+
+def check_retraction_payload(env: Envelope) -> None:
+    """A keel.retracted payload: `{event: <id of an event of the tenant>, reason?: string}`."""
+    p = env["payload"]
+    problems = [f"payload.{k}: unknown field for {RETRACTED}" for k in p if k not in ("event", "reason")]
+    target = p.get("event")
+    if not isinstance(target, str) or not 1 <= len(target) <= 256:
+        problems.append("payload.event: required, the id of the event to retract")
+    elif target == env["id"]:
+        problems.append("payload.event: an event cannot retract itself")
+    if p.get("reason") is not None and not isinstance(p["reason"], str):
+        problems.append("payload.reason: expected string")
     if problems:
         raise EnvelopeRejected("; ".join(problems), event_id=env["id"], tenant=env["tenant"])

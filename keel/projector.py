@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from .cartridge import Cartridge
-from .envelope import ANNOTATED, ENTITY, Catalog, Event, Instant
+from .envelope import ANNOTATED, ENTITY, RETRACTED, Catalog, Event, Instant
 from .errors import EnvelopeRejected, HandlerFailed, KeelError
+from .limits import ValueRefused, check_value
 from .notes import NotePolicy
 from .registry import Handler
-from .store.base import Key, Store, Write, checked_label_writes, fact_write
-from .timeline import Assertion
+from .store.base import EventId, Key, Store, Write, checked_label_writes, event_key, fact_write
+from .timeline import VOID, Assertion, is_void, new_assertion, void_of
 from .times import Micros, parse_time
 
 Outcome = Literal["applied", "duplicate"]
@@ -30,14 +31,16 @@ class EventStore:
     one EventStore and binds it to each event in turn (`bind`), rather than building one per event.
     `checks` and `writes` are what compiled projections (keel.projection) use directly.
     """
-    __slots__ = ("_by", "_event", "_id", "_known", "_occurred", "_occurred_at", "_recorded", "_source",
-                 "_store", "checks", "writes")
+    __slots__ = ("_by", "_event", "_id", "_known", "_limit", "_occurred", "_occurred_at", "_recorded", "_source",
+                 "_store", "checks", "refused", "writes")
 
     def __init__(self, store: Store, checks: CatalogChecks) -> None:
         self._store = store
         self.checks = checks
         self._known = checks.known          # entity -> type of every entity that passed the checks
+        self._limit = checks.value_bytes
         self.writes: list[Write] = []
+        self.refused: ValueRefused | None = None    # the first refused value: the whole event is refused
 
     def bind(self, event: Event) -> None:
         """Make this the store of `event`, with an empty buffer (the previous buffer belongs to its event)."""
@@ -48,7 +51,24 @@ class EventStore:
         self._source = event.source
         self._id = event.id
         self._by = event.by
-        self.writes: list[Write] = []
+        self.writes = []
+        self.refused = None
+
+    def check_written(self) -> None:
+        """`_check` of every value in the buffer: a compiled projection appends its writes directly."""
+        for key, a in self.writes:
+            if not a.closed and key[0] in "lf":
+                self._check(a.value, f"predicate {key[2]}" if key[0] == "f" else f"label {key[2]}")
+
+    def _check(self, value: Any, what: str) -> None:
+        """A written value must be JSON within limits.value_bytes (keel.limits); kept even if the handler
+        catches the exception, so a handler cannot drop the refusal and apply the rest of its event."""
+        try:
+            check_value(value, self._limit, what)
+        except ValueRefused as e:
+            if self.refused is None:
+                self.refused = e
+            raise
 
     def _tenant(self, tenant: str) -> str:
         if tenant != self._event.tenant:
@@ -74,6 +94,13 @@ class EventStore:
         entity = f"{type}:{id}"
         if entity not in self._known:
             self.checks.entity(entity)
+        if ref is not None:
+            if not isinstance(ref, str):
+                self.refused = ValueRefused(f"ref: {type(ref).__name__} given; ref is a pointer, a string")
+                raise self.refused
+            self._check(ref, "ref")
+        for name, value in labels.items():
+            self._check(value, f"label {name}")
         self.writes += checked_label_writes(entity, ref, labels, self._occurred, self._source, self._id,
                                             self._recorded, self._by)
 
@@ -97,6 +124,9 @@ class EventStore:
             self._tenant(tenant)
         if subject not in self._known:
             self.checks.entity(subject)
+        if type(predicate) is not str:
+            raise KeelError(f"predicate {predicate!r} is not a string")
+        self._check(value, f"predicate {predicate}")
         self._add(("f", subject, predicate, ""), valid_from, value, False, source, evidence)
 
     def close_fact(self, tenant: str, subject: str, predicate: str, *, valid_to: object,
@@ -124,6 +154,7 @@ class CatalogChecks:
 
     def __init__(self, cartridge: Cartridge) -> None:
         self.spec = cartridge.spec
+        self.value_bytes = cartridge.spec.limits.value_bytes
         self.known: dict[str, str] = {}      # entity -> its type, for entities that passed (bounded)
         self._relations: set[tuple[str, str, str]] = set()
 
@@ -174,12 +205,26 @@ class Projector:
     def parse(self, raw: bytes | str | dict[str, Any], *, default_recorded_at: Micros | None = None) -> Event:
         return self.catalog.parse(raw, default_recorded_at=default_recorded_at)
 
-    def apply(self, event: Event) -> Outcome:
-        """Apply one checked event. Raises EnvelopeRejected (refused note) or HandlerFailed."""
-        if self.store.has_event(event.tenant, event.id):
+    def apply(self, event: Event, origin: str | None = None) -> Outcome:
+        """Apply one checked event; `origin` says where it was read (`line 12`, a topic offset), kept with its
+        id. An id applied before is a duplicate when the envelope is identical (its content hash), and
+        refused otherwise. A recorded_at earlier than the tenant's latest is taken as that latest (the event
+        keeps it in `clamped_from`). Raises EnvelopeRejected (refused note, conflict, refused value) or
+        HandlerFailed."""
+        store = self.store
+        if store.has_event(event.tenant, event.id):
+            self._check_identical(event)
             return "duplicate"
+        latest = store.latest_recorded(event.tenant)
+        if latest is not None and event.recorded_at < latest:
+            event.clamp_recorded_at(latest)
+        key = event_key(event.id, f"{event.content_hash()} {origin or 'earlier in the log'}", int(event.recorded_at))
         if event.type == ANNOTATED:
-            self._apply_note(event)
+            self._apply_note(event, key)
+            return "applied"
+        superseding = [] if event.supersedes is None else self._supersede(event)
+        if event.type == RETRACTED:
+            store.apply_writes(event.tenant, superseding, key)
             return "applied"
         entry = self._handlers.get(event.type)
         if entry is None:
@@ -191,22 +236,74 @@ class Projector:
         view = self._view
         if declarative:
             view.writes = []        # a compiled projection reads the event itself; it uses only checks and writes
+            view.refused = None
         else:
             view.bind(event)
         try:
             handler(event, view)
+            if declarative:
+                view.check_written()
         except Exception as e:
-            raise HandlerFailed(event.id, event.tenant, event.type, e) from e
-        self.store.apply_writes(event.tenant, view.writes, event.id)
+            if view.refused is None:
+                raise HandlerFailed(event.id, event.tenant, event.type, e) from e
+        if view.refused is not None:
+            raise EnvelopeRejected(f"handler {getattr(handler, '__name__', '?')} for {event.type} wrote "
+                                   f"{view.refused}", event_id=event.id, tenant=event.tenant)
+        store.apply_writes(event.tenant, superseding + view.writes if superseding else view.writes, key)
         return "applied"
 
-    def apply_raw(self, raw: bytes | str | dict[str, Any], *, default_recorded_at: Micros | None = None
-                  ) -> tuple[Event, Outcome]:
-        event = self.catalog.parse(raw, default_recorded_at=default_recorded_at)
-        return event, self.apply(event)
+    def _supersede(self, event: Event) -> list[Write]:
+        """The writes that supersede every domain version resting on the event `event` corrects or retracts,
+        as of `event`'s recorded_at. At each point where that event's assertion is still the winner, the
+        assertion before it at that point is written again (restoring what was believed without it) or, with
+        none before it, a void (the point then counts for nothing). Raises EnvelopeRejected."""
+        target, tenant = event.supersedes, event.tenant
+        what = "retract" if event.type == RETRACTED else "correct"
+        if not self.store.has_event(tenant, target):
+            raise EnvelopeRejected(f"cannot {what} event {target!r}: it is not an applied event of tenant "
+                                   f"{tenant!r} (ids are per tenant; a rejected event needs no correction)",
+                                   event_id=event.id, tenant=tenant)
+        writes: list[Write] = []
+        for key, assertions in self.store.resting_on(tenant, target):
+            if any(is_void(a) and a.value[VOID] == target for a in assertions):
+                raise EnvelopeRejected(f"cannot {what} event {target!r}: it was already retracted or corrected",
+                                       event_id=event.id, tenant=tenant)
+            for point in sorted({a.point for a in assertions if a.evidence == target}):
+                group = [a for a in assertions if a.point == point]
+                if group[-1].evidence != target:
+                    continue                   # superseded at this point already: nothing of it is believed
+                before = [a for a in group if a.evidence != target]
+                again = before[-1] if before else None
+                writes.append(_tuple_new(Write, (key, new_assertion(
+                    point, void_of(target), True, event.source, event.id, int(event.recorded_at), event.by))))
+                if again is not None and not is_void(again):
+                    writes.append(_tuple_new(Write, (key, new_assertion(
+                        point, again.value, again.closed, event.source, event.id, int(event.recorded_at), event.by,
+                        again.expires_at))))
+        return writes
 
-    def _apply_note(self, event: Event) -> None:
+    def _check_identical(self, event: Event) -> None:
+        """An id applied before must name the same envelope (ids are idempotency keys)."""
+        mark = self.store.event_mark(event.tenant, event.id)
+        if mark is None:
+            return                                  # applied before marks were kept: nothing to compare
+        digest, _, where = mark.partition(" ")
+        if digest != event.content_hash():
+            raise EnvelopeRejected(f"id {event.id!r} was first seen {where or 'earlier in the log'} with "
+                                   f"different content; an id names one envelope (send a new id, or "
+                                   f"`corrects` to replace that event)", event_id=event.id, tenant=event.tenant)
+
+    def apply_raw(self, raw: bytes | str | dict[str, Any], *, default_recorded_at: Micros | None = None,
+                  origin: str | None = None) -> tuple[Event, Outcome]:
+        event = self.catalog.parse(raw, default_recorded_at=default_recorded_at)
+        return event, self.apply(event, origin)
+
+    def _apply_note(self, event: Event, key: EventId) -> None:
         p = event.payload
+        try:
+            check_value(p["value"], self.checks.value_bytes, f"note {p['predicate']}")
+        except ValueRefused as e:
+            raise EnvelopeRejected(str(e), event_id=event.id, tenant=event.tenant) from None
         try:
             self.notes.check(event.tenant, event.subject, p["scope"], p.get("evidence"),
                              task=p.get("task"), agent=p.get("agent"))
@@ -221,6 +318,6 @@ class Projector:
                            expires_at=None if ttl is None else event.occurred_at + ttl)
         if scope == "global":
             self.notes.write_global([write])
-            self.store.apply_writes(event.tenant, [], event.id)
+            self.store.apply_writes(event.tenant, [], key)
         else:
-            self.store.apply_writes(event.tenant, [write], event.id)
+            self.store.apply_writes(event.tenant, [write], key)

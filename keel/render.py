@@ -28,6 +28,8 @@ def fact_line(f: dict[str, Any]) -> str:
         extras.append(f"expires {day(f['expires_at'])}")
     if f["corrected_by"]:
         extras.append(f"corrected by {f['corrected_by']}")
+    if f.get("superseded_at"):
+        extras.append(f"superseded {day(f['superseded_at'])} by {f['superseded_by']}")
     return f"{line}  ({', '.join(extras)})"
 
 

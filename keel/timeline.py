@@ -31,6 +31,19 @@ class Assertion(NamedTuple):
 
 
 _tuple_new = tuple.__new__
+VOID = "keel.void"      # an end whose value is {VOID: <event id>}: the assertions at its point do not count
+
+
+def void_of(event_id: str) -> dict[str, str]:
+    """The value of a void: written by a correction or retraction of `event_id` at each point where that
+    event's assertion was the winner and nothing earlier at that point is to be restored."""
+    return {VOID: event_id}
+
+
+def is_void(a: Assertion) -> bool:
+    """Whether an assertion is a void: when it wins its point, the point is as if nothing were asserted there
+    (the version before runs on), unlike an end, which ends the version before."""
+    return a.closed and type(a.value) is dict and VOID in a.value
 
 
 def new_assertion(point: Micros, value: Any, closed: bool, source: str | None, evidence: str | None,
@@ -80,6 +93,16 @@ class Timeline:
         """Every assertion, by point, then log order."""
         return iter(self.entries)
 
+    def latest_value(self) -> Any:
+        """The value at the last point in valid time (current belief), or None when ended."""
+        end = len(self.entries)
+        while end > 0:
+            w = self.entries[end - 1]
+            if not is_void(w):
+                return None if w.closed else w.value
+            end = self._group_start(end)
+        return None
+
     # --- the fold ---------------------------------------------------------------------------
     # A *group* is the slice entries[start:end] of the assertions at one point.
 
@@ -100,17 +123,18 @@ class Timeline:
     def _winner(self, start: int, end: int, known_at: Micros | None) -> tuple[Assertion | None, int]:
         """The winning assertion of a group and how many of its assertions are visible."""
         if known_at is None:
-            return self.entries[end - 1], end - start
+            w = self.entries[end - 1]
+            return (None if w.closed and is_void(w) else w), end - start
         visible = [a for a in self.entries[start:end] if a.recorded_at <= known_at]
-        return (visible[-1] if visible else None), len(visible)
+        return (visible[-1] if visible and not is_void(visible[-1]) else None), len(visible)
 
     def _next_point(self, start: int, known_at: Micros | None) -> Micros | None:
         """The first point at or after entries[start] with a visible assertion."""
         entries = self.entries
         while start < len(entries):
-            if known_at is None:
-                return entries[start].point
             end = self._group_end(start)
+            if known_at is None and not is_void(entries[end - 1]):
+                return entries[start].point
             if self._winner(start, end, known_at)[0] is not None:
                 return entries[start].point
             start = end
@@ -144,6 +168,35 @@ class Timeline:
                 continue
             nxt = visible[k + 1][0].point if k + 1 < len(visible) else None
             out.append(_version(winner, seen, nxt))
+        return out
+
+    def recorded_versions(self, known_at: Micros | None = None) -> list[tuple[Version, Assertion | None]]:
+        """Every version recorded by known_at (None: ever), by valid_from then log order, each with the
+        assertion that superseded it at its point (None while it is the belief). The belief's versions are
+        exactly those of `versions(known_at)`."""
+        groups: list[list[Assertion]] = []
+        start = 0
+        while start < len(self.entries):
+            end = self._group_end(start)
+            group = self.entries[start:end]
+            if known_at is not None:
+                group = [a for a in group if a.recorded_at <= known_at]
+            if group:
+                groups.append(group)
+            start = end
+        out: list[tuple[Version, Assertion | None]] = []
+        nxt: Micros | None = None
+        following: list[Micros | None] = []     # per group: the next point whose winner is no void
+        for group in reversed(groups):
+            following.append(nxt)
+            if not is_void(group[-1]):
+                nxt = group[0].point
+        following.reverse()
+        for k, group in enumerate(groups):
+            nxt = following[k]
+            for i, a in enumerate(group):
+                if not a.closed:
+                    out.append((_version(a, i + 1, nxt), group[i + 1] if i + 1 < len(group) else None))
         return out
 
     def runs(self, known_at: Micros | None = None) -> list[Version]:

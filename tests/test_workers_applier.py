@@ -194,10 +194,15 @@ def test_recorded_at_is_the_record_timestamp_when_the_envelope_has_none() -> Non
     run(BatchApplier(cartridge, durable), [topic_records([raw(good(1, recorded_at=None))], timestamp_ms=T0_MS)])
     [fact] = durable.history("acme", "debt:d1", predicate="balance_cop")
     assert fact["recorded_at"] == format_time(T0_MS * 1000)
-    kept = good(2, recorded_at="2026-10-01T00:00:00Z")
+    kept = good(2, tenant="other", recorded_at="2026-10-01T00:00:00Z")
     run(BatchApplier(cartridge, durable), [topic_records([raw(kept)], topic="other")])
-    [fact] = durable.history("acme", "debt:d2", predicate="balance_cop")
+    [fact] = durable.history("other", "debt:d2", predicate="balance_cop")
     assert fact["recorded_at"] == "2026-10-01T00:00:00Z"
+    late = good(4, recorded_at="2026-10-01T00:00:00Z")     # earlier than acme's latest: taken as that latest
+    run(BatchApplier(cartridge, durable), [topic_records([raw(late)], topic="other")])
+    versions = durable.history("acme", "debt:d1", predicate="balance_cop", known_at=format_time(T0_MS * 1000))
+    assert [(v["value"], v["recorded_at"]) for v in versions] == [(1000, format_time(T0_MS * 1000)),
+                                                                   (4000, format_time(T0_MS * 1000))]
 
 
 def test_notes_apply_in_order_and_a_refused_note_is_a_dead_letter() -> None:

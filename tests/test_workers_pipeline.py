@@ -64,7 +64,7 @@ class NoKafka:
 def envelopes(n: int, tenants: int) -> list[dict]:
     out = []
     for i in range(n):
-        day = f"2026-{1 + (i // 28) % 12:02d}-{1 + i % 28:02d}"
+        day = f"2026-{1 + (i // 28) % 11:02d}-{1 + i % 28:02d}"     # file mode refuses a future recorded_at
         out.append({"id": f"e{i}", "tenant": f"t{i % tenants}", "type": "debt.snapshot", "subject": f"debt:d{i % 5}",
                     "occurred_at": day, "recorded_at": day,
                     "payload": {"creditor": "Banco", "product": "Visa", "balance_cop": i, "rate_ea_pct": 20.0,

@@ -72,24 +72,24 @@ _WRITER = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempote
 SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "context",
-        "An entity's labels, facts with evidence, relations, rules, Keel's verdicts. Use it for what "
-        "is true; at: another date; known_at: as known then.",
+        "An entity's labels, facts with evidence, relations, rules, Keel's verdicts. Use it for "
+        "facts; at: other date; known_at: as known then.",
         _object({"entity": _ENTITY, "at": _AT, "known_at": _KNOWN_AT}, ["entity"]),
         _result({"entity": _S, "type": _S, "ref": _SN, "labels": {"type": "object"},
                  "facts": _array(_FACT), "relations": _array(_RELATION), "rules": _RULES}),
         _READER),
     ToolSpec(
         "history",
-        "Every version of an entity's facts, closed and corrected ones too. Use it to explain how or why a "
-        "value changed.",
+        "Every version of an entity's facts, superseded ones too. Use it to explain how or why a value "
+        "changed.",
         _object({"entity": _ENTITY, "predicate": _arg("Only this predicate"), "known_at": _KNOWN_AT},
                 ["entity"]),
-        _result({"entity": _S, "versions": _array(_FACT)}),
+        _result({"entity": _S, "versions": _array({**_FACT, "properties": {
+            **_FACT["properties"], "superseded_at": _SN, "superseded_by": _SN}})}),
         _READER),
     ToolSpec(
         "search",
-        "Find entity ids by words in their ids, labels or type (BM25). Use it first when you lack the "
-        "exact id; no match gives a message suggesting broader words.",
+        "Find entity ids by words of ids, labels or type. Use it first when you lack an id.",
         _object({"query": _arg("Words: a name, product, label or entity type"),
                  "type": _arg("Only entities of this type"),
                  "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,

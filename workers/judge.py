@@ -61,7 +61,7 @@ def judge(projector: Projector, recorder: RecordingStore, record: Record,
     recorder.take()                 # nothing recorded before this event belongs to it
     recorder.recording = True
     try:
-        outcome = projector.apply(event)
+        outcome = projector.apply(event, record.origin)
     except StoreUnavailable:
         raise
     except EnvelopeRejected as e:

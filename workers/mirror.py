@@ -29,7 +29,8 @@ from keel.store.memory import MemoryStore
 from keel.timeline import Assertion
 
 TopicPartition = tuple[str, int]
-_Loaded = tuple[list[tuple[Key, list[Assertion]]], list[str], dict[TopicPartition, "int | None"]]
+_Loaded = tuple[list[tuple[Key, list[Assertion]]], list[str], dict[TopicPartition, "int | None"], dict[str, str],
+                "int | None"]
 
 
 class _Tenant:
@@ -80,8 +81,11 @@ class Mirrors:
 
     def _fetch(self, tenant: str, tps: set[TopicPartition] | tuple[()]) -> _Loaded:
         """What the mirror needs of a tenant first, read from the durable store (any thread): its applied
-        event ids and offsets; its graph is read on the first read of a handler (`_reload`)."""
-        return [], self.durable.event_ids(tenant), {tp: self.durable.applied_offset(tenant, *tp) for tp in tps}
+        event ids, their marks, its latest recorded_at and offsets; its graph is read on the first read of a
+        handler (`_reload`)."""
+        durable = self.durable
+        return ([], durable.event_ids(tenant), {tp: durable.applied_offset(tenant, *tp) for tp in tps},
+                durable.event_marks(tenant), durable.latest_recorded(tenant))
 
     def _reload(self, tenant: str) -> tuple[list[tuple[Key, list[Assertion]]], list[str]]:
         """A tenant's graph and event ids as the durable store holds them, read while no batch is written."""
@@ -89,8 +93,8 @@ class Mirrors:
             return list(self.durable.dump(tenant)), self.durable.event_ids(tenant)
 
     def _install(self, tenant: str, loaded: _Loaded) -> None:
-        timelines, event_ids, offsets = loaded
-        self.memory.load(tenant, iter(timelines), event_ids, stale=True)
+        timelines, event_ids, offsets, marks, latest = loaded
+        self.memory.load(tenant, iter(timelines), event_ids, stale=True, marks=marks, latest=latest)
         state = self._tenants[tenant] = _Tenant()
         state.offsets.update(offsets)
 
@@ -193,6 +197,7 @@ class RecordingStore(MemoryStore):
                 self._waiting.setdefault(tenant, []).append((self.tag, writes, event_id))
                 if event_id is not None:
                     self._waiting_ids.setdefault(tenant, set()).add(event_id)
+                    self._graph(tenant).keep_mark(event_id)     # its mark and recorded_at, without the graph
                 return
         elif tenant in self._waiting or tenant in self._stale:
             self.materialize(tenant)
@@ -230,9 +235,11 @@ class RecordingStore(MemoryStore):
             assert self.reload is not None
             timelines, event_ids = self.reload(tenant)
             self._stale.discard(tenant)
+            before = self._tenants.get(tenant)      # its marks and latest recorded_at: kept since loading
             recording, self.recording = self.recording, False      # a handler's read: load without recording
             try:
-                super().load(tenant, iter(timelines), event_ids)
+                super().load(tenant, iter(timelines), event_ids, marks=None if before is None else before.marks,
+                             latest=None if before is None else before.latest)
             finally:
                 self.recording = recording
         for _, writes, event_id in waiting:
@@ -240,12 +247,12 @@ class RecordingStore(MemoryStore):
         self._live.add(tenant)
 
     def load(self, tenant: str, timelines: Iterator[tuple[Key, list[Assertion]]], event_ids: list[str], *,
-             stale: bool = False) -> None:
+             stale: bool = False, marks: dict[str, str] | None = None, latest: int | None = None) -> None:
         """Fill a tenant from the durable store; `stale`: only its event ids are given, read the graph later."""
         self._forget(tenant)
         recording, self.recording = self.recording, False
         try:
-            super().load(tenant, timelines, event_ids)
+            super().load(tenant, timelines, event_ids, marks=marks, latest=latest)
         finally:
             self.recording = recording
         if stale and self.reload is not None:

@@ -24,6 +24,11 @@ class Record(NamedTuple):
                           tuple(r.headers) if r.headers else ()))
 
     @property
+    def origin(self) -> str:
+        """Where the record is, as kept with its event id (an id reused later is refused naming this)."""
+        return f"at {self.topic} partition {self.partition} offset {self.offset}"
+
+    @property
     def timestamp_micros(self) -> int | None:
         """The record time in micros (LogAppendTime on Keel's topics): recorded_at when the envelope has none."""
         return None if self.timestamp_ms is None else self.timestamp_ms * 1000

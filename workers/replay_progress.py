@@ -1,4 +1,5 @@
-"""Progress of a replay on stderr: a one-line bar with events/s and ETA on a terminal, plain lines otherwise."""
+"""Progress of a replay on stderr: a bar (drawn by rich) with events/s and ETA on a terminal, plain lines
+otherwise. The ETA is computed here (smoothed scan rate, see _rate), rich only draws it."""
 from __future__ import annotations
 
 import sys
@@ -6,7 +7,10 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-BAR = 24
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TaskProgressColumn, TextColumn
+from rich.progress import Progress as Bar
+
 SMOOTHING = 0.3        # weight of the latest interval's rate in the ETA's rate (as tqdm's `smoothing`)
 
 
@@ -24,7 +28,8 @@ class Progress:
         self.clock = clock
         self.started = clock()
         self._last = 0.0
-        self._drawn = False
+        self._bar: Bar | None = None
+        self._task: TaskID | None = None
         self._seen: tuple[float, int] | None = None     # (time, scanned) of the previous update
         self._scan_rate = 0.0                           # records/s, smoothed over the updates since scanning began
 
@@ -41,15 +46,21 @@ class Progress:
         scan_rate = self._rate(now, scanned)
         eta = f"{left / scan_rate:,.0f}s" if scan_rate > 0 else "?"
         if self.tty:
-            done = min(scanned / total, 1.0) if total else 1.0
-            bar = "#" * int(done * BAR) + "." * (BAR - int(done * BAR))
-            self.stream.write(f"\r{self.label} [{bar}] {done:6.1%}  {scanned:,}/{total:,} records  "
-                              f"{rate:,.0f} events/s  ETA {eta}   ")
-            self._drawn = True
-        else:
-            self.stream.write(f"{self.label}: {scanned:,}/{total:,} records scanned, {applied:,} events applied, "
-                              f"{rate:,.0f} events/s, ETA {eta}\n")
+            self._draw(scanned, total, f"{rate:,.0f} events/s  ETA {eta}")
+            return
+        self.stream.write(f"{self.label}: {scanned:,}/{total:,} records scanned, {applied:,} events applied, "
+                          f"{rate:,.0f} events/s, ETA {eta}\n")
         self.stream.flush()
+
+    def _draw(self, scanned: int, total: int, text: str) -> None:
+        if self._bar is None:
+            self._bar = Bar(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                            MofNCompleteColumn(), TextColumn("records  {task.fields[text]}"),
+                            console=Console(file=self.stream, force_terminal=True), auto_refresh=False)
+            self._bar.start()
+            self._task = self._bar.add_task(self.label, total=max(total, 1), text="")
+        assert self._task is not None
+        self._bar.update(self._task, completed=scanned, total=max(total, scanned, 1), text=text, refresh=True)
 
     def _rate(self, now: float, scanned: int) -> float:
         """The scan rate for the ETA: from the first records on (not from the start, which includes connecting
@@ -69,12 +80,13 @@ class Progress:
         """A line of its own (a switch, a retry), not overwritten by the bar."""
         if self.quiet:
             return
-        self.end()
+        if self._bar is not None:               # above the bar, which stays at the bottom
+            self._bar.console.print(text, markup=False, highlight=False)
+            return
         self.stream.write(text + "\n")
         self.stream.flush()
 
     def end(self) -> None:
-        if self._drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._drawn = False
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

@@ -91,9 +91,11 @@ def test_the_late_september_payment_was_not_known_before_it_arrived(tools: Tools
 
 
 def test_the_libranza_correction_keeps_both_beliefs(tools: Tools) -> None:
-    [oct_now] = [v for v in tools.history("debt:libranza", "balance_cop")["versions"]
-                 if v["valid_from"].startswith("2026-10-01")]
-    assert (oct_now["value"], oct_now["corrected_by"]) == (12_150_000, "human:ana")
+    [oct_was, oct_now] = [v for v in tools.history("debt:libranza", "balance_cop")["versions"]
+                          if v["valid_from"].startswith("2026-10-01")]
+    assert (oct_now["value"], oct_now["corrected_by"], oct_now["superseded_by"]) == (12_150_000, "human:ana", None)
+    assert (oct_was["value"], oct_was["superseded_at"], oct_was["superseded_by"]) == \
+        (12_180_000, "2026-10-04T09:00:00Z", "snap-libranza-2026-10-fix")
     [oct_then] = [v for v in tools.history("debt:libranza", "balance_cop", known_at="2026-10-02")["versions"]
                   if v["valid_from"].startswith("2026-10-01")]
     assert (oct_then["value"], oct_then["corrected_by"]) == (12_180_000, None)

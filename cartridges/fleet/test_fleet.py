@@ -46,8 +46,9 @@ def test_only_one_truck_is_overdue_now(tools: Tools) -> None:
 
 
 def test_fuel_correction(tools: Tools) -> None:
-    [v] = tools.history("fuel_fill:F-2006", "fuel_litres")["versions"]
+    [was, v] = tools.history("fuel_fill:F-2006", "fuel_litres")["versions"]
     assert (v["value"], v["corrected_by"], v["evidence"]) == (58, "human:marcela", "evt-fl-0032")
+    assert (was["value"], was["superseded_by"], v["superseded_by"]) == (580, "evt-fl-0032", None)
     [old] = tools.history("fuel_fill:F-2006", "fuel_litres", known_at="2026-09-16")["versions"]
     assert (old["value"], old["evidence"]) == (580, "evt-fl-0031")
 

@@ -53,7 +53,8 @@ def test_sofia_is_the_only_lapsed_client(tools: Tools) -> None:
 
 
 def test_price_correction(tools: Tools) -> None:
-    [v] = tools.history("visit:V-0011", "price_eur")["versions"]
+    [was, v] = tools.history("visit:V-0011", "price_eur")["versions"]
+    assert (was["superseded_by"], v["superseded_by"]) == (v["evidence"], None)
     assert (v["value"], v["corrected_by"]) == (85, "human:lucia")
     [old] = tools.history("visit:V-0011", "price_eur", known_at="2026-10-17")["versions"]
     assert old["value"] == 58

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from ..envelope import ENTITY
 from ..errors import UsageError
-from ..timeline import Assertion, Version, coalesce, covering, new_assertion
+from ..timeline import Assertion, Timeline, Version, coalesce, covering, new_assertion
 from ..times import Micros, format_time, now_micros, parse_time
 
 _tuple_new = tuple.__new__
@@ -32,6 +32,21 @@ Key = tuple[str, ...]
 class Write(NamedTuple):
     key: Key
     assertion: Assertion
+
+
+class EventId(str):
+    """An event id with what a store keeps next to it: `mark` (`<content hash> <where first seen>`, the
+    idempotency check) and `recorded_at` (the tenant's latest recorded_at follows it). It is a str, so it
+    travels wherever an event id goes (mirrors, batches, replay steps) and each store keeps the mark in the
+    same atomic step as the id; a plain str id carries neither."""
+    mark: str | None = None
+    recorded_at: Micros | None = None
+
+
+def event_key(event_id: str, mark: str | None, recorded_at: Micros | None) -> EventId:
+    key = EventId(event_id)
+    key.mark, key.recorded_at = mark, recorded_at
+    return key
 
 
 # The batch contract's shapes (see Store.commit_batch):
@@ -198,6 +213,11 @@ class Store(ABC):
         """Every version of each key believed at `known_at`, by valid_from."""
 
     @abstractmethod
+    def recorded_versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None
+                               ) -> list[list[tuple[Version, Assertion | None]]]:
+        """Every version of each key recorded by `known_at`, with what superseded it (Timeline.recorded_versions)."""
+
+    @abstractmethod
     def tenants(self) -> list[str]:
         """Tenants with at least one write or applied event, sorted (includes the global-notes graph)."""
 
@@ -212,6 +232,19 @@ class Store(ABC):
     @abstractmethod
     def freshness(self, tenant: str) -> Freshness:
         """The tenant's Freshness (known_through, lag) as the last applied write left it."""
+
+    def event_mark(self, tenant: str, event_id: str) -> str | None:
+        """The mark kept with an applied event id (`<content hash> <where first seen>`), None if none."""
+        return None
+
+    def event_marks(self, tenant: str) -> dict[str, str]:
+        """Every applied event id's mark (what a worker's mirror loads instead of the graph)."""
+        return {}
+
+    def latest_recorded(self, tenant: str) -> Micros | None:
+        """The latest recorded_at of the tenant's applied events (None before the first): recorded_at
+        never goes backwards within a tenant's log."""
+        return None
 
     def as_of_many(self, tenant: str, keys: list[Key], at: Micros,
                    known_at: Micros | None) -> list[Version | None]:
@@ -241,16 +274,22 @@ class Store(ABC):
                     by_entity.setdefault(e, {})
                 continue
             labels = by_entity.setdefault(key[1], {})
-            last_point = assertions[-1].point
-            winner = [a for a in assertions if a.point == last_point][-1]
-            if not winner.closed:
-                labels[key[2]] = winner.value
+            latest = Timeline.over(assertions).latest_value()
+            if latest is not None:
+                labels[key[2]] = latest
         for entity in sorted(by_entity):
             yield entity, entity.partition(":")[0], by_entity[entity]
 
     def search_version(self, tenant: str) -> object:
         """A token that changes whenever the tenant's searchable content may have changed."""
         return None
+
+    def resting_on(self, tenant: str, event_id: str) -> list[tuple[Key, list[Assertion]]]:
+        """The domain timelines (labels, facts without scope, relations) holding an assertion whose evidence
+        is `event_id`, with all their assertions: what a correction or retraction of that event supersedes.
+        A walk over the tenant (corrections are rare); backends may index it."""
+        return [(key, assertions) for key, assertions in self.dump(tenant)
+                if (key[0] != "f" or key[3] == "") and any(a.evidence == event_id for a in assertions)]
 
     def close(self) -> None:
         """Release connections."""
@@ -369,15 +408,18 @@ class Store(ABC):
 
     def history(self, tenant: str, entity: str, *, predicate: str | None = None,
                 known_at: object | None = None, scopes: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        """Every fact version (closed ones included) by predicate, then valid_from."""
+        """Every fact version recorded by `known_at` (closed and superseded ones included) by predicate, then
+        valid_from, each with `superseded_at` / `superseded_by` (when and by which event another version
+        replaced it at its valid_from; null while it is believed)."""
         _entity(entity)
         allowed = None if scopes is None else set(scopes)
         keys = sorted((key for key in self.keys(tenant, entity)
                        if key[0] == "f" and (predicate is None or key[2] == predicate)
                        and (allowed is None or key[3] in allowed)), key=_fact_order)
         out = []
-        for key, versions in zip(keys, self.versions_many(tenant, keys, _when(known_at, None))):
-            out.extend(fact_result(key, v) for v in versions)
+        for key, versions in zip(keys, self.recorded_versions_many(tenant, keys, _when(known_at, None))):
+            out.extend({**fact_result(key, v), "superseded_at": format_time(None if by is None else by.recorded_at),
+                        "superseded_by": None if by is None else by.evidence} for v, by in versions)
         return out
 
 

@@ -13,7 +13,8 @@ _NONE = -(1 << 62)      # below every time: known_through before any write
 class _TenantGraph:
     """A tenant's timelines as plain lists of assertions (appending is the write path's whole job), and the
     Timeline objects reads fold them with, made at a key's first read and sharing its list."""
-    __slots__ = ("by_entity", "events", "first_recorded", "generation", "known_through", "offsets", "timelines",
+    __slots__ = ("by_entity", "events", "first_recorded", "generation", "known_through", "latest", "marks",
+                 "offsets", "timelines",
                  "views")
 
     def __init__(self) -> None:
@@ -22,9 +23,25 @@ class _TenantGraph:
         self.by_entity: dict[str, dict[Key, None]] = {}     # entity -> its keys, insertion ordered
         self.first_recorded: dict[str, Micros] = {}
         self.events: set[str] = set()
+        self.marks: dict[str, str] = {}         # event id -> its mark (EventId.mark)
+        self.latest: Micros | None = None       # the latest recorded_at of an applied event
         self.offsets: dict[tuple[str, int], int] = {}       # (topic, partition) -> applied offset
         self.generation = 0
         self.known_through: Micros | None = None        # latest recorded_at among the writes applied
+
+    def note(self, event_id: str) -> None:
+        """Mark an event applied, keeping its mark and moving `latest`."""
+        self.events.add(str(event_id))
+        self.keep_mark(event_id)
+
+    def keep_mark(self, event_id: str) -> None:
+        """Keep an event's mark and move `latest` (EventId); the id itself is marked applied by `note`."""
+        mark = getattr(event_id, "mark", None)
+        if mark is not None:
+            self.marks[str(event_id)] = mark
+        rec = getattr(event_id, "recorded_at", None)
+        if rec is not None and (self.latest is None or rec > self.latest):
+            self.latest = rec
 
 
 class MemoryStore(Store):
@@ -87,7 +104,7 @@ class MemoryStore(Store):
             if key[0] == "r" and first[key[3]] > rec:
                 first[key[3]] = rec
         if event_id is not None:
-            g.events.add(event_id)
+            g.note(event_id)
         if latest != _NONE:
             g.known_through = latest
         g.generation += 1
@@ -127,6 +144,18 @@ class MemoryStore(Store):
         g = self._read(tenant)
         return Freshness(None if g is None else g.known_through)
 
+    def event_mark(self, tenant: str, event_id: str) -> str | None:
+        g = self._tenants.get(tenant)           # like has_event: never needs the timelines
+        return None if g is None else g.marks.get(event_id)
+
+    def event_marks(self, tenant: str) -> dict[str, str]:
+        g = self._tenants.get(tenant)
+        return {} if g is None else dict(g.marks)
+
+    def latest_recorded(self, tenant: str) -> Micros | None:
+        g = self._tenants.get(tenant)
+        return None if g is None else g.latest
+
     def entity_recorded_at(self, tenant: str, entity: str) -> Micros | None:
         g = self._read(tenant)
         return None if g is None else g.first_recorded.get(entity)
@@ -143,6 +172,10 @@ class MemoryStore(Store):
 
     def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
         return [[] if tl is None else tl.versions(known_at) for tl in map(self._lookup(tenant), keys)]
+
+    def recorded_versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None
+                               ) -> list[list[tuple[Version, Assertion | None]]]:
+        return [[] if tl is None else tl.recorded_versions(known_at) for tl in map(self._lookup(tenant), keys)]
 
     def runs_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
         return [[] if tl is None else tl.runs(known_at) for tl in map(self._lookup(tenant), keys)]
@@ -165,12 +198,16 @@ class MemoryStore(Store):
         g = self._read(tenant)
         return None if g is None else g.generation
 
-    def load(self, tenant: str, timelines: Iterator[tuple[Key, list[Assertion]]], event_ids: list[str]) -> None:
+    def load(self, tenant: str, timelines: Iterator[tuple[Key, list[Assertion]]], event_ids: list[str], *,
+             marks: dict[str, str] | None = None, latest: Micros | None = None) -> None:
         """Fill a tenant from a dump of another store (a worker's in-process mirror of Redis)."""
         self._tenants.pop(tenant, None)
         for key, assertions in timelines:
             self.apply_writes(tenant, [Write(key, a) for a in assertions])
-        self._graph(tenant).events.update(event_ids)
+        g = self._graph(tenant)
+        g.events.update(event_ids)
+        g.marks.update(marks or {})
+        g.latest = latest
 
     def drop(self, tenant: str) -> None:
         self._tenants.pop(tenant, None)

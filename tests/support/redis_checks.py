@@ -19,10 +19,12 @@ from keel.store.base import (
     Write,
     fact_write,
     label_writes,
+    new_write,
     relation_write,
 )
 from keel.store.memory import MemoryStore
 from keel.store.redis import GenerationLoader, RedisStore
+from keel.timeline import new_assertion, void_of
 from keel.times import format_time, parse_time
 
 pytestmark = pytest.mark.services
@@ -76,7 +78,10 @@ def random_batches(seed: int, n: int = 120) -> list[tuple[list[Write], str | Non
             rec = point + rnd.choice([0, 0, 5, DAY, -DAY]) * rnd.randint(0, 3)
             src, by = rnd.choice([None, "s", "sys"]), rnd.choice([None, None, "human:ana"])
             kind = rnd.random()
-            if kind < 0.5:
+            if rnd.random() < 0.15:      # a void (a correction's): the point counts for nothing while it wins
+                key = rnd.choice([("f", e, rnd.choice(NAMES), ""), ("l", e, "name"), ("r", e, "rel", rnd.choice(ENTITIES))])
+                writes.append(new_write(key, new_assertion(point, void_of(f"ev{i}"), True, src, f"ev{i}", rec, by)))
+            elif kind < 0.5:
                 scope = rnd.choice([None, None, "tenant", "task", "agent"])
                 writes.append(fact_write(
                     e, rnd.choice(NAMES), rnd.choice([1, -2, 2.5, 1e300, "x", "ü\"q", None, {"a": [1]}, True, [1, "y"]]),

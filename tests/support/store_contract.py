@@ -86,16 +86,19 @@ class StoreContract:
         s = self.make_store()
         s.open_fact(T, E, "p", 100, valid_from=day(1), evidence="e1", recorded_at=day(1), source="sys")
         s.open_fact(T, E, "p", 90, valid_from=day(1), evidence="e2", recorded_at=day(3), by="human:ana")
-        [v] = s.history(T, E)
+        [was, v] = s.history(T, E)
         assert (v["value"], v["evidence"], v["corrected_by"], v["by"]) == (90, "e2", "human:ana", "human:ana")
+        assert (v["superseded_at"], v["superseded_by"]) == (None, None)
+        assert (was["value"], was["superseded_at"], was["superseded_by"]) == (100, day(3), "e2")
         [old] = s.history(T, E, known_at=day(2))
         assert (old["value"], old["evidence"], old["corrected_by"]) == (100, "e1", None)
+        assert (old["superseded_at"], old["superseded_by"]) == (None, None)     # still believed then
 
     def test_correction_without_by_names_the_source(self) -> None:
         s = self.make_store()
         s.open_fact(T, E, "p", 1, valid_from=day(1), source="a", evidence="e1")
         s.open_fact(T, E, "p", 2, valid_from=day(1), source="b", evidence="e2")
-        assert s.history(T, E)[0]["corrected_by"] == "b"
+        assert s.history(T, E)[-1]["corrected_by"] == "b"
 
     def test_close_fact_ends_the_covering_version(self) -> None:
         s = self.make_store()
@@ -319,8 +322,13 @@ class StoreContract:
                 got = s.facts(T, E, at=day(t), known_at=None if k is None else day(k))
                 assert [(f["value"], f["evidence"]) for f in got] == expected, (k, t)
             history = s.history(T, E, known_at=None if k is None else day(k))
-            for a, b in pairwise(history):
+            believed = [h for h in history if h["superseded_at"] is None]
+            for a, b in pairwise(believed):
                 assert a["valid_to"] is not None and a["valid_to"] <= b["valid_from"]
+            for h in history:       # a superseded version was replaced at its own valid_from, by then
+                if h["superseded_at"] is not None:
+                    assert k is None or h["superseded_at"] <= day(k)
+                    assert h["superseded_by"] is not None
 
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
     @given(st.lists(st.tuples(st.sampled_from(["open", "close", "link", "unlink", "label"]),

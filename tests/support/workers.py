@@ -30,7 +30,7 @@ from workers.records import Record
 
 ROOT = Path(__file__).resolve().parents[2]
 CARTRIDGES = ("finance", "fleet", "salon")
-T0_MS = 1_790_000_000_000          # a fixed LogAppendTime for records built in tests
+T0_MS = 1_800_000_000_000          # a fixed LogAppendTime for records built in tests (after every sample event)
 
 
 class FailingStore(MemoryStore):

@@ -12,7 +12,7 @@ from typing import Any
 from ..base import EventWrites, Key, Position
 from .codec import STR as _STR
 from .codec import encode_body, encode_point, encode_provenance, json_text
-from .keys import escape, offset_field, prefix_of
+from .keys import MARKS, escape, offset_field, prefix_of
 
 
 class PendingStep:
@@ -54,8 +54,7 @@ class ApplyBatch:
         tls, provs = encode_events(events, base)
         ents, min_recorded = step_entities(tls)
         self.entities = list(ents)
-        ids = [event_id for _, event_id in events if event_id]
-        args: list[Any] = [str(base), field, offset, len(ids), *ids, len(ents)]
+        args: list[Any] = [str(base), field, offset, *id_args(events), len(ents)]
         for name, rec in zip(ents, min_recorded):
             args += (name, rec)
         args.append(len(tls))
@@ -72,7 +71,21 @@ class ApplyBatch:
         for e in self.entities:
             e = escape(e)
             keys += (d + "z:" + e, d + "x:" + e)
+        keys.append(d + MARKS)
         return keys
+
+
+def id_args(events: Sequence[EventWrites]) -> list[Any]:
+    """APPLY's id arguments: nI, the ids, their marks ("" = none), the latest recorded_at ("" = none)."""
+    ids = [event_id for _, event_id in events if event_id]
+    marks = [getattr(event_id, "mark", None) or "" for event_id in ids]
+    return [len(ids), *ids, *marks, latest_of(ids)]
+
+
+def latest_of(ids: Sequence[Any]) -> str:
+    """The latest recorded_at the ids carry (keel.store.base.EventId), as text; "" when none does."""
+    times = [t for t in (getattr(event_id, "recorded_at", None) for event_id in ids) if t is not None]
+    return str(max(times)) if times else ""
 
 
 def encode_events(events: Sequence[EventWrites], base: int) -> tuple[dict[Key, list[Any]], list[str]]:

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...errors import UsageError
-from .keys import DATA_KEYS, escape, offset_field
+from .keys import DATA_KEYS, MARKS, escape, offset_field
 from .loader import GenerationLoader
 from .transport import Client
 
@@ -95,7 +95,8 @@ class GenerationAdmin:
         with self._guard("key_names", tenant):
             d = self._n(tenant).data(self._snapshot_gen(tenant) if gen is None else int(gen))
             entities = sorted(self._client.smembers(d + "ents"))
-        return [d + k for k in DATA_KEYS] + [d + p + escape(e) for e in entities for p in ("z:", "x:")]
+            marks = [d + MARKS] if self._client.exists(d + MARKS) else []     # only events applied with marks
+        return [d + k for k in DATA_KEYS] + marks + [d + p + escape(e) for e in entities for p in ("z:", "x:")]
 
     def drop_tenant(self, tenant: str) -> int:
         """Delete every generation of a tenant and forget it (the log rebuilds it); returns keys deleted."""

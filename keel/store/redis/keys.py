@@ -12,8 +12,10 @@ one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
     keel:{<ns>/<t>}:replay                 string: the marker of a replay in progress (workers/replay_state.py)
     keel:{<ns>}:dlq:seen, keel:{<ns>}:dlq:count   dead letters counted once per source record (workers/dlq.py)
     keel:{<ns>/<t>}:g<N>:ev                set: applied event ids
+    keel:{<ns>/<t>}:g<N>:eh                hash: event id -> its mark (`<content hash> <where first seen>`)
     keel:{<ns>/<t>}:g<N>:m                 hash: `sv` (write counter, the search version), applied offsets,
-                                           `kt` (latest recorded_at applied), `lag` (at the last commit)
+                                           `rl` (the latest recorded_at of an applied event)
+                                           `kt` (latest recorded_at of a write applied), `lag` (at the last commit)
     keel:{<ns>/<t>}:g<N>:ents              set: the generation's entities (its explicit index)
     keel:{<ns>/<t>}:g<N>:pv                list: provenance entries `[source, evidence, recorded_at, by]`
     keel:{<ns>/<t>}:g<N>:z:<entity>        sorted set: every assertion of the timelines the entity owns
@@ -49,6 +51,8 @@ from ..base import GLOBAL_TENANT, Key
 
 ARITY = {"e": 0, "l": 1, "f": 2, "r": 2}      # key parts after the owner, by timeline kind
 DATA_KEYS = ("ev", "m", "ents", "pv")          # the fixed keys of a generation, after its data prefix
+MARKS = "eh"             # the generation's event marks (written only with events that carry marks)
+LATEST = "rl"            # field of `m`: the latest recorded_at of an applied event
 _ESCAPED = re.compile(r"%(25|7C)")
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 

@@ -15,8 +15,8 @@ from redis.cluster import RedisCluster
 
 from ...errors import StoreUnavailable, UsageError
 from ..base import EventWrites, Key, Position
-from .batch import PendingStep, encode_events, step_entities
-from .keys import DATA_KEYS, escape
+from .batch import PendingStep, encode_events, latest_of, step_entities
+from .keys import DATA_KEYS, LATEST, MARKS, escape
 from .transport import guard
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class GenerationLoader:
         self.first: dict[str, int] = {}        # entity -> element 0 of its index list (min recorded_at)
         self.known: set[Key] = set()           # timelines with members
         self.ids: set[str] = set()             # applied event ids
+        self.latest = -(2 ** 63)               # the latest recorded_at written (`m` field LATEST)
         self.offsets: dict[str, int] = {}      # offset field -> offset
         self.known_through = -1                # the meta hash's `kt` as the queued steps leave it
         self.queue: list[_LoadStep] = []       # steps not known to be written, in order
@@ -94,7 +95,7 @@ class GenerationLoader:
             raise UsageError(f"generation {gen} is the current generation of tenant {tenant!r}: a bulk "
                              f"load writes only a generation nobody reads")
         with self._guard():
-            if int(store.client.exists(*(d + k for k in DATA_KEYS))):
+            if int(store.client.exists(*(d + k for k in (*DATA_KEYS, MARKS)))):
                 raise UsageError(f"generation {gen} of tenant {tenant!r} holds data: a bulk load starts from "
                                  f"an empty generation")
         store.register_tenant(tenant)
@@ -160,6 +161,13 @@ class GenerationLoader:
             _push(commands, "RPUSH", d + "pv", provs)
             self.base += len(provs)
             _push(commands, "SADD", d + "ev", new_ids)
+            marks = [x for event_id in new_ids if getattr(event_id, "mark", None) for x in (event_id, event_id.mark)]
+            if marks:
+                _push(commands, "HSET", d + MARKS, marks)
+            latest = latest_of(new_ids)
+            if latest and int(latest) > self.latest:
+                self.latest = int(latest)
+                commands.append(("HSET", d + "m", LATEST, latest))
         bump = 1 if new_ids or tls else 0
         if bump:
             commands.append(("HINCRBY", d + "m", "sv", "1"))

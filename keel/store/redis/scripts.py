@@ -49,9 +49,10 @@ end
 """
 
 # KEYS: 1 gen, 2 event ids (set), 3 meta (hash), 4 entities (set), 5 provenance (list),
-#       then for entity i (1-based): 4 + 2i its sorted set, 5 + 2i its index list.
+#       then for entity i (1-based): 4 + 2i its sorted set, 5 + 2i its index list; last: event marks (hash).
 # ARGV: 1 expected gen, 2 expected provenance length, 3 offset field ("" = none), 4 offset,
-#       nI, event ids; nE, per entity: name, min recorded_at of its writes;
+#       nI, event ids, their marks ("" = none), the latest recorded_at of the events ("" = none);
+#       nE, per entity: name, min recorded_at of its writes;
 #       nT, per timeline: `<owner>,<other entity of a relation or 0>,<n>,<P>` then its n members;
 #       nP, provenance entries; then the latest recorded_at of the writes ("" = none) and the partition's
 #       lag after this step ("" = unknown).
@@ -83,7 +84,8 @@ if nI > 0 then
   end
   if #dup > 1 then return dup end
 end
-a = a + nI
+local M = a + nI
+a = M + nI + 1
 local nE = tonumber(ARGV[a])
 local E = a + 1
 a = E + 2 * nE
@@ -173,6 +175,19 @@ while i < nI do
   redis.call('SADD', KEYS[2], unpack(ARGV, I + i, I + j))
   i = j + 1
 end
+local marks = {}
+for x = 0, nI - 1 do
+  if ARGV[M + x] ~= '' then
+    marks[#marks + 1] = ARGV[I + x]
+    marks[#marks + 1] = ARGV[M + x]
+  end
+end
+if #marks > 0 then multi('HSET', KEYS[#KEYS], marks) end
+local rl = ARGV[M + nI]
+if rl ~= '' then
+  local cur = redis.call('HGET', KEYS[3], 'rl')
+  if not cur or tonumber(rl) > tonumber(cur) then redis.call('HSET', KEYS[3], 'rl', rl) end
+end
 if nI > 0 or nT > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
 local kt, lag = ARGV[a + nP + 1], ARGV[a + nP + 2]
 if kt and kt ~= '' then
@@ -192,14 +207,35 @@ return {1, base + nP}
 # The winner at or before t of timeline P in sorted set z: nil when nothing is at or before t, else the
 # winning member, 2 when another assertion shares its point (a correction) else 1, and the next later
 # point9 or "" (the winner's point is the greatest at or before t, so the next point is the first after t).
+# A point whose winner is a void (keel.timeline.is_void: an end valued {"keel.void": id}) counts for
+# nothing: the search goes on before it, and the next point is the first after t whose winner is no void.
 _WINNER = """
+local function void_at(m, P)
+  return string.find(m, '!{"keel.void":', #P + 10, true) ~= nil
+end
 local function winner_at(z, P, t)
-  local r = redis.call('ZREVRANGEBYLEX', z, '(' .. P .. t .. '~', '[' .. P, 'LIMIT', 0, 2)
-  if #r == 0 then return nil end
-  local m = r[1]
+  local hi, r, m = '(' .. P .. t .. '~'
+  while true do
+    r = redis.call('ZREVRANGEBYLEX', z, hi, '[' .. P, 'LIMIT', 0, 2)
+    if #r == 0 then return nil end
+    m = r[1]
+    if not void_at(m, P) then break end
+    hi = '(' .. string.sub(m, 1, #P + 9)
+  end
   local shared = r[2] and string.sub(r[2], #P + 1, #P + 9) == string.sub(m, #P + 1, #P + 9)
-  local nx = redis.call('ZRANGEBYLEX', z, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, 1)
-  return m, shared and 2 or 1, nx[1] and string.sub(nx[1], #P + 1, #P + 9) or ''
+  local lo, nx = '(' .. P .. t .. '~', ''
+  while true do
+    local f = redis.call('ZRANGEBYLEX', z, lo, '(' .. P .. '~', 'LIMIT', 0, 1)
+    if not f[1] then break end
+    local pt = string.sub(f[1], #P + 1, #P + 9)
+    lo = '(' .. P .. pt .. '~'
+    local last = redis.call('ZREVRANGEBYLEX', z, lo, '[' .. P .. pt, 'LIMIT', 0, 1)
+    if not void_at(last[1], P) then
+      nx = pt
+      break
+    end
+  end
+  return m, shared and 2 or 1, nx
 end
 """
 

@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from ...errors import StoreUnavailable, UsageError
-from ...timeline import Assertion, Timeline, Version
+from ...timeline import Assertion, Timeline, Version, is_void
 from ...times import Micros
 from ..base import (
     REF_LABEL,
@@ -36,7 +36,18 @@ from . import scripts
 from .batch import ApplyBatch, PendingStep
 from .codec import ProvenanceCache, clamped_point, decode_member, decode_view, freshness_of, timeline_of
 from .generations import CHUNK, GenerationAdmin, chunks
-from .keys import TenantKeys, check_name, escape, index_key, key_of, offset_field, prefix_of, registry_key
+from .keys import (
+    LATEST,
+    MARKS,
+    TenantKeys,
+    check_name,
+    escape,
+    index_key,
+    key_of,
+    offset_field,
+    prefix_of,
+    registry_key,
+)
 from .layout import check_layout
 from .transport import Client, eval_many, guard
 
@@ -344,6 +355,12 @@ class RedisStore(GenerationAdmin, Store):
             return []
         return [tl.versions(known_at) for tl in self._timelines(tenant, keys)]
 
+    def recorded_versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None
+                               ) -> list[list[tuple[Version, Assertion | None]]]:
+        if not keys:
+            return []
+        return [tl.recorded_versions(known_at) for tl in self._timelines(tenant, keys)]
+
     def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
         """Each view by one VIEW script call (index, as-of winners, relation timelines, provenance), all
         requests in one round trip; with `known_at`, whole timelines folded here."""
@@ -396,6 +413,19 @@ class RedisStore(GenerationAdmin, Store):
         """known_through and lag from the meta hash (what the workers' last commits stored)."""
         with self._guard("freshness", tenant):
             return freshness_of(self._tx(tenant, lambda p, d: p.hmget(d + "m", "kt", "lag"))[0])
+
+    def event_mark(self, tenant: str, event_id: str) -> str | None:
+        with self._guard("event_mark", tenant):
+            return self._tx(tenant, lambda p, d: p.hget(d + MARKS, event_id))[0]
+
+    def event_marks(self, tenant: str) -> dict[str, str]:
+        with self._guard("event_marks", tenant):
+            return dict(self._tx(tenant, lambda p, d: p.hgetall(d + MARKS))[0])
+
+    def latest_recorded(self, tenant: str) -> Micros | None:
+        with self._guard("latest_recorded", tenant):
+            value = self._tx(tenant, lambda p, d: p.hget(d + "m", LATEST))[0]
+        return None if value is None else int(value)
 
     def search_version(self, tenant: str) -> object:
         """(generation, write counter): changes with every applied write and every generation switch."""
@@ -479,11 +509,21 @@ class RedisStore(GenerationAdmin, Store):
                     pipe.zrevrangebylex(d + "z:" + escape(entity), "(" + p + "~", "[" + p, start=0, num=1)
                 for (entity, name, p), top in zip(chunk, pipe.execute()):
                     if top:
-                        _, _, value, closed, _ = decode_member(top[0][len(p):])
-                        if not closed:
+                        point, _, value, closed, _ = decode_member(top[0][len(p):])
+                        if closed and is_void(Assertion(point, value, closed, None, None, 0)):
+                            value, closed = self._latest_label(d + "z:" + escape(entity), p), False
+                        if not closed and value is not None:
                             values[entity][name] = value
         for entity in sorted(values):
             yield entity, entity.partition(":")[0], dict(sorted(values[entity].items()))
+
+    def _latest_label(self, z: str, p: str) -> Any:
+        """The current value of a label timeline whose last assertion is a void (read whole, folded here)."""
+        entries = []
+        for member in self._client.zrangebylex(z, "[" + p, "(" + p + "~"):
+            point, _, value, closed, expires = decode_member(member[len(p):])
+            entries.append(Assertion(point, value, closed, None, None, 0, None, expires))
+        return Timeline.over(entries).latest_value()
 
     # ---- generations ---------------------------------------------------------------------------
 
