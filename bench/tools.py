@@ -7,7 +7,9 @@ memory store and on Redis.
 Graph: N debts, each with two labels, a relation to one of N/100 households, one rate fact and a balance
 fact with V monthly versions (N x (V + 4) writes), written with the store write primitives
 (`apply_writes`; `commit_batch` on Redis). Calls pick random debts and random world times.
-Goals (issue 4): context p99 <= 2 ms in-process on Redis, <= 10 ms over MCP HTTP.
+Goals (issue 4): context p99 <= 2 ms in-process on Redis, <= 10 ms over MCP HTTP. The cost of rule verdicts
+(issue 15): in-process context with the cartridge's rules evaluated vs the same rules without `when:`, in
+interleaved rounds; the ratio of their p99s is printed.
 Without --redis (or KEEL_REDIS_URL) the Redis rows are skipped. annotate is measured where a log exists:
 the memory store's in-process log; on Redis it needs Kafka and a worker and is left out.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import random
 import secrets
@@ -255,11 +258,25 @@ def run_backend(label: str, store: Store, args: argparse.Namespace, rows: list[R
     tools = Tools(cartridge, store, TENANT, agent="bench", log=log)
     gens = calls(ids, args.versions, random.Random(7))
     rows += by_rounds(label, "in-process", [in_process(tools, gens, args.calls, skip) for _ in range(args.rounds)])
+    plain = Tools(without_conditions(cartridge), store, TENANT, agent="bench", log=log)
+    both = {"context": gens["context"]}
+    pairs = [(in_process(tools, both, args.calls, ()), in_process(plain, both, args.calls, ()))
+             for _ in range(args.rounds)]
+    rows += by_rounds(label, "verdicts", [p[0] for p in pairs])
+    rows += [(s, "no-verdict", *rest) for s, _, *rest in by_rounds(label, "", [p[1] for p in pairs])]
     if args.http:
         with HttpChild(args, label, namespace) as server:
             got = [asyncio.run(over_http(server.url, server.token, gens, args.http_calls, skip, args.validate))
                    for _ in range(args.rounds)]
         rows += by_rounds(label, "mcp-http", got)
+
+
+def without_conditions(cartridge: Any) -> Any:
+    """The cartridge with its rules' `when:` removed: context then shows definitions and parameters only."""
+    plain = load_cartridge(cartridge.path)
+    plain.rules = {name: dataclasses.replace(r, when=None, program=None, names=None)
+                   for name, r in plain.rules.items()}
+    return plain
 
 
 def by_rounds(store: str, path: str, rounds: list[list[tuple[str, float, float]]]) -> list[Row]:
@@ -298,6 +315,10 @@ def report(rows: list[Row], args: argparse.Namespace) -> None:
         verdict = "" if goal is None else (f"p99 <= {goal:g} ms: {'met' if p99 <= goal else 'MISSED'} (rounds: "
                                            f"{' '.join(f'{x:.2f}' for x in round_p99s)})")
         print(f"{store:<7} {path:<11} {tool:<11} {p50:>8.3f} {p99:>8.3f}   {verdict}")
+    ctx = {(r[0], r[1]): r for r in rows if r[2] == "context" and r[1] in ("verdicts", "no-verdict")}
+    for store in sorted({k[0] for k in ctx}):
+        on, off = ctx[(store, "verdicts")], ctx[(store, "no-verdict")]
+        print(f"{store:<7} context with rule verdicts / without: p50 {on[3] / off[3]:.2f}, p99 {on[4] / off[4]:.2f}")
     for (store, path, tool), goal in GOALS.items():
         if not any(r[:3] == (store, path, tool) for r in rows):
             print(f"{store:<7} {path:<11} {tool:<11} {'-':>8} {'-':>8}   p99 <= {goal:g} ms: not run")

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import CartridgeInvalid
 from .limits import Limits
 from .registry import Registry
+from .rules import RESERVED, Rule, check_names, compile_rule
 from .times import parse_duration
 from .wire import dlq_topic, events_topic
 
@@ -61,10 +62,12 @@ class EventSpec(_Strict):
 
 
 class RuleSpec(BaseModel):
-    """A named business definition; keys besides applies_to/definition are parameters."""
+    """A named business definition; `when` an optional CEL condition Keel evaluates (keel/rules.py);
+    keys besides applies_to/definition/when are parameters."""
     model_config = ConfigDict(extra="allow", frozen=True)
     applies_to: str
     definition: str
+    when: str | None = None
 
     def params(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
@@ -99,11 +102,30 @@ class Cartridge:
         self.name = spec.name
         self.topic = events_topic(spec.name)
         self.dlq_topic = dlq_topic(spec.name)
+        self.rules = compile_rules(spec)[0]
+
+    def rules_of(self, entity_type: str) -> list[Rule]:
+        """The rules that apply to an entity type, by name."""
+        return [r for _, r in sorted(self.rules.items()) if r.applies_to == entity_type]
 
     def rules_for(self, entity_type: str) -> dict[str, dict[str, Any]]:
-        """`{rule: {definition, params…}}` for the rules that apply to an entity type, by name."""
-        return {name: {"definition": r.definition, **r.params()}
-                for name, r in sorted(self.spec.rules.items()) if r.applies_to == entity_type}
+        """`{rule: {definition, params…, when}}` for the rules that apply to an entity type, by name."""
+        return {r.name: r.describe() for r in self.rules_of(entity_type)}
+
+    def relations_of(self, entity_type: str) -> list[str]:
+        """Relation names with the entity type at either end."""
+        return sorted(n for n, r in self.spec.relations.items() if entity_type in (r.from_, r.to))
+
+
+def compile_rules(spec: CartridgeSpec) -> tuple[dict[str, Rule], list[str]]:
+    """Every rule compiled (its `when:` by CEL), and the problems found, each naming its rule."""
+    rules, problems = {}, []
+    for name, r in sorted(spec.rules.items()):
+        for p in sorted(set(r.params()) & set(RESERVED)):
+            problems.append(f"rules.{name}.{p}: a reserved key, not a parameter name")
+        rules[name], found = compile_rule(name, r.applies_to, r.definition, r.params(), r.when)
+        problems += found
+    return rules, problems
 
 
 def load_cartridge(path: str | Path) -> Cartridge:
@@ -267,6 +289,11 @@ def check_spec(spec: CartridgeSpec, registry: Registry) -> list[str]:
     for rule, r in spec.rules.items():
         if r.applies_to not in entity_types:
             problems.append(f"rules.{rule}.applies_to: {r.applies_to!r} is not a declared entity type")
+    rules, rule_problems = compile_rules(spec)
+    problems += rule_problems
+    for rule in rules.values():
+        relations = sorted(n for n, r in spec.relations.items() if rule.applies_to in (r.from_, r.to))
+        problems += check_names(rule, {"relations": relations})
     for scope, ttl in spec.memory.ttl.items():
         if scope not in SCOPES:
             problems.append(f"memory.ttl.{scope}: unknown scope; scopes are {', '.join(SCOPES)}")

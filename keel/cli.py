@@ -34,7 +34,9 @@ from .errors import (
 )
 from .logs import install as install_log_limit
 from .projector import Projector
+from .rule_checks import stream_problems
 from .store.memory import MemoryStore
+from .times import now_micros
 from .tools import Tools
 
 QUERY_HELP = {
@@ -215,6 +217,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         print(f"{args.events}: {report.applied} events ok ({report.duplicates} duplicates ignored)")
+        problems = stream_problems(cartridge, projector.store, now_micros())
+        if problems:
+            for line in problems:
+                print(f"{args.cartridge}: {line}", file=sys.stderr)
+            return 2
     print(f"{args.cartridge}: ok ({len(spec.entities)} entity types, {len(spec.relations)} relations, "
           f"{len(spec.events)} event types, {len(spec.rules)} rules)")
     return 0
@@ -242,8 +249,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_related(args: argparse.Namespace) -> int:
     with Session(args) as s:
         entity, relation = take(s.rest, "ENTITY RELATION", optional=1)
-        relations = s.tools.related(entity, relation=relation, at=args.at, known_at=args.known_at)
-        return emit(args, {"entity": entity, "relations": relations}, render.related)
+        return emit(args, s.tools.related(entity, relation=relation, at=args.at, known_at=args.known_at),
+                    render.related)
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:

@@ -54,15 +54,36 @@ def context(c: dict[str, Any]) -> str:
     if c["rules"]:
         lines.append("rules:")
         for name, rule in c["rules"].items():
-            params = ", ".join(f"{k}={value(v)}" for k, v in rule.items() if k != "definition")
+            params = ", ".join(f"{k}={value(v)}" for k, v in rule.items() if k not in VERDICT_KEYS)
             lines.append(f"  {name}: {rule['definition']}" + (f" ({params})" if params else ""))
-    return "\n".join(lines)
+            if "when" in rule:
+                lines.append(f"    when {rule['when']}  ->  {verdict(rule)}")
+    return "\n".join([*lines, fresh(c)])
+
+
+def fresh(result: dict[str, Any]) -> str:
+    """How current the answer is: the latest recorded_at applied, and the workers' lag when known."""
+    lag = f", workers {result['lag']} record(s) behind at their last commit" if result.get("lag") else ""
+    return f"(known through {result.get('known_through') or 'nothing yet'}{lag})"
+
+
+VERDICT_KEYS = ("definition", "when", "holds", "because", "missing", "reason")
+
+
+def verdict(rule: dict[str, Any]) -> str:
+    """`holds` of a rule with its evidence, or why there is none."""
+    because = f" (because {', '.join(rule['because'])})" if rule.get("because") else ""
+    if rule.get("holds") is not None:
+        return f"{'holds' if rule['holds'] else 'does not hold'}{because}"
+    if rule.get("missing"):
+        return f"unknown: missing {', '.join(rule['missing'])}"
+    return f"unknown: {rule.get('reason')}"
 
 
 def history(h: dict[str, Any]) -> str:
     if not h["versions"]:
         return f"{h['entity']}: no fact versions"
-    return "\n".join([f"{h['entity']}:"] + [f"  {fact_line(f)}" for f in h["versions"]])
+    return "\n".join([f"{h['entity']}:"] + [f"  {fact_line(f)}" for f in h["versions"]] + [fresh(h)])
 
 
 def search(s: dict[str, Any]) -> str:
@@ -75,7 +96,7 @@ def search(s: dict[str, Any]) -> str:
 def related(r: dict[str, Any]) -> str:
     if not r["relations"]:
         return f"{r['entity']}: no relations"
-    return "\n".join(relation_line(x) for x in r["relations"])
+    return "\n".join([*(relation_line(x) for x in r["relations"]), fresh(r)])
 
 
 def note(n: dict[str, Any]) -> str:

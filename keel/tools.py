@@ -11,8 +11,9 @@ from .envelope import ANNOTATED, ENTITY, TENANT
 from .errors import UnknownEntity, UnknownTenant, UsageError, WriteTimeout
 from .eventlog import EventLog
 from .notes import NotePolicy, anonymous, note_id
+from .rules import verdict
 from .search import SearchIndex
-from .store.base import GLOBAL_TENANT, Store, ViewRequest, of_relation, scope_key
+from .store.base import GLOBAL_TENANT, Freshness, Store, ViewRequest, of_relation, scope_key
 from .times import Micros, format_time, now_micros, parse_time
 
 MAX_LIMIT = 100
@@ -44,18 +45,22 @@ class Tools:
         entity = _entity_arg(entity)
         t, k = _time_arg(at, "at"), _time_arg(known_at, "known_at")
         entity_type = entity.partition(":")[0]
-        rules = self.cartridge.rules_for(entity_type)
+        rules = self.cartridge.rules_of(entity_type)
         scopes = self.policy.visible_scopes(task=self.task, agent=self.agent)
+        when = t if t is not None else self.clock()
         view, *notes = self.store.views([ViewRequest(self.tenant, entity, scopes),   # one request with the notes
-                                         *self.policy.global_note_views(entity_type, list(rules))],
-                                        at=t if t is not None else self.clock(), known_at=k)
+                                         *self.policy.global_note_views(entity_type, [r.name for r in rules])],
+                                        at=when, known_at=k)
         if view is None:
             raise self._unknown(entity)
         info = view.info
         facts = view.facts + self.policy.global_notes(notes)
-        return {"entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels,
-                "at": format_time(t), "known_at": format_time(k), "facts": facts,
-                "relations": view.relations, "rules": rules}
+        verdicts = {r.name: r.describe() if r.program is None else
+                    {**r.describe(), **verdict(r, view.facts, info.labels, view.relations, entity, when)}
+                    for r in rules}
+        return self._fresh({"entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels,
+                            "at": format_time(t), "known_at": format_time(k), "facts": facts,
+                            "relations": view.relations, "rules": verdicts}, view.freshness)
 
     def history(self, entity: str, predicate: str | None = None, known_at: str | None = None) -> dict[str, Any]:
         """Every version of an entity's facts, closed and corrected ones included, by predicate then valid_from."""
@@ -70,7 +75,7 @@ class Tools:
                                                                         scopes=scopes)})
             raise UsageError(f"predicate: {_clip(predicate)} is not a predicate of {entity}; use one of "
                              f"{', '.join(names) or '(none: it has no facts)'}")
-        return {"entity": entity, "versions": versions}
+        return self._fresh({"entity": entity, "versions": versions})
 
     def search(self, query: str, type: str | None = None, limit: int = 10, at: str | None = None,
                known_at: str | None = None) -> dict[str, Any]:
@@ -95,10 +100,10 @@ class Tools:
             where = f"{type} entities" if type else "entities"
             message = (f"no {where} match {query!r}; try broader or fewer words (a name, a product, a label) "
                        f"or an entity type such as {', '.join(sorted(self.cartridge.spec.entities))}")
-        return {"query": query, "results": results, "message": message}
+        return self._fresh({"query": query, "results": results, "message": message})
 
     def related(self, entity: str, relation: str | None = None, at: str | None = None,
-                known_at: str | None = None) -> list[dict[str, Any]]:
+                known_at: str | None = None) -> dict[str, Any]:
         """Relations valid at `at` with the entity at either end, as known at `known_at`."""
         entity = _entity_arg(entity)
         relation = _opt_text(relation, "relation")
@@ -108,7 +113,7 @@ class Tools:
         view = self.store.view(self.tenant, entity, at=t if t is not None else self.clock(), known_at=k, parts="r")
         if view is None:                    # the view tells an unknown entity: no existence check first
             raise self._unknown(entity)
-        return of_relation(view.relations, relation)
+        return self._fresh({"entity": entity, "relations": of_relation(view.relations, relation)}, view.freshness)
 
     # ---- the writer -------------------------------------------------------------------------
 
@@ -144,8 +149,8 @@ class Tools:
         try:
             self.log.append(envelope)
         except WriteTimeout as e:        # in the log: it will be applied; a retry of this call is the same note
-            return {"applied": False, "event_id": event_id, "message": f"{e}. The note is in the log and will be "
-                    f"applied; calling again with the same arguments does not write it twice."}
+            return self._fresh({"applied": False, "event_id": event_id, "message": f"{e}. The note is in the log "
+                                f"and will be applied; calling again with the same arguments does not write it twice."})
         owner = task if scope == "task" else self.agent if scope == "agent" else None
         where = GLOBAL_TENANT if scope == "global" else self.tenant
         mine = [f for f in self.store.history(where, entity, predicate=predicate, scopes=[scope_key(scope, owner)])
@@ -154,9 +159,20 @@ class Tools:
             raise UsageError(f"note {event_id} was logged but is not in the graph")
         exact = [f for f in mine if f["valid_from"] == stamp and f["recorded_at"] == stamp]
         fact = (exact or mine)[-1]
-        return {"fact": anonymous(fact) if scope == "global" else fact, "applied": True, "event_id": event_id}
+        return self._fresh({"fact": anonymous(fact) if scope == "global" else fact, "applied": True,
+                            "event_id": event_id})
 
     # ---- helpers ----------------------------------------------------------------------------
+
+    def _fresh(self, result: dict[str, Any], freshness: Freshness | None = None) -> dict[str, Any]:
+        """The result with `known_through` (the latest recorded_at applied for the tenant) and, where
+        workers apply a log, `lag` (records of the tenant's partition they had not applied at their last
+        commit); from the read that made the result when the backend returned it there."""
+        f = freshness if freshness is not None else self.store.freshness(self.tenant)
+        result["known_through"] = format_time(f.known_through)
+        if f.lag is not None:
+            result["lag"] = f.lag
+        return result
 
     def _require(self, entity: str, known_at: Micros | None) -> None:
         if not self.store.exists(self.tenant, entity, known_at=known_at):

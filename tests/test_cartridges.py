@@ -10,6 +10,7 @@ import pytest
 from keel import MemoryStore, Projector, load_cartridge
 from keel.digest import digest
 from keel.embedded import build_embedded
+from keel.rule_checks import stream_problems
 from keel.times import format_time, parse_time
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +37,17 @@ def test_sample_stream_applies_cleanly_and_covers_the_catalog(folder: Path) -> N
     assert err.getvalue() == "" and not report.rejected
     assert report.applied == len(envelopes(folder))
     assert {e["type"] for e in envelopes(folder)} == set(cartridge.spec.events)
+
+
+def test_every_rule_has_a_condition_that_fits_the_sample_stream(folder: Path) -> None:
+    """Each cartridge ships a rule Keel evaluates; its names exist and its evaluation fits the data, at
+    the stream's first and last days."""
+    cartridge = load_cartridge(folder)
+    assert any(r.program is not None for r in cartridge.rules.values())
+    projector, _ = build_embedded(cartridge, folder / "events.jsonl")
+    days = sorted(parse_time(e["occurred_at"]) for e in envelopes(folder))
+    for at in (days[0], days[-1]):
+        assert stream_problems(cartridge, projector.store, at) == []
 
 
 def test_sample_stream_has_a_late_event_and_a_correction(folder: Path) -> None:

@@ -134,6 +134,8 @@ def test_demo_tells_the_story() -> None:
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "3,870,000 COP" in done.stdout and "4,200,000 COP" in done.stdout
-    assert "EXPENSIVE" in done.stdout and "due:visa-2026-11" in done.stdout and "pending" in done.stdout
+    assert "verdict: holds=true  because snap-visa-2026-10" in done.stdout
+    assert "due:visa-2026-11" in done.stdout and "pending" in done.stdout
+    assert "at 2026-11-05: holds=false" in done.stdout and "at 2026-11-06: holds=true" in done.stdout
     assert "annotate -> next_step (scope task" in done.stdout
     assert EVENTS.read_text().count("keel.annotated") == 0   # the demo never touches the sample stream

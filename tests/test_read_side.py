@@ -67,7 +67,7 @@ def test_a_note_is_no_evidence_and_neither_is_an_unrelated_event(tmp_path: Path)
     with pytest.raises(NoteRefused, match="not an event of this tenant"):
         t.annotate("debt:visa", "claim", "expensive", "tenant", evidence="b-snap-visa")
     # a relation to the entity counts: the due's schedule linked it to the debt
-    due_event = next(r for r in t.related("debt:visa", "for_debt") if r["subject"] == "due:visa-2026-09")
+    due_event = next(r for r in t.related("debt:visa", "for_debt")["relations"] if r["subject"] == "due:visa-2026-09")
     schedule = t.history(due_event["subject"], "status")["versions"][0]["evidence"]
     assert t.annotate("debt:visa", "claim", "has dues", "tenant", evidence=schedule)["fact"]["evidence"] == schedule
     assert t.annotate("debt:visa", "claim", "expensive", "tenant", evidence="snap-visa-2026-10")["fact"]["value"] == \

@@ -48,7 +48,8 @@ def test_context_shape_and_determinism(env) -> None:
     make, _, _ = env
     t = make()
     a = t.context("debt:visa", at="2026-09-15")
-    assert list(a) == ["entity", "type", "ref", "labels", "at", "known_at", "facts", "relations", "rules"]
+    assert list(a) == ["entity", "type", "ref", "labels", "at", "known_at", "facts", "relations", "rules",
+                       "known_through"]
     assert a["at"] == "2026-09-15T00:00:00Z" and a["known_at"] is None
     assert list(a["facts"][0]) == ["predicate", "value", "valid_from", "valid_to", "recorded_at", "source",
                                    "evidence", "scope", "by", "expires_at", "corrected_by"]
@@ -180,9 +181,9 @@ def test_annotated_events_survive_a_rebuild(env) -> None:
 def test_related_returns_the_list_either_direction(env) -> None:
     make, _, _ = env
     t = make()
-    assert [r["relation"] for r in t.related("debt:visa")] == ["for_debt"] * 3 + ["owed_by"]
-    assert [r["subject"] for r in t.related("household:hogar-demo")] == ["debt:libranza", "debt:visa"]
-    assert t.related("debt:visa", "owed_by", at="2026-08-01") == []
+    assert [r["relation"] for r in t.related("debt:visa")["relations"]] == ["for_debt"] * 3 + ["owed_by"]
+    assert [r["subject"] for r in t.related("household:hogar-demo")["relations"]] == ["debt:libranza", "debt:visa"]
+    assert t.related("debt:visa", "owed_by", at="2026-08-01")["relations"] == []
 
 
 def test_the_task_of_a_note_is_the_callers_binding_never_an_argument(env) -> None:

@@ -129,8 +129,7 @@ def _handlers(run: CallRunner) -> dict[str, Handler]:
 
     async def related(entity: Any = None, relation: Any = None, at: Any = None,
                       known_at: Any = None) -> CallToolResult:
-        return await run.call("related", lambda t: {"entity": entity, "relations": t.related(
-            entity, relation=relation, at=at, known_at=known_at)})
+        return await run.call("related", lambda t: t.related(entity, relation=relation, at=at, known_at=known_at))
 
     return {"context": context, "history": history, "search": search, "annotate": annotate, "related": related}
 

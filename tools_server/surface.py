@@ -27,7 +27,7 @@ def _arg(description: str, **schema: Any) -> dict[str, Any]:
 
 _ENTITY = _arg("<type>:<id>, e.g. from search")
 _AT = _arg("World time, YYYY-MM-DD or RFC 3339; default now")
-_KNOWN_AT = _arg("As known at this time; default now")
+_KNOWN_AT = _arg("As known then; default now")
 
 _FACT = {"type": "object", "properties": {
     "predicate": _S, "value": {}, "valid_from": _S, "valid_to": _SN, "recorded_at": _S, "source": _SN,
@@ -52,6 +52,17 @@ def _array(items: dict[str, Any]) -> dict[str, Any]:
     return {"type": "array", "items": items}
 
 
+def _result(properties: dict[str, Any]) -> dict[str, Any]:
+    """An output schema: the tool's properties, then `known_through`, which every result carries (the
+    recorded_at of the latest event applied for the tenant; Redis mode adds `lag`, see docs/contracts.md)."""
+    return _object({**properties, "known_through": _SN})
+
+
+# A rule with `when:` carries Keel's verdict: holds (null: see missing or reason) and its evidence ids.
+_RULES = {"additionalProperties": {"properties": {
+    "holds": {"type": ["boolean", "null"]}, "because": {"type": "array"}}}}
+
+
 class ToolSpec(NamedTuple):
     name: str
     description: str
@@ -67,37 +78,34 @@ _WRITER = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempote
 SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "context",
-        "An entity's labels, facts with evidence, relations and its type's rules. Use it for what is true; "
-        "at gives another date, known_at what was known then.",
+        "An entity's labels, facts with evidence, relations, rules with Keel's verdicts. Use it for what "
+        "is true.",
         _input({"entity": _ENTITY, "at": _AT, "known_at": _KNOWN_AT}, ["entity"]),
-        _object({"entity": _S, "type": _S, "ref": _SN, "labels": {"type": "object"}, "at": _SN,
-                 "known_at": _SN, "facts": _array(_FACT), "relations": _array(_RELATION),
-                 "rules": {"type": "object"}}),
+        _result({"entity": _S, "type": _S, "ref": _SN, "labels": {"type": "object"},
+                 "facts": _array(_FACT), "relations": _array(_RELATION), "rules": _RULES}),
         _READER),
     ToolSpec(
         "history",
-        "Every version of an entity's facts ever recorded, closed and superseded ones too. Use it to explain "
-        "how or why a value changed.",
+        "Every version of an entity's facts, superseded ones too. Use it to explain why a value changed.",
         _input({"entity": _ENTITY, "predicate": _arg("Only this predicate"), "known_at": _KNOWN_AT}, ["entity"]),
-        _object({"entity": _S, "versions": _array({**_FACT, "properties": {
+        _result({"entity": _S, "versions": _array({**_FACT, "properties": {
             **_FACT["properties"], "superseded_at": _SN, "superseded_by": _SN}})}),
         _READER),
     ToolSpec(
         "search",
-        "Find entity ids by words of ids, types, labels or notes you may see, in any script. Use it first "
-        "when you lack an id.",
+        "Find entity ids by words of ids, types, labels or visible notes. Use it first when you lack an id.",
         _input({"query": _arg("Words of a name, label, note or type"), "type": _arg("Only this entity type"),
                 "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,
                           "description": "Max results"},
                 "at": _AT, "known_at": _KNOWN_AT}, ["query"]),
-        _object({"query": _S, "results": _array({"type": "object", "properties": {
+        _result({"query": _S, "results": _array({"type": "object", "properties": {
             "entity": _S, "type": _S, "labels": {"type": "object"}, "score": {"type": "number"}}}),
                  "message": _S}),
         _READER),
     ToolSpec(
         "annotate",
-        "Save a note on an entity for later context and history. Use it for a conclusion or next step; cite "
-        "the event it rests on as evidence.",
+        "Save a note on an entity for later context and history. Use it for a conclusion or next step, "
+        "citing its event as evidence.",
         _input({"entity": _ENTITY,
                 "predicate": _arg("Note name, e.g. next_step"),
                 "value": {"description": "Text, number or JSON"},
@@ -105,15 +113,14 @@ SPECS: tuple[ToolSpec, ...] = (
                               "if enabled", enum=["tenant", "task", "agent", "global"]),
                 "evidence": _arg("Id of an event that wrote this entity; some scopes need it")},
                ["entity", "predicate", "value", "scope"]),
-        _object({"fact": _FACT, "applied": {"type": "boolean"}, "event_id": _S, "message": _S}),
+        _result({"fact": _FACT, "applied": {"type": "boolean"}, "event_id": _S, "message": _S}),
         _WRITER),
     ToolSpec(
         "related",
-        "An entity's relations, either direction, with validity. Use it to reach linked entities, then call "
-        "context.",
+        "An entity's relations both ways, with validity. Use it to reach linked entities.",
         _input({"entity": _ENTITY, "relation": _arg("Only this relation"), "at": _AT, "known_at": _KNOWN_AT},
                ["entity"]),
-        _object({"entity": _S, "relations": _array(_RELATION)}),
+        _result({"entity": _S, "relations": _array(_RELATION)}),
         _READER),
 )
 

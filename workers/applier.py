@@ -60,6 +60,7 @@ class BatchPlan:
     touched: set[str] = field(default_factory=set)
     tag: int = 0                 # the mirrors' tag of its writes (RecordingStore.begin)
     offsets: dict[tuple[str, str, int], int | None] = field(default_factory=dict)    # applied, as planning began
+    log_ends: dict[tuple[str, int], int] = field(default_factory=dict)   # (topic, partition) -> log end at fetch
 
     def batch_of(self, tenant: str, record: Record) -> TenantBatch:
         key = (tenant, record.topic, record.partition)
@@ -144,7 +145,11 @@ class BatchApplier:
         steps: list[BatchStep] = []
         if plan.global_notes:
             steps.append((GLOBAL_TENANT, plan.global_notes, None))
-        steps += [(b.tenant, b.events, b.position) for b in plan.tenants.values() if b.position is not None]
+        for b in plan.tenants.values():
+            position = b.position
+            if position is not None:
+                end = plan.log_ends.get((b.topic, b.partition))     # the store keeps the lag it implies
+                steps.append((b.tenant, b.events, position if end is None else (*position, end)))
         return steps
 
     def write(self, plan: BatchPlan) -> None:

@@ -297,7 +297,17 @@ class CartridgeIngest(Service):
             await self._written(pending, written)
             if plan is None and not stopping():
                 plan = await self.pipeline.plan_until_done(records, stopping=stopping)
-        return None if plan is None else _Planned(fetched, records, plan, epoch)
+        if plan is None:
+            return None
+        plan.log_ends = self._log_ends(fetched)
+        return _Planned(fetched, records, plan, epoch)
+
+    def _log_ends(self, fetched: dict[TopicPartition, list]) -> dict[tuple[str, int], int]:
+        """The log end of each fetched partition as the last fetch saw it (no request): committed with the
+        batch, it tells readers how far behind the workers were (the `lag` of tool results)."""
+        assert self.consumer is not None
+        ends = {(tp.topic, tp.partition): self.consumer.highwater(tp) for tp in fetched}
+        return {tp: end for tp, end in ends.items() if end is not None}
 
     async def _write_alone(self, pending: _Planned) -> None:
         assert self.pipeline is not None

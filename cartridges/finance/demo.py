@@ -1,5 +1,7 @@
 """The finance story (`keel demo`): one exact, auditable answer about the Visa debt, then an LLM-free agent."""
 
+import json
+
 TENANT = "hogar-demo"
 
 
@@ -29,23 +31,32 @@ def run(ctx):
 
     rule = now["rules"]["debt_expensive"]
     rate = fact(now, "rate_ea_pct")
-    expensive = rate["value"] > rule["rate_ea_pct"]
-    say(f"\nRule debt_expensive: {rule['definition']}")
-    say(f"  rate {rate['value']}% EA vs threshold {rule['rate_ea_pct']}% -> "
-        f"{'EXPENSIVE' if expensive else 'not expensive'} (evidence {rate['evidence']})")
+    expensive = rule["holds"]
+    say('\nQ: "Is the Visa expensive by the cartridge\'s rule?"  (Keel evaluates the rule; no agent compares)')
+    say(f"  rule debt_expensive: {rule['definition']}")
+    say(f"  when {rule['when']}  (rate_ea_pct={rule['rate_ea_pct']})")
+    say(f"  verdict: holds={json.dumps(rule['holds'])}  because {', '.join(rule['because'])} "
+        f"(rate {rate['value']}% EA)   -- known through {now['known_through']}")
 
-    say("\nDues of the Visa (related -> context on each):")
+    say("\nDues of the Visa (related -> context on each), and Keel's due_overdue verdict today:")
     pending = []
-    for rel in tools.related(debt, "for_debt"):
+    for rel in tools.related(debt, "for_debt")["relations"]:
         due = tools.context(rel["subject"])
         status = fact(due, "status")["value"]
         amount = fact(due, "amount_cop")["value"]
         due_on = fact(due, "due_on")["value"]
         paid_on = fact(due, "paid_on")
+        overdue = due["rules"]["due_overdue"]["holds"]
         say(f"  {rel['subject']:<18} {due_on}  {cop(amount):>12}  {status}"
-            + (f" on {paid_on['value']}" if paid_on else ""))
+            + (f" on {paid_on['value']}" if paid_on else "") + ("  OVERDUE" if overdue else ""))
         if status == "pending":
             pending.append((rel["subject"], due_on, amount))
+    if pending:
+        subject = pending[0][0]
+        say(f"\nQ: \"Is {subject} overdue?\" depends on when you ask (context with at):")
+        for at in ("2026-11-05", "2026-11-06"):
+            verdict = tools.context(subject, at=at)["rules"]["due_overdue"]
+            say(f"  at {at}: holds={json.dumps(verdict['holds'])}  because {', '.join(verdict['because'])}")
 
     say("\nThe agent (no LLM): related -> context -> rule -> annotate, in task scope, citing the rate fact.")
     if expensive and pending:

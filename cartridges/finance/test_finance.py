@@ -43,12 +43,36 @@ def test_rule_comes_from_the_cartridge_and_the_rate_makes_the_visa_expensive(too
     ctx = tools.context("debt:visa")
     rule = ctx["rules"]["debt_expensive"]
     assert rule == {"definition": "A debt is expensive when its effective annual rate is above 25%.",
-                    "rate_ea_pct": 25}
+                    "rate_ea_pct": 25, "when": "facts.rate_ea_pct > params.rate_ea_pct",
+                    "holds": True, "because": ["snap-visa-2026-10"]}
     assert fact(ctx, "rate_ea_pct")["value"] == 29.22 > rule["rate_ea_pct"]
 
 
+def test_keel_says_which_debts_are_expensive_at_each_time(tools: Tools) -> None:
+    def verdict(entity: str, **times: str) -> tuple[object, list[str]]:
+        rule = tools.context(entity, **times)["rules"]["debt_expensive"]
+        return rule["holds"], rule["because"]
+    assert verdict("debt:visa", at="2026-09-15") == (True, ["snap-visa-2026-09"])
+    assert verdict("debt:libranza") == (False, ["snap-libranza-2026-11"])
+    assert verdict("debt:libranza", at="2026-10-15", known_at="2026-10-02") == (False, ["snap-libranza-2026-10"])
+    before = tools.context("debt:visa", at="2026-08-15")["rules"]["debt_expensive"]   # no snapshot yet
+    assert (before["holds"], before["missing"], before["because"]) == (None, ["rate_ea_pct"], [])
+
+
+def test_the_pending_november_due_is_overdue_only_after_its_day(tools: Tools) -> None:
+    def overdue(entity: str, **times: str) -> object:
+        return tools.context(entity, **times)["rules"]["due_overdue"]["holds"]
+    assert overdue("due:visa-2026-11", at="2026-11-05T23:59:59Z") is False
+    assert overdue("due:visa-2026-11", at="2026-11-06") is True
+    assert overdue("due:visa-2026-11") is True                                   # now: 2026-11-30
+    assert overdue("due:visa-2026-10", at="2026-10-20") is False                 # paid on 3 October
+    # the late September payment: as known on 1 October the due looked overdue, as known now it was paid
+    assert overdue("due:visa-2026-09", at="2026-09-20", known_at="2026-10-01") is True
+    assert overdue("due:visa-2026-09", at="2026-09-20") is False
+
+
 def test_dues_september_and_october_paid_november_pending(tools: Tools) -> None:
-    dues = [r["subject"] for r in tools.related("debt:visa", "for_debt")]
+    dues = [r["subject"] for r in tools.related("debt:visa", "for_debt")["relations"]]
     assert dues == ["due:visa-2026-09", "due:visa-2026-10", "due:visa-2026-11"]
     status = {d: fact(tools.context(d), "status")["value"] for d in dues}
     assert status == {"due:visa-2026-09": "paid", "due:visa-2026-10": "paid", "due:visa-2026-11": "pending"}
@@ -78,7 +102,7 @@ def test_the_libranza_correction_keeps_both_beliefs(tools: Tools) -> None:
 
 
 def test_debt_is_owed_by_the_household(tools: Tools) -> None:
-    [r] = tools.related("debt:visa", "owed_by")
+    [r] = tools.related("debt:visa", "owed_by")["relations"]
     assert (r["object"], r["valid_from"]) == ("household:hogar-demo", "2026-09-01T00:00:00Z")
 
 

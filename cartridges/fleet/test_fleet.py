@@ -24,8 +24,12 @@ def value(ctx: dict, predicate: str) -> object:
 
 
 def overdue(ctx: dict) -> bool:
+    """The rule computed here by hand, checked against Keel's own verdict and its evidence."""
     rule = ctx["rules"]["vehicle_overdue_service"]
-    return value(ctx, "odometer_km") > value(ctx, "next_service_km") + rule["grace_km"]
+    by_hand = value(ctx, "odometer_km") > value(ctx, "next_service_km") + rule["grace_km"]
+    evidence = {f["evidence"] for f in ctx["facts"] if f["predicate"] in ("odometer_km", "next_service_km")}
+    assert rule["holds"] is by_hand and rule["because"] == sorted(evidence)
+    return by_hand
 
 
 def test_late_trip_reading_changes_what_was_true_but_not_what_was_known(tools: Tools) -> None:
@@ -50,7 +54,7 @@ def test_fuel_correction(tools: Tools) -> None:
 
 
 def test_reassignments_unlink_drivers(tools: Tools) -> None:
-    [r] = tools.related("vehicle:HJRL-58", "assigned_to", at="2026-09-01")
+    [r] = tools.related("vehicle:HJRL-58", "assigned_to", at="2026-09-01")["relations"]
     assert (r["object"], r["valid_to"]) == ("driver:D-101", "2026-09-21T09:30:00Z")
-    assert tools.related("vehicle:FDSW-73", "assigned_to", at="2026-11-01") == []
-    assert [r["object"] for r in tools.related("vehicle:FDSW-73", "assigned_to")] == ["driver:D-105"]
+    assert tools.related("vehicle:FDSW-73", "assigned_to", at="2026-11-01")["relations"] == []
+    assert [r["object"] for r in tools.related("vehicle:FDSW-73", "assigned_to")["relations"]] == ["driver:D-105"]

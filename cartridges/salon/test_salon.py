@@ -25,10 +25,15 @@ def value(ctx: dict, predicate: str) -> object:
 
 
 def lapsed(ctx: dict, on: str) -> bool:
-    days = ctx["rules"]["client_lapsed"]["days"]
-    if value(ctx, "last_visit_on") is None:     # never visited yet: not lapsed
+    """The rule computed here by hand, checked against Keel's own verdict (context asked at `on`)."""
+    rule = ctx["rules"]["client_lapsed"]
+    assert ctx["at"][:10] == on
+    if value(ctx, "last_visit_on") is None:     # never visited yet: not lapsed, and Keel cannot tell
+        assert (rule["holds"], rule["missing"]) == (None, ["last_visit_on"])
         return False
-    return (date.fromisoformat(on) - date.fromisoformat(value(ctx, "last_visit_on"))).days > days
+    by_hand = (date.fromisoformat(on) - date.fromisoformat(value(ctx, "last_visit_on"))).days > rule["days"]
+    assert rule["holds"] is by_hand and len(rule["because"]) == 1
+    return by_hand
 
 
 def test_late_visit_makes_marta_active_but_she_looked_lapsed_before_it_arrived(tools: Tools) -> None:
@@ -56,6 +61,6 @@ def test_price_correction(tools: Tools) -> None:
 
 
 def test_preference_moves_to_another_stylist(tools: Tools) -> None:
-    [r] = tools.related("client:C-0004", "prefers", at="2026-08-01")
+    [r] = tools.related("client:C-0004", "prefers", at="2026-08-01")["relations"]
     assert (r["object"], r["valid_to"]) == ("stylist:lucia-ferrer", "2026-09-06T10:00:00Z")
-    assert [r["object"] for r in tools.related("client:C-0004", "prefers")] == ["stylist:ines-robles"]
+    assert [r["object"] for r in tools.related("client:C-0004", "prefers")["relations"]] == ["stylist:ines-robles"]

@@ -51,7 +51,8 @@ def event_key(event_id: str, mark: str | None, recorded_at: Micros | None) -> Ev
 
 # The batch contract's shapes (see Store.commit_batch):
 EventWrites = tuple[list[Write], str | None]   # one event's writes and its id (None: not idempotent)
-Position = tuple[str, int, int]                  # (topic, partition, offset of the last record applied)
+# (topic, partition, offset of the last record applied[, the partition's log end when known: the lag])
+Position = tuple[str, int, int] | tuple[str, int, int, int | None]
 BatchStep = tuple[str, Sequence[EventWrites], Position | None]   # (tenant, events, position)
 
 
@@ -67,11 +68,21 @@ class EntityInfo(NamedTuple):
     labels: dict[str, Any]
 
 
+class Freshness(NamedTuple):
+    """How current a tenant's graph is: the latest recorded_at among the writes applied (None before any),
+    and, where workers apply a log, how many records of the tenant's partition were not applied yet when
+    they last committed (None where unknown or not applicable)."""
+    known_through: Micros | None = None
+    lag: int | None = None
+
+
 class EntityView(NamedTuple):
-    """What `context` shows of an entity: identity and labels, facts, relations (result objects)."""
+    """What `context` shows of an entity: identity and labels, facts, relations (result objects), and
+    the tenant's freshness (read in the same request where the backend has a round trip)."""
     info: EntityInfo
     facts: list[dict[str, Any]]
     relations: list[dict[str, Any]]
+    freshness: Freshness | None = None
 
 
 class ViewRequest(NamedTuple):
@@ -221,6 +232,11 @@ class Store(ABC):
     def has_tenant(self, tenant: str) -> bool:
         """Whether the tenant has any write or applied event (is in `tenants`)."""
         return tenant in self.tenants()
+
+    @abstractmethod
+    def freshness(self, tenant: str) -> Freshness:
+        """The tenant's Freshness (known_through, lag) as the last applied write left it."""
+
     def event_mark(self, tenant: str, event_id: str) -> str | None:
         """The mark kept with an applied event id (`<content hash> <where first seen>`), None if none."""
         return None
@@ -422,7 +438,8 @@ class Store(ABC):
         point_keys, rel_keys = select_keys(index[1], r.scopes, r.parts)
         points = zip(point_keys, self.as_of_many(r.tenant, point_keys, t, k) if point_keys else [])
         runs = self.runs_many(r.tenant, rel_keys, k) if rel_keys else []
-        return entity_view(r.entity, points, ((key, covering(v, t)) for key, v in zip(rel_keys, runs)))
+        view = entity_view(r.entity, points, ((key, covering(v, t)) for key, v in zip(rel_keys, runs)))
+        return view._replace(freshness=self.freshness(r.tenant))
 
     def entity(self, tenant: str, entity: str, *, at: object | None = None,
                known_at: object | None = None) -> EntityInfo | None:

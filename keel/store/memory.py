@@ -5,13 +5,16 @@ from collections.abc import Callable, Iterator, Sequence
 
 from ..timeline import Assertion, Timeline, Version, insert
 from ..times import Micros
-from .base import EventWrites, Key, Position, Store, Write
+from .base import EventWrites, Freshness, Key, Position, Store, Write
+
+_NONE = -(1 << 62)      # below every time: known_through before any write
 
 
 class _TenantGraph:
     """A tenant's timelines as plain lists of assertions (appending is the write path's whole job), and the
     Timeline objects reads fold them with, made at a key's first read and sharing its list."""
-    __slots__ = ("by_entity", "events", "first_recorded", "generation", "latest", "marks", "offsets", "timelines",
+    __slots__ = ("by_entity", "events", "first_recorded", "generation", "known_through", "latest", "marks",
+                 "offsets", "timelines",
                  "views")
 
     def __init__(self) -> None:
@@ -24,6 +27,7 @@ class _TenantGraph:
         self.latest: Micros | None = None       # the latest recorded_at of an applied event
         self.offsets: dict[tuple[str, int], int] = {}       # (topic, partition) -> applied offset
         self.generation = 0
+        self.known_through: Micros | None = None        # latest recorded_at among the writes applied
 
     def note(self, event_id: str) -> None:
         """Mark an event applied, keeping its mark and moving `latest`."""
@@ -79,9 +83,12 @@ class MemoryStore(Store):
             return                                   # applied before: idempotent on the event id
         timelines, by_entity, first = g.timelines, g.by_entity, g.first_recorded
         get = timelines.get
+        latest = _NONE if g.known_through is None else g.known_through
         for key, a in writes:
             entries = get(key)
             rec = a.recorded_at
+            if rec > latest:  # noqa: PLR1730 - a compare, not a call (hot path)
+                latest = rec
             if entries is None:
                 timelines[key] = [a]
                 self._index(by_entity, first, key[1], key, rec)
@@ -98,6 +105,8 @@ class MemoryStore(Store):
                 first[key[3]] = rec
         if event_id is not None:
             g.note(event_id)
+        if latest != _NONE:
+            g.known_through = latest
         g.generation += 1
 
     @staticmethod
@@ -130,6 +139,10 @@ class MemoryStore(Store):
     def has_event(self, tenant: str, event_id: str) -> bool:
         g = self._tenants.get(tenant)           # event ids only: never needs the timelines up to date
         return g is not None and event_id in g.events
+
+    def freshness(self, tenant: str) -> Freshness:
+        g = self._read(tenant)
+        return Freshness(None if g is None else g.known_through)
 
     def event_mark(self, tenant: str, event_id: str) -> str | None:
         g = self._tenants.get(tenant)           # like has_event: never needs the timelines

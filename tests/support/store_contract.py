@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keel.digest import digest
+from keel.envelope import Instant
 from keel.store.base import EntityInfo, Store, ViewRequest
 from keel.store.memory import MemoryStore
 from keel.times import format_time, parse_time
@@ -49,6 +50,17 @@ class StoreContract:
         assert f == {"predicate": "p", "value": 10, "valid_from": day(5), "valid_to": None,
                      "recorded_at": day(5), "source": "src", "evidence": "e1", "scope": None, "by": None,
                      "expires_at": None, "corrected_by": None}
+
+    def test_freshness_is_the_latest_recorded_at_applied(self) -> None:
+        s = self.make_store()
+        assert s.freshness(T).known_through is None
+        s.open_fact(T, E, "p", 1, valid_from=day(1), recorded_at=day(3), evidence="e1")
+        s.open_fact(T, E, "p", 0, valid_from=day(1), recorded_at=day(2), evidence="e0")   # recorded earlier
+        assert s.freshness(T).known_through == parse_time(day(3))
+        assert s.view(T, E).freshness == s.freshness(T)                  # a view carries it, same request
+        s.open_fact(T, E, "q", 1, valid_from=day(1), recorded_at=Instant(parse_time(day(4))), evidence="e2")
+        assert s.freshness(T).known_through == parse_time(day(4))        # an event's time (an int subclass)
+        assert s.freshness("other").known_through is None
 
     def test_a_new_version_closes_the_old_one_without_rewriting_it(self) -> None:
         s = self.make_store()

@@ -16,8 +16,9 @@ from .keys import MARKS, escape, offset_field, prefix_of
 
 
 class PendingStep:
-    """One tenant's apply step between tries: its events (repeated ids dropped) and offset."""
-    __slots__ = ("batch", "events", "field", "offset", "tenant")
+    """One tenant's apply step between tries: its events (repeated ids dropped), offset, the latest
+    recorded_at of its writes and the partition's lag after it (the position's log end, when given)."""
+    __slots__ = ("batch", "events", "field", "lag", "latest", "offset", "tenant")
 
     def __init__(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
         self.tenant = tenant
@@ -31,6 +32,10 @@ class PendingStep:
             self.events.append((writes, event_id))
         self.field, self.offset = ("", "0") if position is None else \
             (offset_field(position[0], position[1]), str(int(position[2])))
+        self.lag = "" if position is None or len(position) < 4 or position[3] is None else \
+            str(max(0, int(position[3]) - int(position[2]) - 1))
+        latest = max((a[5] for writes, _ in self.events for _, a in writes), default=None)
+        self.latest = "" if latest is None else int.__repr__(int(latest))   # digits, whatever int subclass
         self.batch: ApplyBatch | None = None
 
 
@@ -43,7 +48,8 @@ class ApplyBatch:
     """
     __slots__ = ("args", "entities", "events")
 
-    def __init__(self, events: list[EventWrites], base: int, field: str, offset: str) -> None:
+    def __init__(self, events: list[EventWrites], base: int, field: str, offset: str, latest: str = "",
+                 lag: str = "") -> None:
         self.events = events
         tls, provs = encode_events(events, base)
         ents, min_recorded = step_entities(tls)
@@ -57,6 +63,7 @@ class ApplyBatch:
             args += members
         args.append(len(provs))
         args += provs
+        args += (latest, lag)
         self.args = args
 
     def keys(self, d: str) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any
 from ...errors import StoreUnavailable, UsageError
 from ...timeline import Assertion, Timeline, Version, covering, version_at
 from ...times import Micros
-from ..base import EntityView, Key, entity_view
+from ..base import EntityView, Freshness, Key, entity_view
 from .keys import index_key, key_of
 
 OFFSET = 2 ** 53                  # points are kept as point + 2**53 in 54 bits (exact as doubles too)
@@ -153,7 +153,7 @@ def decode_view(entity: str, result: list[Any], at: Micros, known_at: Micros | N
     """An EntityView from the VIEW script's answer (None for an entity unknown at `known_at`)."""
     if len(result) == 1 or (known_at is not None and int(result[1]) > known_at):
         return None
-    _, _, winners, timelines, pairs = result
+    _, _, winners, timelines, pairs, fresh = result
     prov = ProvenanceCache()
     for i in range(0, len(pairs), 2):
         prov.add(pairs[i], pairs[i + 1])
@@ -168,4 +168,10 @@ def decode_view(entity: str, result: list[Any], at: Micros, known_at: Micros | N
             relations.append((key, covering(tl.runs(known_at), at)))
         else:
             points.append((key, tl.as_of(at, known_at)))
-    return entity_view(entity, points, relations)
+    return entity_view(entity, points, relations)._replace(freshness=freshness_of(fresh))
+
+
+def freshness_of(values: list[Any]) -> Freshness:
+    """Freshness from the meta hash's `kt` and `lag` (nil or false when absent)."""
+    kt, lag = values
+    return Freshness(int(kt) if kt else None, int(lag) if lag else None)

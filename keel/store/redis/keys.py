@@ -15,6 +15,7 @@ one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
     keel:{<ns>/<t>}:g<N>:eh                hash: event id -> its mark (`<content hash> <where first seen>`)
     keel:{<ns>/<t>}:g<N>:m                 hash: `sv` (write counter, the search version), applied offsets,
                                            `rl` (the latest recorded_at of an applied event)
+                                           `kt` (latest recorded_at of a write applied), `lag` (at the last commit)
     keel:{<ns>/<t>}:g<N>:ents              set: the generation's entities (its explicit index)
     keel:{<ns>/<t>}:g<N>:pv                list: provenance entries `[source, evidence, recorded_at, by]`
     keel:{<ns>/<t>}:g<N>:z:<entity>        sorted set: every assertion of the timelines the entity owns

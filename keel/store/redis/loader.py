@@ -83,6 +83,7 @@ class GenerationLoader:
         self.ids: set[str] = set()             # applied event ids
         self.latest = -(2 ** 63)               # the latest recorded_at written (`m` field LATEST)
         self.offsets: dict[str, int] = {}      # offset field -> offset
+        self.known_through = -1                # the meta hash's `kt` as the queued steps leave it
         self.queue: list[_LoadStep] = []       # steps not known to be written, in order
         self.sent = 0                          # of them, sent on `conn` and not answered yet
         self.unsure = False                    # a failure left the queued steps' fate unknown
@@ -170,11 +171,16 @@ class GenerationLoader:
         bump = 1 if new_ids or tls else 0
         if bump:
             commands.append(("HINCRBY", d + "m", "sv", "1"))
+        if kept and p.latest and int(p.latest) > self.known_through:
+            self.known_through = int(p.latest)
+            commands.append(("HSET", d + "m", "kt", p.latest))
         if p.field:
             offset = int(p.offset)
             if offset > self.offsets.get(p.field, -1):
                 self.offsets[p.field] = offset
                 commands.append(("HSET", d + "m", p.field, p.offset))
+                if p.lag:
+                    commands.append(("HSET", d + "m", "lag", p.lag))
         if commands:
             self.queue.append(_LoadStep(commands, bump))
 

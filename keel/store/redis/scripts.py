@@ -54,7 +54,10 @@ end
 #       nI, event ids, their marks ("" = none), the latest recorded_at of the events ("" = none);
 #       nE, per entity: name, min recorded_at of its writes;
 #       nT, per timeline: `<owner>,<other entity of a relation or 0>,<n>,<P>` then its n members;
-#       nP, provenance entries.
+#       nP, provenance entries; then the latest recorded_at of the writes ("" = none) and the partition's
+#       lag after this step ("" = unknown).
+# The meta hash keeps `kt` (the greatest recorded_at applied: the tenant's known_through) and `lag`
+# (set with an offset that moves forward), so readers learn both from the same atomic step.
 # The client builds complete members: it knows the provenance length from its last call. Answers
 # {2, length} when that guess is wrong and {3, id, ...} when some event ids are already applied;
 # nothing is written then, and the client rebuilds and retries. An index list holds the entity's
@@ -186,9 +189,17 @@ if rl ~= '' then
   if not cur or tonumber(rl) > tonumber(cur) then redis.call('HSET', KEYS[3], 'rl', rl) end
 end
 if nI > 0 or nT > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
+local kt, lag = ARGV[a + nP + 1], ARGV[a + nP + 2]
+if kt and kt ~= '' then
+  local cur = redis.call('HGET', KEYS[3], 'kt')
+  if not cur or tonumber(kt) > tonumber(cur) then redis.call('HSET', KEYS[3], 'kt', kt) end
+end
 if ARGV[3] ~= '' then
   local cur = redis.call('HGET', KEYS[3], ARGV[3])
-  if not cur or tonumber(ARGV[4]) > tonumber(cur) then redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) end
+  if not cur or tonumber(ARGV[4]) > tonumber(cur) then
+    redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
+    if lag and lag ~= '' then redis.call('HSET', KEYS[3], 'lag', lag) end
+  end
 end
 return {1, base + nP}
 """
@@ -268,11 +279,12 @@ return {1, lists, provs}
 
 # What `context` shows of one entity, in one call: its index list, then the labels and facts at t and the
 # relation timelines (Store.view).
-# KEYS: 1 gen, 2 provenance, 3 the entity's index list, 4 the entity's sorted set.
+# KEYS: 1 gen, 2 provenance, 3 the entity's index list, 4 the entity's sorted set, 5 the meta hash.
 # ARGV: 1 expected gen, 2 "1" for whole timelines of every kind (a known_at to fold by), else the winners
 #       at t of labels and facts, 3 t as point9, 4 the parts to read (letters of "lfr"), 5 the prefix of
 #       sorted-set names ("<data prefix>z:"), 6 "1" when ARGV[7..] (escaped scope keys) limit the facts.
-# Answers {1} for an unknown entity, else {1, first recorded_at, winners, timelines, provenance}, with
+# Answers {1} for an unknown entity, else {1, first recorded_at, winners, timelines, provenance, {kt, lag}}
+# (the tenant's known_through and lag from the meta hash, false when absent), with
 # winners: per label or fact with an assertion at or before t, its index element, the winner without P,
 # 2 when another assertion shares its point else 1, and the next point9 or ""; timelines: per relation
 # (and per label and fact in whole mode), its index element and its members without P; provenance:
@@ -319,7 +331,7 @@ for i = 2, #index do
     end
   end
 end
-return {1, index[1], winners, timelines, provs}
+return {1, index[1], winners, timelines, provs, redis.call('HMGET', KEYS[5], 'kt', 'lag')}
 """
 
 # KEYS: 1 gen, 2 gen sequence. ARGV: 1 the generation to make current.

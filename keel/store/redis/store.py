@@ -20,10 +20,20 @@ from redis.exceptions import RedisError
 from ...errors import StoreUnavailable, UsageError
 from ...timeline import Assertion, Timeline, Version
 from ...times import Micros
-from ..base import BatchStep, EntityView, EventWrites, Key, Position, Store, ViewRequest, Write
+from ..base import (
+    BatchStep,
+    EntityView,
+    EventWrites,
+    Freshness,
+    Key,
+    Position,
+    Store,
+    ViewRequest,
+    Write,
+)
 from . import scripts
 from .batch import ApplyBatch, PendingStep
-from .codec import ProvenanceCache, clamped_point, decode_view, timeline_of
+from .codec import ProvenanceCache, clamped_point, decode_view, freshness_of, timeline_of
 from .generations import CHUNK, GenerationAdmin, chunks
 from .keys import (
     LATEST,
@@ -282,7 +292,7 @@ class RedisStore(GenerationAdmin, Store):
         if base is None:
             base = self._pv_len[d] = int(self._client.llen(d + "pv"))
         if p.batch is None or p.batch.args[0] != str(base):
-            p.batch = ApplyBatch(p.events, base, p.field, p.offset)
+            p.batch = ApplyBatch(p.events, base, p.field, p.offset, p.latest, p.lag)
         return [names.gen, *p.batch.keys(d)], [expected, *p.batch.args], d
 
     def _settle(self, p: PendingStep, d: str, result: list[Any]) -> bool:
@@ -359,7 +369,7 @@ class RedisStore(GenerationAdmin, Store):
         def build(r: ViewRequest) -> Build:
             e = escape(r.entity)
             scopes = ["0"] if r.scopes is None else ["1", *(escape(s) for s in r.scopes)]
-            return lambda d: ([d + "pv", d + "x:" + e, d + "z:" + e], [*common, r.parts, d + "z:", *scopes])
+            return lambda d: ([d + "pv", d + "x:" + e, d + "z:" + e, d + "m"], [*common, r.parts, d + "z:", *scopes])
         with self._guard("view", requests[0].tenant if len(requests) == 1 else None):
             results = self._script_many(self._view_script, [(r.tenant, build(r)) for r in requests])
         return [decode_view(r.entity, result, at, known_at) for r, result in zip(requests, results)]
@@ -396,6 +406,11 @@ class RedisStore(GenerationAdmin, Store):
     def event_ids(self, tenant: str) -> list[str]:
         with self._guard("event_ids", tenant):
             return sorted(self._tx(tenant, lambda p, d: p.smembers(d + "ev"))[0])
+
+    def freshness(self, tenant: str) -> Freshness:
+        """known_through and lag from the meta hash (what the workers' last commits stored)."""
+        with self._guard("freshness", tenant):
+            return freshness_of(self._tx(tenant, lambda p, d: p.hmget(d + "m", "kt", "lag"))[0])
 
     def event_mark(self, tenant: str, event_id: str) -> str | None:
         with self._guard("event_mark", tenant):
