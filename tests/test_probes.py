@@ -244,3 +244,14 @@ def test_webhook_serves_health_readiness_and_metrics(tmp_path: Path) -> None:
     finally:
         if server.alive():
             server.kill()
+
+
+@pytest.mark.parametrize("command", [["worker"], ["replay"], ["serve"], ["outbox", "relay"], ["webhook"]])
+def test_every_process_command_takes_the_one_log_format(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """README: every process takes `--log-format text|json`; replay too (its warnings share the format)."""
+    from keel.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--help"])
+    assert done.value.code == 0
+    assert "--log-format {text,json}" in capsys.readouterr().out

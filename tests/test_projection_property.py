@@ -145,6 +145,8 @@ def outcome(fn: Any, event: Any, projector: Projector) -> tuple[str, Any]:
     view.bind(event)
     try:
         fn(event, view)
+        if getattr(fn, "declarative", False):
+            view.check_written()        # as the Projector does after a compiled projection (keel.limits)
     except (KeelError, ValueError) as e:
         return "failed", type(e).__name__
     return "writes", view.writes
@@ -162,4 +164,9 @@ def test_compiled_steps_write_what_the_handler_api_writes(tmp_path_factory: Any,
                              "occurred_at": "2026-01-02T03:04:05Z", "recorded_at": "2026-01-03T00:00:00Z",
                              "payload": payload})
     compiled = cartridge.registry.handler("alpha.did")
-    assert outcome(compiled, event, projector) == outcome(lambda e, s: interpret(program, e, s), event, projector)
+    got, want = outcome(compiled, event, projector), outcome(lambda e, s: interpret(program, e, s), event, projector)
+    if got[0] == want[0] == "failed" and "ValueRefused" in (got[1], want[1]):
+        # Both refuse the event as a whole. A compiled projection checks its values (keel.limits) after its
+        # steps, so with a bad value AND a bad step in one event the two may name a different first problem.
+        return
+    assert got == want

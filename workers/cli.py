@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from keel.commandline import positive_int, settings_of
 from keel.health import add_probe_arguments
-from keel.logs import add_log_arguments
+from keel.logs import add_log_arguments, log_format, setup_logging
 
 if TYPE_CHECKING:
     from .dlq_commands import Filter
@@ -130,6 +130,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-global-notes", action="store_true", default=None,
                    help="as the worker runs (env KEEL_ALLOW_GLOBAL_NOTES): judge global notes the same way")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
+    add_log_arguments(p)
     p.set_defaults(run=cmd_replay)
 
 
@@ -178,7 +179,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from keel.errors import UsageError
     from keel.health import metrics_port
     from keel.kafka import TopicSpec
-    from keel.logs import log_format
 
     from .app import ProcessOptions, run_worker
     from .ingest import WorkerOptions
@@ -263,6 +263,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import ReplayOptions, replay
     from .replay_progress import Progress
 
+    setup_logging(log_format(args.log_format))      # its warnings in the format every other process uses
     cartridge = load_cartridge(args.cartridge)
     progress = Progress(f"replay {cartridge.name}", quiet=args.quiet)
     report = replay(cartridge, settings_of(args), tenants=None if args.all else list(dict.fromkeys(args.tenant)),

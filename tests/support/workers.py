@@ -218,8 +218,13 @@ def committed(cartridge: Path, env: dict[str, str]) -> int:
 def wait_applied(cartridge: Path, env: dict[str, str], expected: int, worker: WorkerProcess | None = None,
                  timeout: float = 180) -> None:
     """Wait until the worker group committed every one of `expected` records (lag 0)."""
+    from keel.errors import KafkaUnavailable
+
     def done() -> bool:
-        doc = status(cartridge, env)
+        try:
+            doc = status(cartridge, env)
+        except KafkaUnavailable:        # e.g. a fresh broker whose group coordinator is not elected yet
+            return False
         ends = sum(p["end"] for p in doc["partitions"])
         if worker is not None and not worker.alive():
             raise AssertionError(f"worker exited with {worker.proc.returncode}:\n{worker.text()}")
