@@ -99,7 +99,7 @@ def assert_redis_answers_equal_embedded(folder: Path, url: str) -> None:
         for tenant in sorted(report.tenants):
             embedded = Tools(cartridge, projector.store, tenant, clock=lambda: NOW)
             in_redis = Tools(cartridge, redis_store, tenant, clock=lambda: NOW)
-            entities = [e for e, _, _ in projector.store.search_documents(tenant)]
+            entities = [e for e, _, _ in projector.store.search_entities(tenant)]
             for entity in entities:
                 for times in ({}, {"at": "2026-09-20"}, {"at": "2026-11-06", "known_at": "2026-10-01"}):
                     mine, theirs = (answer(t, entity, times) for t in (embedded, in_redis))
