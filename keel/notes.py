@@ -9,6 +9,7 @@ from .cartridge import Cartridge
 from .envelope import ENTITY
 from .errors import NoteRefused
 from .store.base import GLOBAL_TENANT, EntityView, Store, ViewRequest, Write
+from .store.provenance import evidence_standing
 from .times import Micros
 
 SCOPES = ("global", "tenant", "task", "agent")
@@ -65,17 +66,24 @@ class NotePolicy:
         else:
             types, what = [], entity
         wanted = (f"the id of a domain event of tenant {tenant!r} whose writes touched {what} "
-                  f"(an `evidence` of its facts in context or history; a note or a retracted event is no evidence)")
+                  f"(an `evidence` of its facts in context or history; a note, a retraction or a retracted event is no evidence)")
         if not evidence:
             raise refuse(f"this scope requires evidence: pass {wanted}")
         if not self.store.has_event(tenant, evidence):
             raise refuse(f"evidence {evidence!r} is not an event of this tenant; pass {wanted}")
-        if self.store.event_retracted(tenant, evidence):
+        standing = (self._standing_of_types(tenant, evidence, types) if types
+                    else evidence_standing(self.store, tenant, evidence, entity=entity))
+        if standing == "retraction":
+            raise refuse(f"evidence {evidence!r} is a retraction, not a domain event; pass {wanted}")
+        if standing == "retracted":
             raise refuse(f"evidence {evidence!r} was retracted; pass {wanted}")
-        touched = (any(self.store.event_touched(tenant, evidence, type=t) for t in types) if types
-                   else self.store.event_touched(tenant, evidence, entity=entity))
-        if not touched:
+        if standing is None:
             raise refuse(f"evidence {evidence!r} wrote nothing about {what}; pass {wanted}")
+
+    def _standing_of_types(self, tenant: str, evidence: str, types: list[str]) -> str | None:
+        """evidence_standing over entities of several types: a retraction or retracted verdict wins."""
+        found = [evidence_standing(self.store, tenant, evidence, type=t) for t in types]
+        return next((f for f in ("retraction", "retracted", "touched") if f in found), None)
 
     @staticmethod
     def visible_scopes(*, task: str | None, agent: str | None) -> list[str]:

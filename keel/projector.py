@@ -275,7 +275,7 @@ class Projector:
                 before = [a for a in group if a.evidence != target]
                 again = before[-1] if before else None
                 writes.append(_tuple_new(Write, (key, new_assertion(
-                    point, void_of(target), True, event.source, event.id, int(event.recorded_at), event.by))))
+                    point, void_of(target, retraction=event.type == RETRACTED), True, event.source, event.id, int(event.recorded_at), event.by))))
                 if again is not None and not is_void(again):
                     writes.append(_tuple_new(Write, (key, new_assertion(
                         point, again.value, again.closed, event.source, event.id, int(event.recorded_at), event.by,

@@ -34,10 +34,20 @@ _tuple_new = tuple.__new__
 VOID = "keel.void"      # an end whose value is {VOID: <event id>}: the assertions at its point do not count
 
 
-def void_of(event_id: str) -> dict[str, str]:
+RETRACTION = "retracted"   # VOID_BY of a void written by a retraction (a correction's voids carry none)
+VOID_BY = "by"
+
+
+def void_of(event_id: str, *, retraction: bool = False) -> dict[str, str]:
     """The value of a void: written by a correction or retraction of `event_id` at each point where that
-    event's assertion was the winner and nothing earlier at that point is to be restored."""
-    return {VOID: event_id}
+    event's assertion was the winner. A retraction's void says so (`by: retracted`): it is the record that
+    the event was withdrawn, which the evidence check of notes reads."""
+    return {VOID: event_id, VOID_BY: RETRACTION} if retraction else {VOID: event_id}
+
+
+def is_retraction_void(a: Assertion) -> bool:
+    """Whether an assertion is a void written by a retraction (keel.retracted) rather than a correction."""
+    return is_void(a) and a.value.get(VOID_BY) == RETRACTION
 
 
 def is_void(a: Assertion) -> bool:

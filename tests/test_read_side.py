@@ -60,7 +60,7 @@ def keel(*args: str) -> subprocess.CompletedProcess[str]:
 def test_a_note_is_no_evidence_and_neither_is_an_unrelated_event(tmp_path: Path) -> None:
     t = finance_tools(copy_finance(tmp_path))
     note = t.annotate("debt:visa", "guess", "rate looks high", "agent")["fact"]
-    with pytest.raises(NoteRefused, match="wrote nothing about debt:visa.*a note or a retracted event is no evidence"):
+    with pytest.raises(NoteRefused, match="wrote nothing about debt:visa.*a note, a retraction or a retracted event is no evidence"):
         t.annotate("debt:visa", "claim", "expensive", "tenant", evidence=note["evidence"])   # laundering
     with pytest.raises(NoteRefused, match="snap-libranza-2026-09.*wrote nothing about debt:visa"):
         t.annotate("debt:visa", "claim", "expensive", "tenant", evidence="snap-libranza-2026-09")
@@ -81,6 +81,44 @@ def test_global_note_evidence_touches_an_entity_of_the_type(tmp_path: Path) -> N
     with pytest.raises(NoteRefused, match="an entity of type debt"):
         t.annotate("rule:debt_expensive", "tip", "x", "global", evidence="pay-libranza-2026-09")
     assert t.annotate("type:debt", "tip", "check the rate", "global", evidence="snap-visa-2026-10")["fact"]
+
+
+def _retract(events: Path, target: str, retraction_id: str) -> None:
+    """Append a keel.retracted of `target` (an event of tenant A) to the events file."""
+    with events.open("a") as f:
+        f.write(json.dumps({"id": retraction_id, "tenant": TENANT_A, "type": "keel.retracted", "subject": "debt:visa",
+                            "occurred_at": "2026-11-01", "payload": {"event": target, "reason": "sent twice"}}) + "\n")
+
+
+def test_a_retracted_event_and_a_retraction_are_no_evidence_api_cli_mcp(tmp_path: Path) -> None:
+    events = copy_finance(tmp_path)
+    _retract(events, "snap-visa-2026-10", "oops-visa-10")
+    t = finance_tools(events)
+    assert t.context("debt:visa", at="2026-10-15")["facts"]    # the September snapshot still stands
+    with pytest.raises(NoteRefused, match="evidence 'snap-visa-2026-10' was retracted; pass the id of a domain event"):
+        t.annotate("debt:visa", "claim", "expensive", "tenant", evidence="snap-visa-2026-10")
+    with pytest.raises(NoteRefused, match="evidence 'oops-visa-10' is a retraction, not a domain event"):
+        t.annotate("debt:visa", "claim", "expensive", "tenant", evidence="oops-visa-10")
+    with pytest.raises(NoteRefused, match="'snap-visa-2026-10' was retracted"):
+        t.annotate("type:debt", "tip", "x", "global", evidence="snap-visa-2026-10")
+    assert t.annotate("debt:visa", "claim", "expensive", "tenant", evidence="snap-visa-2026-09")["fact"]["evidence"] \
+        == "snap-visa-2026-09"                                   # an event of it not retracted still is
+
+    before = events.read_text()
+    cli = keel("annotate", str(FINANCE), str(events), "debt:visa", "claim", "expensive", "--tenant", TENANT_A,
+               "--agent", "a1", "--scope", "tenant", "--evidence", "snap-visa-2026-10")
+    assert cli.returncode == 1, cli.stderr
+    assert "was retracted" in cli.stderr and "Traceback" not in cli.stderr
+    assert events.read_text() == before                          # refused: nothing appended
+
+    server = build_server(ServerConfig(Backend.embedded(load_cartridge(FINANCE), events),
+                                       identity=Identity(TENANT_A, "a1")))
+
+    async def body(s: Any) -> None:
+        note = {"entity": "debt:visa", "predicate": "claim", "value": "expensive", "scope": "tenant"}
+        assert "was retracted" in await refused(s, "annotate", {**note, "evidence": "snap-visa-2026-10"})
+        assert "is a retraction" in await refused(s, "annotate", {**note, "evidence": "oops-visa-10"})
+    anyio.run(_session, server, body)
 
 
 # ---- 2. identity only from configuration or credentials --------------------------------------------

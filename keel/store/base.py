@@ -14,7 +14,13 @@ from typing import Any, NamedTuple
 
 from ..envelope import ENTITY
 from ..errors import UsageError
-from ..timeline import Assertion, Version, coalesce, covering, new_assertion
+from ..timeline import (
+    Assertion,
+    Version,
+    coalesce,
+    covering,
+    new_assertion,
+)
 from ..times import Micros, format_time, now_micros, parse_time
 
 _tuple_new = tuple.__new__
@@ -308,32 +314,6 @@ class Store(ABC):
                 yield from flush()
         yield from flush()
 
-    def event_touched(self, tenant: str, event_id: str, *, entity: str | None = None,
-                      type: str | None = None) -> bool:
-        """Whether a domain write of `event_id` (a label, a domain fact, or a relation from or to it) touched
-        `entity`, or any entity of `type`; read from the provenance (evidence) its assertions carry."""
-        if entity is not None:
-            index = self.index(tenant, entity)
-            candidates: Iterable[tuple[str, Micros, list[Key]]] = [] if index is None else [(entity, *index)]
-        else:
-            candidates = self.entity_indexes(tenant, type)
-        chunk: list[Key] = []
-        for _, _, keys in candidates:
-            chunk += (k for k in keys if k[0] in "elr" or (k[0] == "f" and not k[3]))
-            if len(chunk) >= 500:
-                if self._evidence_in(tenant, chunk, event_id):
-                    return True
-                chunk = []
-        return bool(chunk) and self._evidence_in(tenant, chunk, event_id)
-
-    def _evidence_in(self, tenant: str, keys: list[Key], event_id: str) -> bool:
-        return any(a.evidence == event_id for assertions in self.assertions_many(tenant, keys) for a in assertions)
-
-    def event_retracted(self, tenant: str, event_id: str) -> bool:
-        """Whether an applied event was later retracted (its writes withdrawn). The record of retractions is
-        the event record's (`keel.retracted`); a store without one has retracted nothing."""
-        return False
-
     def search_version(self, tenant: str) -> object:
         """A token that changes whenever the tenant's searchable content may have changed."""
         return None
@@ -524,3 +504,4 @@ def fact_write(subject: str, predicate: str, value: Any, when: object, closed: b
                      new_assertion(point, None if closed else value, closed, source, evidence,
                                    _recorded(recorded_at, point), by,
                                    None if expires_at is None else parse_time(expires_at)))
+

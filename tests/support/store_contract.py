@@ -276,6 +276,35 @@ class StoreContract:
         assert s.has_event(T, "e1") and s.event_ids(T) == ["e0", "e1"]
         assert not s.has_event("other", "e1")
 
+    def test_evidence_standing_reads_provenance_and_retraction_voids(self) -> None:
+        from keel.store.base import fact_write, new_write
+        from keel.store.provenance import evidence_standing
+        from keel.timeline import new_assertion, void_of
+        s = self.make_store()
+
+        def fact(value: int, evidence: str, *, scope: str | None = None, owner: str | None = None) -> Any:
+            return fact_write(E, "p", value, parse_time(day(1)), False, source=None, evidence=evidence,
+                              recorded_at=None, by=None, scope=scope, owner=owner)
+        s.apply_writes(T, [fact(1, "e1"), fact_write("other:x", "q", 1, parse_time(day(1)), False, source=None,
+                                                     evidence="e2", recorded_at=None, by=None)], "e1")
+        s.apply_writes(T, [fact(2, "e3", scope="agent", owner="a1")], "e3")       # a note: no domain write
+        assert evidence_standing(s, T, "e1", entity=E) == "touched"
+        assert evidence_standing(s, T, "e1", type="thing") == "touched"
+        assert evidence_standing(s, T, "e2", entity=E) is None                    # wrote about another entity
+        assert evidence_standing(s, T, "e3", entity=E) is None
+        assert evidence_standing(s, T, "e1", entity="thing:unknown") is None
+        corrected = new_write(("f", E, "p", ""), new_assertion(parse_time(day(1)), void_of("e1"), True, None, "c1",
+                                                               parse_time(day(2)), None))
+        s.apply_writes(T, [corrected], "c1")
+        assert evidence_standing(s, T, "e1", entity=E) == "touched"               # a correction's void: still evidence
+        retraction = new_write(("f", E, "p", ""), new_assertion(parse_time(day(1)), void_of("e1", retraction=True),
+                                                                True, None, "r1", parse_time(day(3)), None))
+        s.apply_writes(T, [retraction], "r1")
+        assert evidence_standing(s, T, "e1", entity=E) == "retracted"
+        assert evidence_standing(s, T, "e1", type="thing") == "retracted"
+        assert evidence_standing(s, T, "r1", entity=E) == "retraction"
+        assert evidence_standing(s, "other", "e1", entity=E) is None
+
     def test_tenants_are_isolated(self) -> None:
         s = self.make_store()
         s.open_fact("a", E, "p", 1, valid_from=day(1))
