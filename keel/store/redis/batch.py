@@ -7,6 +7,7 @@ checks the guessed provenance length (`base`); when it was wrong, the step is en
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from ..base import EventWrites, Key, Position
@@ -31,10 +32,11 @@ class PendingStep:
                 seen.add(event_id)
             self.events.append((writes, event_id))
         self.field, self.offset = ("", "0") if position is None else \
-            (offset_field(position[0], position[1]), str(int(position[2])))
+            (_offset_field(position[0], position[1]), str(int(position[2])))
         self.lag = "" if position is None or len(position) < 4 or position[3] is None else \
             str(max(0, int(position[3]) - int(position[2]) - 1))
-        latest = max((a[5] for writes, _ in self.events for _, a in writes), default=None)
+        latest = max((max(map(_RECORDED, map(_ASSERTION, writes))) for writes, _ in self.events if writes),
+                     default=None)
         self.latest = "" if latest is None else int.__repr__(int(latest))   # digits, whatever int subclass
         self.batch: ApplyBatch | None = None
 
@@ -44,7 +46,9 @@ class ApplyBatch:
 
     Members are complete strings (`encode_events`): the provenance base `b` of each event is `base` plus the
     entries of the events before it. When the server answers that the guess was wrong, the batch is
-    encoded again.
+    encoded again. What the script would otherwise work out per member or per timeline is done here, once:
+    each entity's members come as one run, each timeline as its owner's index and P (a relation also with
+    the element naming it in its object's index list), and marks as (id, mark) pairs.
     """
     __slots__ = ("args", "entities", "events")
 
@@ -54,16 +58,34 @@ class ApplyBatch:
         tls, provs = encode_events(events, base)
         ents, min_recorded = step_entities(tls)
         self.entities = list(ents)
-        args: list[Any] = [str(base), field, offset, *id_args(events), len(ents)]
+        members: dict[str, list[str]] = {}
+        owned = dict.fromkeys(ents, 0)
+        rows: list[Any] = []
+        for key, t in tls.items():
+            owner = key[1]
+            owned[owner] += 1
+            ms = members.get(owner)
+            if ms is None:
+                members[owner] = t[0]
+            else:
+                ms += t[0]
+            if key[0] == "r" and key[3] != owner:
+                rows += (-1 - ents[owner], ents[key[3]] + 1, t[2], f">{escape(owner)}|{t[2]}")
+            else:
+                rows += (ents[owner] + 1, t[2])
+        ids = [event_id for _, event_id in events if event_id]
+        marks = [x for event_id in ids if getattr(event_id, "mark", None) for x in (event_id, event_id.mark)]
+        args: list[Any] = [str(base), field, offset, latest, lag, latest_of(ids), len(ids), *ids,
+                           len(marks) // 2, *marks, len(provs), *provs, len(ents)]
+        zadd: list[str] = []
         for name, rec in zip(ents, min_recorded):
-            args += (name, rec)
-        args.append(len(tls))
-        for members, _, header, p in tls.values():
-            args.append(f"{header}{len(members)},{p}")
-            args += members
-        args.append(len(provs))
-        args += provs
-        args += (latest, lag)
+            ms = members.get(name)
+            if ms:
+                zadd += ms
+            args += (name, rec, len(ms) if ms else 0, owned[name])
+        args.append(len(rows))
+        args += rows
+        args += zadd
         self.args = args
 
     def keys(self, d: str) -> list[str]:
@@ -75,13 +97,6 @@ class ApplyBatch:
         return keys
 
 
-def id_args(events: Sequence[EventWrites]) -> list[Any]:
-    """APPLY's id arguments: nI, the ids, their marks ("" = none), the latest recorded_at ("" = none)."""
-    ids = [event_id for _, event_id in events if event_id]
-    marks = [getattr(event_id, "mark", None) or "" for event_id in ids]
-    return [len(ids), *ids, *marks, latest_of(ids)]
-
-
 def latest_of(ids: Sequence[Any]) -> str:
     """The latest recorded_at the ids carry (keel.store.base.EventId), as text; "" when none does."""
     times = [t for t in (getattr(event_id, "recorded_at", None) for event_id in ids) if t is not None]
@@ -90,12 +105,12 @@ def latest_of(ids: Sequence[Any]) -> str:
 
 def encode_events(events: Sequence[EventWrites], base: int) -> tuple[dict[Key, list[Any]], list[str]]:
     """The members and provenance entries of one step, `base` being the provenance list's length before it:
-    ({key: [members, min recorded_at, header (set by `step_entities`), P]} in order of first write, entries).
+    ({key: [members, min recorded_at, P]} in order of first write, entries).
 
     Encoding is the worker's hot path: one loop over the writes, with process-wide caches of prefixes and
     points, and a shortcut for writes sharing their event's single provenance entry.
     """
-    tls: dict[Key, list[Any]] = {}      # key -> [members, min recorded_at, header, P]
+    tls: dict[Key, list[Any]] = {}      # key -> [members, min recorded_at, P]
     provs: list[str] = []
     points = _POINTS
     if len(points) > _CACHE:
@@ -145,44 +160,34 @@ def encode_events(events: Sequence[EventWrites], base: int) -> tuple[dict[Key, l
                 p = _PREFIXES.get(key)
                 if p is None:
                     p = _prefix(key)
-                tls[key] = [[f"{p}{pt}{bb}{wtext[w]}{ks}{body}"], rec, "", p]
+                tls[key] = [[f"{p}{pt}{bb}{wtext[w]}{ks}{body}"], rec, p]
             else:
-                t[0].append(f"{t[3]}{pt}{bb}{wtext[w]}{ks}{body}")
+                t[0].append(f"{t[2]}{pt}{bb}{wtext[w]}{ks}{body}")
                 if rec < t[1]:   # noqa: PLR1730 - the common case is a comparison only
                     t[1] = rec
     return tls, provs
 
 
-def step_entities(tls: dict[Key, list[Any]], headers: bool = True) -> tuple[dict[str, int], list[int]]:
-    """The entities of a step's timelines, owners and relation objects, in order of first appearance, with
-    the minimum recorded_at of the writes involving each; with `headers`, sets each timeline's APPLY header
-    `<owner index>,<object index or 0>,` (1-based)."""
+def step_entities(tls: dict[Key, list[Any]]) -> tuple[dict[str, int], list[int]]:
+    """The entities of a step's timelines, owners and relation objects, in order of first appearance (their
+    0-based indexes), with the minimum recorded_at of the writes involving each."""
     ents: dict[str, int] = {}
     min_recorded: list[int] = []
-    for key, t in tls.items():     # entity indexes in order of first appearance, as the script wants
-        owner, rec = key[1], t[1]
-        o = ents.get(owner)
-        if o is None:
-            o = ents[owner] = len(ents)
-            min_recorded.append(rec)
-        elif rec < min_recorded[o]:
-            min_recorded[o] = rec
-        if key[0] == "r" and key[3] != owner:
-            x = ents.get(key[3])
-            if x is None:
-                x = ents[key[3]] = len(ents)
+    for key, t in tls.items():
+        rec = t[1]
+        for name in (key[1], key[3]) if key[0] == "r" else (key[1],):
+            i = ents.get(name)
+            if i is None:
+                ents[name] = len(ents)
                 min_recorded.append(rec)
-            elif rec < min_recorded[x]:
-                min_recorded[x] = rec
-            if headers:
-                t[2] = f"{o + 1},{x + 1},"
-        elif headers:
-            t[2] = f"{o + 1},0,"
+            elif rec < min_recorded[i]:
+                min_recorded[i] = rec
     return ents, min_recorded
 
 
-
 _CACHE = 100_000                  # entries of the process-wide encoding caches before they are cleared
+_ASSERTION, _RECORDED = itemgetter(1), itemgetter(5)     # a write's assertion, an assertion's recorded_at
+_FIELDS: dict[tuple[str, int], str] = {}     # (topic, partition) -> offset field of the meta hash
 _POINTS: dict[Any, str] = {}      # point -> its 9 characters
 _PREFIXES: dict[Key, str] = {}   # key -> P
 _W: list[str] = ["10"]            # w -> `<#w><w>`
@@ -192,6 +197,15 @@ def _grow_w(n: int) -> None:
     while len(_W) <= n:
         ws = str(len(_W))
         _W.append(f"{len(ws)}{ws}")
+
+
+def _offset_field(topic: str, partition: int) -> str:
+    field = _FIELDS.get((topic, partition))
+    if field is None:
+        if len(_FIELDS) > _CACHE:
+            _FIELDS.clear()
+        field = _FIELDS[(topic, partition)] = offset_field(topic, partition)
+    return field
 
 
 def _prefix(key: Key) -> str:

@@ -121,7 +121,7 @@ class GenerationLoader:
         tls: dict[Key, list[Any]] = {}
         if kept:
             tls, provs = encode_events(kept, self.base)
-            ents, min_recorded = step_entities(tls, headers=False)
+            ents, min_recorded = step_entities(tls)
             first, known = self.first, self.known
             _push(commands, "SADD", d + "ents", [e for e in ents if e not in first])   # before the keys it indexes
             members: dict[str, list[str]] = {}
@@ -135,7 +135,7 @@ class GenerationLoader:
                     z += t[0]
                 if key not in known:
                     known.add(key)
-                    prefix = t[3]
+                    prefix = t[2]
                     q = push.get(owner)
                     if q is None:
                         push[owner] = [prefix]
