@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "with the tenant's applied offset; rejected records go to keel.<cartridge>.dlq. "
                                    "Runs until SIGTERM/SIGINT (the in-flight batch is finished first).")
     p.add_argument("cartridges", nargs="+", metavar="cartridge", help="cartridge folder(s)")
-    p.add_argument("--batch", type=positive_int, default=5000, help="records per batch (default 5000)")
+    p.add_argument("--batch", type=positive_int, help="records per batch (default 20000)")
     p.add_argument("--within", type=float, default=0.5, metavar="SECONDS",
                    help="how long a fetch waits to fill a batch (default 0.5)")
     p.add_argument("--max-mirrored-tenants", type=positive_int, default=100_000,
@@ -181,7 +181,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from keel.kafka import TopicSpec
 
     from .app import ProcessOptions, run_worker
-    from .ingest import WorkerOptions
+    from .ingest import DEFAULT_BATCH, WorkerOptions
 
     cartridges = [load_cartridge(c) for c in args.cartridges]
     names = [c.name for c in cartridges]
@@ -190,7 +190,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     if not settings.redis_url:
         raise UsageError("the worker writes to Redis: pass --redis URL or set KEEL_REDIS_URL")
-    options = WorkerOptions(batch=args.batch, within_s=args.within,
+    options = WorkerOptions(batch=args.batch or DEFAULT_BATCH, within_s=args.within,
                             topics=TopicSpec(args.partitions, args.replication_factor),
                             max_mirrored_tenants=args.max_mirrored_tenants)
     process = ProcessOptions(loglevel=args.loglevel, quiet=args.quiet, log_format=log_format(args.log_format),

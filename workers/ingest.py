@@ -70,12 +70,13 @@ LAG_EVERY_S = 5.0             # how often an idle worker asks the broker for its
 SHUTDOWN_BUDGET_S = 10.0      # SIGTERM: time for the batch being written before the loop is cancelled
 CLOSE_TIMEOUT_S = 2.0         # each client's close (leave group, flush) after that
 COMMIT_TIMEOUT_S = 10.0       # an offset commit that takes longer is given up (Redis offsets make that safe)
+DEFAULT_BATCH = 20_000        # records per batch: per-batch and per-step costs spread over more events (docs/performance.md)
 
 
 @dataclass(frozen=True)
 class WorkerOptions:
     """Tuning of `keel worker` (flags)."""
-    batch: int = 5000                     # records per batch (per fetch)
+    batch: int = DEFAULT_BATCH            # records per batch (per fetch)
     within_s: float = 0.5                 # how long a fetch waits for records before a smaller batch
     topics: TopicSpec = field(default_factory=TopicSpec)
     max_mirrored_tenants: int = 100_000

@@ -1,8 +1,8 @@
 """Keel's worker and its peers on one generated topic, in one run: events/s, CPU µs per event and the ratios.
 
     .venv/bin/pip install -e ".[bench]"        # the peers (quix-streams); never needed to run Keel
-    .venv/bin/python bench/peers/compare.py [--events 100000] [--tenants 1000] [--partitions 8] [--batch 5000]
-                                            [--no-faust] [--keep]
+    .venv/bin/python bench/peers/compare.py [--events 100000] [--tenants 1000] [--partitions 8] [--batch 20000]
+                                            [--no-faust] [--no-quix] [--commandstats] [--keep]
 
 Needs KEEL_KAFKA_BOOTSTRAP and KEEL_REDIS_URL (or --kafka/--redis). On a fresh cartridge name (fresh topics,
 consumer groups and Redis namespace) it publishes finance-shaped events once, then reads the same topic with:
@@ -10,6 +10,9 @@ consumer groups and Redis namespace) it publishes finance-shaped events once, th
   2. the quix-streams stateful app of bench/peers/quix_app.py (RocksDB state with changelog, one state write
      per Keel write; rate and its process's CPU from its first event to its last);
   3. unless --no-faust, a bare faust agent that only acks (bench/ingest.py's probe; rate only).
+--no-quix --no-faust runs the worker alone (e.g. to compare two --batch values, or two checkouts in turn);
+--commandstats prints what the private redis-server spent per event by command (INFO commandstats: calls and
+µs of wall time, the commands a script runs counted too).
 Goals (issue 16): the worker at >= 2x the quix-streams app's events/s, and >= 15,000 events/s. On a shared
 machine the rates move with the load; CPU per event moves less, so both are printed with their ratios.
 """
@@ -84,6 +87,18 @@ async def drop_peer_topics(bootstrap: str, name: str) -> None:
             await admin.delete_topics(topics)
 
 
+def print_commandstats(url: str, total: int) -> None:
+    """Redis commands by µs per event (wall time inside the server; calls per event too)."""
+    client = redis.Redis.from_url(url)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    for name, v in sorted(stats.items(), key=lambda kv: -kv[1]["usec"])[:12]:
+        print(f"  {name.removeprefix('cmdstat_'):<16} {v['calls'] / total:6.2f} calls/event "
+              f"{v['usec'] / total:6.2f} µs/event ({v['usec_per_call']:.1f} µs/call)")
+
+
 def run(args: argparse.Namespace, tmp: Path) -> None:
     """Publish once, then the worker and the peers on the same topic."""
     folder = cartridge_copy(tmp)
@@ -105,7 +120,9 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     print(f"{who}: {keel_rate:,.0f} events/s, worker CPU "
           f"{'?' if worker_cpu is None else f'{worker_cpu / total * 1e6:.0f}'} µs/event, "
           f"Redis CPU {redis_cpu / total * 1e6:.0f} µs/event (run {time.perf_counter() - t0:.0f}s)")
-    quix = quix_peer(args.kafka, topic, total, tmp, f"{cartridge.name}-quix")
+    if args.commandstats:
+        print_commandstats(args.redis, total)
+    quix = None if args.no_quix else quix_peer(args.kafka, topic, total, tmp, f"{cartridge.name}-quix")
     if quix is not None:
         quix_rate, quix_cpu = quix
         print(f"quix-streams stateful app: {quix_rate:,.0f} events/s, CPU {quix_cpu / total * 1e6:.0f} µs/event "
@@ -135,12 +152,14 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--tenants", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=5000, help="worker --batch")
+    ap.add_argument("--batch", type=int, default=20_000, help="worker --batch (default: the worker's)")
     ap.add_argument("--workers", type=int, default=1, help="keel worker processes in the group (the goal is per "
                     "process; 2 shows what a second process gains here)")
     ap.add_argument("--kafka", default=os.environ.get("KEEL_KAFKA_BOOTSTRAP"))
     ap.add_argument("--redis", default=os.environ.get("KEEL_REDIS_URL"))
     ap.add_argument("--no-faust", action="store_true", help="skip the bare faust agent")
+    ap.add_argument("--no-quix", action="store_true", help="skip the quix-streams app")
+    ap.add_argument("--commandstats", action="store_true", help="print the Redis commands' cost per event")
     ap.add_argument("--shared-redis", action="store_true", help="use --redis rather than a redis-server of this "
                     "run (whose CPU then counts only this worker)")
     ap.add_argument("--keep", action="store_true", help="keep the topics and the Redis namespace")
