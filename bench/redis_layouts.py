@@ -44,7 +44,8 @@ What the prototype does NOT do yet, compared with production (keel/store/redis):
   is below the previous one's: flagged) has no bounded as-of path (it would scan the directory);
 - writes: a step's delta goes to one segment whole (a step with more than --roll assertions of one entity
   makes a larger segment); the writer holds every entity's head and segment state in memory (a worker's
-  mirror holds that state, this bench keeps it in a dict) and reads it on first touch;
+  mirror holds that state, this bench keeps it in a dict); an entity it has not met is guessed new, and read
+  when the script refuses that guess;
 - no dump/digest, drop or key walk over the layout, no layout-version stamp, no Cluster run (the hash
   tags make it legal, nothing more was checked);
 - id conflicts are found as today (the script answers ids already applied, the Projector compares marks),
