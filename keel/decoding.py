@@ -9,6 +9,8 @@ infinity) gives None, and the caller runs pydantic, which accepts it or says why
 """
 from __future__ import annotations
 
+import functools
+import operator
 import re
 from typing import Annotated, Any
 
@@ -99,3 +101,18 @@ def _field_type(field: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
                 "type", "keys_schema", "values_schema", "metadata"}:
         return dict[str, Any], None
     raise TypeError(f"field {field!r}: no fast path for the schema {schema!r}")
+
+
+def exact_shape(name: str, fields: dict[str, tuple[frozenset[type], bool]]) -> type[msgspec.Struct]:
+    """A Struct that `msgspec.convert` fills, in C, only from a dict of JSON values with exactly these keys, each
+    of one of its types (`field: (types, optional)`; an optional field may be absent or null). It checks; its
+    instances are dropped. For values that came from JSON text only: `convert` also takes a tuple for a list."""
+    spec = []
+    for i, (field, (types, optional)) in enumerate(fields.items()):
+        kind = functools.reduce(operator.or_, sorted(types, key=lambda t: t.__name__))
+        if optional:
+            spec.append((f"f{i}", kind | None, msgspec.field(default=None, name=field)))
+        else:
+            spec.append((f"f{i}", kind, msgspec.field(name=field)))
+    spec.sort(key=lambda f: len(f) == 3)        # required fields first (defstruct wants defaults last)
+    return msgspec.defstruct(name, spec, forbid_unknown_fields=True, gc=False)
