@@ -114,5 +114,4 @@ def exact_shape(name: str, fields: dict[str, tuple[frozenset[type], bool]]) -> t
             spec.append((f"f{i}", kind | None, msgspec.field(default=None, name=field)))
         else:
             spec.append((f"f{i}", kind, msgspec.field(name=field)))
-    spec.sort(key=lambda f: len(f) == 3)        # required fields first (defstruct wants defaults last)
-    return msgspec.defstruct(name, spec, forbid_unknown_fields=True, gc=False)
+    return msgspec.defstruct(name, spec, kw_only=True, forbid_unknown_fields=True, gc=False)

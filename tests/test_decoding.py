@@ -17,8 +17,9 @@ from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
 from keel import EnvelopeRejected, load_cartridge
+from keel.cartridge import FieldSpec
 from keel.decoding import SAFE_DEPTH, TypedDecoder
-from keel.envelope import _TYPED, ANNOTATED, RETRACTED, Catalog
+from keel.envelope import _TYPED, ANNOTATED, RETRACTED, Catalog, PayloadCheck
 from keel.times import now_micros, parse_time
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,8 +199,13 @@ def test_a_schema_without_a_fast_path_is_refused_when_built() -> None:
         TypedDecoder({**TypeAdapter(Other).core_schema, "extra_behavior": "forbid"})
 
 
-_PAYLOAD_CHECKS = [check for catalog in SLOW.values() for check, _, _ in catalog._types.values()]
-_VALID = {"string": "x", "number": 1.5, "integer": 2, "boolean": True, "object": {"a": 1}, "array": [1],
+# the shipped catalogs, and one with every field kind, each required and optional, optional ones first
+_PAYLOAD_CHECKS = [check for catalog in SLOW.values() for check, _, _ in catalog._types.values()] + [
+    PayloadCheck("every.kind", {f"{kind}_{optional}": FieldSpec(type=kind, optional=optional)
+                                for optional in (True, False)
+                                for kind in ("string", "number", "integer", "boolean", "object", "array", "date",
+                                             "datetime")})]
+_VALID = {"string": "x", "number": 1.5, "integer": 2, "boolean": False, "object": {"a": 1}, "array": [1],
           "date": "2026-09-05", "datetime": "2026-09-05T10:00:00+01:00"}
 
 
