@@ -91,7 +91,7 @@ def envelopes(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
 
 
 _TEXT_EDITS = ["none"] * 20 + ["ascii", "bom", "garbage", "truncate", "nan", "huge_float", "lone_surrogate",
-               "pair", "bad_utf8", "duplicate_key", "whitespace", "control", "deep", "array"]
+               "pair", "raw_surrogate", "bad_utf8", "duplicate_key", "whitespace", "control", "deep", "array"]
 
 
 def _encode(env: dict[str, Any], edit: str, data: st.DataObject) -> bytes | str:
@@ -109,6 +109,8 @@ def _encode(env: dict[str, Any], edit: str, data: st.DataObject) -> bytes | str:
         where = data.draw(st.sampled_from(["payload", "top"]))
         text = text.replace('"payload": {', '"payload": {"zz": ' + value + ", ", 1) if where == "payload" \
             else text.replace('"' + key + '": ', '"' + key + '": ' + value + ', "' + key + '_": ', 1)
+    elif edit == "raw_surrogate":      # a lone surrogate in a Python str (as bytes: surrogatepass, not UTF-8)
+        text = text.replace('": "', '": "\udc80', 1)
     elif edit == "bad_utf8":
         raw = text.encode()
         at = data.draw(st.integers(0, len(raw)))
@@ -228,3 +230,13 @@ def test_the_msgspec_payload_check_refuses_exactly_what_the_python_check_refuses
         return None
 
     assert verdict(True) == verdict(False)
+
+
+def test_an_envelope_over_the_byte_limit_is_refused_alike() -> None:
+    name, env = SAMPLES[0]
+    limit = CARTRIDGES[name].spec.limits.envelope_bytes
+    for size in (limit - 200, limit + 1):
+        raw = json.dumps({**env, "payload": {**env["payload"], "extra": "x" * size}}).encode()
+        before = now_micros()
+        assert outcome(FAST[name], raw, 5, before) == outcome(SLOW[name], raw, 5, before)
+    assert outcome(FAST[name], raw, 5, before)[1].startswith(f"envelope of {len(raw)} bytes is over")
