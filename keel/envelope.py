@@ -6,10 +6,12 @@ import json
 import re
 from typing import Annotated, Any, NotRequired
 
+import msgspec
 from pydantic import ConfigDict, StringConstraints, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from .cartridge import Cartridge, FieldSpec
+from .decoding import TypedDecoder, exact_shape, python_pattern
 from .echo import quote
 from .errors import BadTime, EnvelopeRejected
 from .times import Micros, format_time, now_micros, parse_time
@@ -19,9 +21,8 @@ RETRACTED = "keel.retracted"
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 ENTITY_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}"
 ENTITY_PATTERN = rf"^[a-z][a-z0-9_]*:{ENTITY_ID_PATTERN}$"
-# Python's `$` also matches before a trailing newline; `\Z` does not (pydantic's Rust regex needs no change).
-ENTITY = re.compile(ENTITY_PATTERN.removesuffix("$") + r"\Z")
-TENANT = re.compile(TENANT_PATTERN.removesuffix("$") + r"\Z")
+ENTITY = python_pattern(ENTITY_PATTERN)
+TENANT = python_pattern(TENANT_PATTERN)
 
 Tenant = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
 EntityRef = Annotated[str, StringConstraints(pattern=ENTITY_PATTERN)]
@@ -140,10 +141,15 @@ class Event:
 
 
 class Catalog:
-    """A cartridge's event catalog compiled for fast envelope checks."""
+    """A cartridge's event catalog compiled for fast envelope checks.
 
-    def __init__(self, cartridge: Cartridge) -> None:
+    Envelope text is decoded by msgspec into a Struct derived from the pydantic model (keel/decoding.py) when
+    it is certainly valid, else by pydantic, whose errors are the refusals; `typed_decoding=False` always
+    takes the pydantic path (tests and bench/decode.py compare the two)."""
+
+    def __init__(self, cartridge: Cartridge, *, typed_decoding: bool = True) -> None:
         self.cartridge = cartridge
+        self._typed = _TYPED.decode if typed_decoding else None
         # event type -> (payload check, subject entity type, owner: the default source)
         self._types = {ev: (PayloadCheck(ev, spec.fields()), spec.subject, spec.owner)
                        for ev, spec in cartridge.spec.events.items()}
@@ -161,10 +167,13 @@ class Catalog:
             raise EnvelopeRejected(f"envelope of {len(raw)} bytes is over the {self._max_bytes}-byte limit "
                                    f"(limits.envelope_bytes); keep documents elsewhere and a pointer in the "
                                    f"payload", event_id=event_id, tenant=tenant)
-        env = _structure(raw)
-        occurred = self._instant(env["occurred_at"], "occurred_at", env)
+        typed = self._typed is not None and not isinstance(raw, dict)     # JSON text, and msgspec is on
+        env = self._typed(raw) if typed else None
+        if env is None:
+            env = _TYPED.from_dict(_structure(raw))
+        occurred = self._instant(env.occurred_at, "occurred_at", env)
         read_at = default_recorded_at if default_recorded_at is not None else now_micros()
-        recorded_text = env.get("recorded_at")
+        recorded_text = env.recorded_at
         if recorded_text is not None:
             recorded = self._instant(recorded_text, "recorded_at", env)
             if recorded > read_at:
@@ -172,21 +181,21 @@ class Catalog:
                     raise EnvelopeRejected(
                         f"recorded_at {recorded_text} is in the future: more than "
                         f"{self.cartridge.spec.limits.future_tolerance} (limits.future_tolerance) after Keel "
-                        f"read the event at {format_time(read_at)}", event_id=env["id"], tenant=env["tenant"])
+                        f"read the event at {format_time(read_at)}", event_id=env.id, tenant=env.tenant)
                 recorded = Instant(read_at)
         elif default_recorded_at is not None:
             recorded = Instant(default_recorded_at)
         else:
             recorded = occurred if occurred <= read_at else Instant(read_at)
-        event_type, subject = env["type"], env["subject"]
+        event_type, subject = env.type, env.subject
         subject_type, _, subject_id = subject.partition(":")
-        source = env.get("source")
-        corrects = env.get("corrects")
+        source = env.source
+        corrects = env.corrects
         if event_type in (ANNOTATED, RETRACTED):
             if corrects is not None:
                 raise EnvelopeRejected(f"corrects: a {event_type} event corrects nothing (retract a note "
                                        f"with keel.retracted, correct it with a new note)",
-                                       event_id=env["id"], tenant=env["tenant"])
+                                       event_id=env.id, tenant=env.tenant)
             (check_annotation_payload if event_type == ANNOTATED else check_retraction_payload)(env)
             if source is None and event_type == RETRACTED:
                 source = "keel"
@@ -194,21 +203,21 @@ class Catalog:
             known = self._types.get(event_type)
             if known is None:
                 raise EnvelopeRejected(f"unknown event type {quote(event_type)} for cartridge "
-                                       f"{self.cartridge.name!r}", event_id=env["id"], tenant=env["tenant"])
+                                       f"{self.cartridge.name!r}", event_id=env.id, tenant=env.tenant)
             check, subject_kind, owner = known
             if subject_type != subject_kind:
                 raise EnvelopeRejected(f"subject {subject!r}: {event_type} takes a {subject_kind!r} subject",
-                                       event_id=env["id"], tenant=env["tenant"])
-            check(env)
+                                       event_id=env.id, tenant=env.tenant)
+            check(env, typed)
             if source is None:
                 source = owner
-        if corrects == env["id"]:
-            raise EnvelopeRejected("corrects: an event cannot correct itself", event_id=env["id"],
-                                   tenant=env["tenant"])
-        return Event._checked(env["id"], env["tenant"], event_type, subject, subject_type, subject_id,
-                              occurred, recorded, source, env.get("by"), env["payload"], corrects)
+        if corrects == env.id:
+            raise EnvelopeRejected("corrects: an event cannot correct itself", event_id=env.id,
+                                   tenant=env.tenant)
+        return Event._checked(env.id, env.tenant, event_type, subject, subject_type, subject_id,
+                              occurred, recorded, source, env.by, env.payload, corrects)
 
-    def _instant(self, text: str, field: str, env: Envelope) -> Instant:
+    def _instant(self, text: str, field: str, env: Decoded) -> Instant:
         """A time field as an Instant; the Instants of recent texts are shared (events repeat their dates)."""
         instants = self._instants
         hit = instants.get(text)
@@ -222,7 +231,10 @@ class Catalog:
 
 _INSTANTS_MAX = 65536
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)     # one instance: C speed
-_VALIDATOR = TypeAdapter(Envelope).validator     # validate_json/validate_python without TypeAdapter's Python layer
+_ADAPTER = TypeAdapter(Envelope)
+_VALIDATOR = _ADAPTER.validator     # validate_json/validate_python without TypeAdapter's Python layer
+_TYPED = TypedDecoder(_ADAPTER.core_schema, "DecodedEnvelope")     # the msgspec fast path, same schema
+Decoded = Any       # an instance of _TYPED.struct: the envelope's fields as attributes, absent ones None
 
 
 def _structure(raw: bytes | str | dict[str, Any]) -> Envelope:
@@ -298,12 +310,12 @@ def _peek_ids(raw: bytes | str | dict[str, Any]) -> tuple[str | None, str | None
 _ID_IN_TEXT = re.compile(r'"id"\s*:\s*"([^"\\]{1,256})"')
 
 
-def _time(text: str, field: str, env: Envelope) -> Micros:
+def _time(text: str, field: str, env: Decoded) -> Micros:
     try:
         return parse_time(text)
     except BadTime:
         raise EnvelopeRejected(f"{field}: {quote(text)} is neither RFC 3339 (2026-10-01T00:00:00Z) nor a date "
-                               f"(2026-10-01)", event_id=env["id"], tenant=env["tenant"]) from None
+                               f"(2026-10-01)", event_id=env.id, tenant=env.tenant) from None
 
 
 _CHECKS = {
@@ -340,7 +352,7 @@ _PLAIN_TYPES: dict[str, frozenset[type]] = {
 class PayloadCheck:
     """One event type's payload schema, compiled: a pass at C speed over the common payload (every field of a
     plain JSON type, no unknown field, time fields parse), else a field-by-field pass naming every problem."""
-    __slots__ = ("_accepts", "_order", "_times", "event_type", "fields", "names")
+    __slots__ = ("_accepts", "_order", "_shape", "_times", "event_type", "fields", "names")
 
     def __init__(self, event_type: str, fields: dict[str, FieldSpec]) -> None:
         self.event_type = event_type
@@ -354,14 +366,27 @@ class PayloadCheck:
                               for spec in fields.values())
         self._times = tuple((name, spec.type == "date") for name, spec in fields.items()
                             if spec.type in ("date", "datetime"))
+        # the same exact types as a Struct msgspec fills in C (faster than the map above; JSON values only)
+        self._shape = exact_shape(event_type, {name: (_PLAIN_TYPES[spec.type] or frozenset({str}), spec.optional)
+                                               for name, spec in fields.items()})
 
-    def __call__(self, env: Envelope) -> None:
-        payload = env["payload"]
+    def __call__(self, env: Decoded, typed: bool = False) -> None:
+        """Raises EnvelopeRejected naming every problem. `typed`: the payload's values were decoded from JSON
+        text (exact JSON types), and msgspec may decide the common case."""
+        payload = env.payload
+        if typed:
+            try:
+                msgspec.convert(payload, self._shape)
+            except msgspec.ValidationError:
+                pass
+            else:
+                if not self._times or self._times_parse(payload):
+                    return
         if self.plainly_valid(payload):
             return
         problems = self.problems(payload)
         if problems:
-            raise EnvelopeRejected("; ".join(problems), event_id=env["id"], tenant=env["tenant"])
+            raise EnvelopeRejected("; ".join(problems), event_id=env.id, tenant=env.tenant)
 
     def plainly_valid(self, payload: dict[str, Any]) -> bool:
         """The common case, decided at C speed: True only if `problems` would find none."""
@@ -395,9 +420,9 @@ class PayloadCheck:
 ANNOTATION_FIELDS = {"predicate", "value", "scope", "evidence", "task", "agent"}
 
 
-def check_annotation_payload(env: Envelope) -> None:
+def check_annotation_payload(env: Decoded) -> None:
     """Structural checks of a keel.annotated payload; the memory policy runs when it is applied."""
-    p = env["payload"]
+    p = env.payload
     problems = [f"payload.{k}: unknown field for {ANNOTATED}" for k in p if k not in ANNOTATION_FIELDS]
     if not isinstance(p.get("predicate"), str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$",
                                                                p.get("predicate") or ""):
@@ -410,19 +435,19 @@ def check_annotation_payload(env: Envelope) -> None:
         if p.get(k) is not None and not isinstance(p[k], str):
             problems.append(f"payload.{k}: expected string")
     if problems:
-        raise EnvelopeRejected("; ".join(problems), event_id=env["id"], tenant=env["tenant"])
+        raise EnvelopeRejected("; ".join(problems), event_id=env.id, tenant=env.tenant)
 
 
-def check_retraction_payload(env: Envelope) -> None:
+def check_retraction_payload(env: Decoded) -> None:
     """A keel.retracted payload: `{event: <id of an event of the tenant>, reason?: string}`."""
-    p = env["payload"]
+    p = env.payload
     problems = [f"payload.{k}: unknown field for {RETRACTED}" for k in p if k not in ("event", "reason")]
     target = p.get("event")
     if not isinstance(target, str) or not 1 <= len(target) <= 256:
         problems.append("payload.event: required, the id of the event to retract")
-    elif target == env["id"]:
+    elif target == env.id:
         problems.append("payload.event: an event cannot retract itself")
     if p.get("reason") is not None and not isinstance(p["reason"], str):
         problems.append("payload.reason: expected string")
     if problems:
-        raise EnvelopeRejected("; ".join(problems), event_id=env["id"], tenant=env["tenant"])
+        raise EnvelopeRejected("; ".join(problems), event_id=env.id, tenant=env.tenant)

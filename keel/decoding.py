@@ -1,0 +1,117 @@
+"""Typed decoding of envelopes at C speed (msgspec), beside the pydantic model that stays their schema.
+
+pydantic (keel/envelope.py) defines the envelope: its JSON schema, its checks and the words of every refusal.
+msgspec decodes the common, valid envelope into a Struct derived from that same schema (pydantic's core schema:
+field names, required or not, null allowed or not, string lengths, patterns) at a fraction of the cost
+(docs/performance.md, "Typed decoding"). The fast path only ever accepts: whatever it cannot accept for certain
+(malformed JSON, an unmet constraint, deep nesting, NaN or a number beyond a double, which pydantic reads as
+infinity) gives None, and the caller runs pydantic, which accepts it or says why not.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+import re
+from typing import Annotated, Any
+
+import msgspec
+
+# pydantic's JSON parser refuses nesting 200 levels deep (tests/test_decoding.py finds the limit), msgspec goes
+# deeper: an envelope with more opening brackets than this (in strings too: it only bounds the depth from
+# above) takes the pydantic path. Text shorter than twice this cannot hold that many pairs, and is not counted.
+SAFE_DEPTH = 180
+_VALID_MAX = 65536      # strings remembered per pattern as matching it (tenants and subjects repeat)
+
+
+def python_pattern(pattern: str) -> re.Pattern[str]:
+    """pydantic's (Rust) pattern for Python's `re`: Python's `$` also matches before a trailing newline, `\\Z`
+    does not."""
+    return re.compile(pattern.removesuffix("$") + r"\Z")
+
+
+class TypedDecoder:
+    """Decodes envelope text into a msgspec Struct built from a pydantic typed-dict core schema."""
+    __slots__ = ("_decode", "_patterns", "struct")
+
+    def __init__(self, schema: dict[str, Any], name: str = "Decoded") -> None:
+        if schema.get("type") != "typed-dict" or schema.get("extra_behavior") != "forbid":
+            raise TypeError(f"TypedDecoder needs a typed-dict schema that forbids extra fields, not {schema!r}")
+        required, optional = [], []
+        patterns = []
+        for field, spec in schema["fields"].items():
+            kind, pattern = _field_type(field, spec["schema"])
+            if pattern is not None:
+                patterns.append((field, python_pattern(pattern)))
+            if spec.get("required", True):
+                required.append((field, kind))
+            else:
+                optional.append((field, kind, None))      # absent reads as None, as `env.get` did
+        self.struct: type[msgspec.Struct] = msgspec.defstruct(
+            name, [*required, *optional], kw_only=True, forbid_unknown_fields=True, gc=False)
+        self._decode = msgspec.json.Decoder(self.struct).decode
+        # (field, pattern, values known to match): a pattern is checked here, not by msgspec, so that a
+        # tenant or subject seen before costs a set lookup instead of a regex (msgspec calls `re` each time).
+        self._patterns = tuple((field, pattern.match, set()) for field, pattern in patterns)
+
+    def decode(self, raw: bytes | str) -> Any:
+        """The Struct of a valid envelope, or None when pydantic must decide (it may still accept)."""
+        if len(raw) > 2 * SAFE_DEPTH:      # fewer bytes than that cannot open more brackets than SAFE_DEPTH
+            if type(raw) is bytes:
+                opens = raw.count(b"{") + raw.count(b"[")
+            elif type(raw) is str:
+                opens = raw.count("{") + raw.count("[")
+            else:
+                return None
+            if opens > SAFE_DEPTH:
+                return None
+        try:
+            env = self._decode(raw)
+        except Exception:         # noqa: BLE001 - any refusal (bad JSON, a type, a length, depth) is pydantic's
+            return None
+        for field, match, valid in self._patterns:
+            value = getattr(env, field)
+            if value is None or value in valid:
+                continue
+            if match(value) is None:
+                return None
+            if len(valid) >= _VALID_MAX:
+                valid.clear()
+            valid.add(value)
+        return env
+
+    def from_dict(self, env: dict[str, Any]) -> Any:
+        """A dict pydantic validated against the same schema, as the Struct `decode` gives."""
+        return self.struct(**env)
+
+
+def _field_type(field: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
+    """The msgspec type of one field's core schema, and its pattern (checked in Python, see above)."""
+    kind = schema["type"]
+    if kind == "nullable":
+        inner, pattern = _field_type(field, schema["schema"])
+        return inner | None, pattern
+    if kind == "str":
+        known = {"type", "min_length", "max_length", "pattern", "metadata"}
+        if set(schema) - known:
+            raise TypeError(f"field {field!r}: string constraints {sorted(set(schema) - known)} have no fast path")
+        lengths = {k: schema[k] for k in ("min_length", "max_length") if k in schema}
+        return (Annotated[str, msgspec.Meta(**lengths)] if lengths else str), schema.get("pattern")
+    if kind == "dict" and schema.get("keys_schema", {}).get("type") == "str" \
+            and schema.get("values_schema", {}).get("type") == "any" and set(schema) <= {
+                "type", "keys_schema", "values_schema", "metadata"}:
+        return dict[str, Any], None
+    raise TypeError(f"field {field!r}: no fast path for the schema {schema!r}")
+
+
+def exact_shape(name: str, fields: dict[str, tuple[frozenset[type], bool]]) -> type[msgspec.Struct]:
+    """A Struct that `msgspec.convert` fills, in C, only from a dict of JSON values with exactly these keys, each
+    of one of its types (`field: (types, optional)`; an optional field may be absent or null). It checks; its
+    instances are dropped. For values that came from JSON text only: `convert` also takes a tuple for a list."""
+    spec = []
+    for i, (field, (types, optional)) in enumerate(fields.items()):
+        kind = functools.reduce(operator.or_, sorted(types, key=lambda t: t.__name__))
+        if optional:
+            spec.append((f"f{i}", kind | None, msgspec.field(default=None, name=field)))
+        else:
+            spec.append((f"f{i}", kind, msgspec.field(name=field)))
+    return msgspec.defstruct(name, spec, kw_only=True, forbid_unknown_fields=True, gc=False)
