@@ -115,3 +115,35 @@ def exact_shape(name: str, fields: dict[str, tuple[frozenset[type], bool]]) -> t
         else:
             spec.append((f"f{i}", kind, msgspec.field(name=field)))
     return msgspec.defstruct(name, spec, kw_only=True, forbid_unknown_fields=True, gc=False)
+
+
+_SORTED = msgspec.json.Encoder(order="sorted")
+
+
+def canonical_json(head: tuple[Any, ...], payload: Any, slow: Any) -> bytes:
+    """`[*head, payload]` as compact JSON with sorted keys, byte for byte what `slow` (a json.JSONEncoder with
+    sort_keys, compact separators, ensure_ascii=False) makes, encoded as UTF-8 with surrogatepass: msgspec at
+    C speed where the two agree, `slow` where they may not (a float in exponent form or not finite, or
+    anything msgspec refuses, like a lone surrogate). `head` holds no floats (strings, integers, None).
+    Content hashes of stored events depend on these bytes."""
+    try:
+        body = _SORTED.encode(payload)
+        text = _SORTED.encode(head)
+    except (TypeError, ValueError, OverflowError, UnicodeError):
+        body = None
+    if body is None or not _numbers_agree(payload if type(payload) is dict else (payload,)):
+        return slow.encode((*head, payload)).encode("utf-8", "surrogatepass")
+    return text[:-1] + b"," + body + b"]" if head else b"[" + body + b"]"
+
+
+def _numbers_agree(value: Any) -> bool:
+    """Whether msgspec writes every float in a JSON-like value as json does: both use the shortest repr, but
+    msgspec writes 1e16 and 0.00001 where json writes 1e+16 and 1e-05, and null for inf and NaN."""
+    for x in (value.values() if type(value) is dict else value):
+        kind = type(x)
+        if kind is float:
+            if not 1e-4 <= (x if x >= 0.0 else -x) < 1e16 and x != 0.0:
+                return False
+        elif (kind is dict or kind is list or kind is tuple) and not _numbers_agree(x):
+            return False
+    return True

@@ -11,7 +11,7 @@ from pydantic import ConfigDict, StringConstraints, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from .cartridge import Cartridge, FieldSpec
-from .decoding import TypedDecoder, exact_shape, python_pattern
+from .decoding import TypedDecoder, canonical_json, exact_shape, python_pattern
 from .echo import quote
 from .errors import BadTime, EnvelopeRejected
 from .times import Micros, format_time, now_micros, parse_time
@@ -118,9 +118,9 @@ class Event:
         (which a broker may assign): every other field after the checks (times as integers, `source` with
         its default), payload keys sorted. Two envelopes under one id are identical when their hashes are
         equal; see docs/envelope.md."""
-        text = _CANONICAL.encode((self.id, self.tenant, self.type, self.subject, int(self.occurred_at),
-                                  self.source, self.by, self.corrects, self.payload))
-        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+        text = canonical_json((self.id, self.tenant, self.type, self.subject, int(self.occurred_at),
+                               self.source, self.by, self.corrects), self.payload, _CANONICAL)
+        return hashlib.blake2b(text, digest_size=8).hexdigest()
 
     def to_envelope(self) -> dict[str, Any]:
         """The canonical envelope: what `keel publish` sends, so file and topic build equal graphs."""

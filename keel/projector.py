@@ -56,9 +56,15 @@ class EventStore:
 
     def check_written(self) -> None:
         """`_check` of every value in the buffer: a compiled projection appends its writes directly."""
+        short = self._limit // 3        # a str of at most this many ASCII characters is within the limit
         for key, a in self.writes:
-            if not a.closed and key[0] in "lf":
-                self._check(a.value, f"predicate {key[2]}" if key[0] == "f" else f"label {key[2]}")
+            if a.closed or key[0] not in "lf":
+                continue
+            value = a.value
+            kind = type(value)
+            if kind is int or (kind is str and len(value) <= short and value.isascii()) or value is None:
+                continue                # check_value's common cases, without its call (hot path)
+            self._check(value, f"predicate {key[2]}" if key[0] == "f" else f"label {key[2]}")
 
     def _check(self, value: Any, what: str) -> None:
         """A written value must be JSON within limits.value_bytes (keel.limits); kept even if the handler
