@@ -77,11 +77,16 @@ def replay_process(cartridge: Path, env: dict[str, str], log: Path, *args: str) 
 
 
 def tenant_keys(redis_url: str, namespace: str, tenant: str) -> dict[str, Any]:
-    """{key name: DUMP bytes} of every Redis key of a tenant (its hash tag)."""
+    """{key name: its value} of every Redis key of a tenant (its hash tag). Values are read by type (sets and
+    hashes sorted), not DUMPed: a DUMP of a set or hash follows its hash table's order, which changes when
+    Redis finishes an incremental rehash in the background, with nothing written."""
     import redis
     client = redis.Redis.from_url(redis_url)
+    read = {b"string": client.get, b"list": lambda n: client.lrange(n, 0, -1),
+            b"set": lambda n: sorted(client.smembers(n)), b"hash": lambda n: sorted(client.hgetall(n).items()),
+            b"zset": lambda n: client.zrange(n, 0, -1, withscores=True)}
     try:
         names = sorted(k.decode() for k in client.scan_iter(match=f"keel:{{{namespace}/{tenant}}}:*", count=1000))
-        return {n: client.dump(n) for n in names}
+        return {n: (kind, read[kind](n)) for n in names for kind in [client.type(n)]}
     finally:
         client.close()
