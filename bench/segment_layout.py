@@ -38,7 +38,7 @@ import redis
 
 from keel.store.base import BatchStep, EventWrites
 from keel.store.redis.keys import escape, offset_field, prefix_of, unescape
-from keel.store.redis.scripts import _GEN_CHECK
+from keel.store.redis.scripts import _APPLIED_IDS, _GEN_CHECK
 from keel.store.redis.transport import eval_many, pipelined
 from keel.times import now_micros
 
@@ -52,24 +52,11 @@ from keel.times import now_micros
 #       nX relation elements naming it as object, new since the writer's state.
 # Answers {1}; {0, gen} when the generation moved; {3, ids...} when ids were applied already; {2, e, state, ...}
 # when the writer's state guess was stale for entities e.
-# The generation check is production's (scripts.py); the id check is APPLY's, copied (scripts.py is not
-# changed by this prototype; a production layout would share it).
+# The generation check and the applied-ids check are production's (scripts.py), shared.
 APPLY_SEGMENTS = _GEN_CHECK + """
 local nI = tonumber(ARGV[7])
 local I = 8
-if nI > 0 then
-  local dup = {3}
-  local i = 0
-  while i < nI do
-    local j = math.min(i + 999, nI - 1)
-    local found = redis.call('SMISMEMBER', KEYS[2], unpack(ARGV, I + i, I + j))
-    for x = 1, #found do
-      if found[x] == 1 then dup[#dup + 1] = ARGV[I + i + x - 1] end
-    end
-    i = j + 1
-  end
-  if #dup > 1 then return dup end
-end
+""" + _APPLIED_IDS + """
 local a = I + 2 * nI
 local nE = tonumber(ARGV[a])
 local pos, names = {}, {}

@@ -124,7 +124,8 @@ def canonical_json(head: tuple[Any, ...], payload: Any, slow: Any) -> bytes:
     """`[*head, payload]` as compact JSON with sorted keys, byte for byte what `slow` (a json.JSONEncoder with
     sort_keys, compact separators, ensure_ascii=False) makes, encoded as UTF-8 with surrogatepass: msgspec at
     C speed where the two agree, `slow` where they may not (a float in exponent form or not finite, or
-    anything msgspec refuses, like a lone surrogate). `head` holds no floats (strings, integers, None).
+    anything msgspec refuses, like a lone surrogate). `head` is not empty and holds no floats (strings,
+    integers, None).
     Content hashes of stored events depend on these bytes."""
     try:
         body = _SORTED.encode(payload)
@@ -133,7 +134,7 @@ def canonical_json(head: tuple[Any, ...], payload: Any, slow: Any) -> bytes:
         body = None
     if body is None or not _numbers_agree(payload if type(payload) is dict else (payload,)):
         return slow.encode((*head, payload)).encode("utf-8", "surrogatepass")
-    return text[:-1] + b"," + body + b"]" if head else b"[" + body + b"]"
+    return text[:-1] + b"," + body + b"]"
 
 
 def _numbers_agree(value: Any) -> bool:

@@ -59,31 +59,26 @@ class NotePolicy:
         type:<t> / rule:<r>, an entity of that type / of a type the rule applies to)."""
         kind, _, name = entity.partition(":")
         if kind == "type":
-            types, what = [name], f"an entity of type {name}"
+            of_type: str | None = name
         elif kind == "rule" and name in self.cartridge.spec.rules:
-            types = [self.cartridge.spec.rules[name].applies_to]
-            what = f"an entity of type {' or '.join(types)}"
+            of_type = self.cartridge.spec.rules[name].applies_to
         else:
-            types, what = [], entity
+            of_type = None
+        what = entity if of_type is None else f"an entity of type {of_type}"
         wanted = (f"the id of a domain event of tenant {tenant!r} whose writes touched {what} "
                   f"(an `evidence` of its facts in context or history; a note, a retraction or a retracted event is no evidence)")
         if not evidence:
             raise refuse(f"this scope requires evidence: pass {wanted}")
         if not self.store.has_event(tenant, evidence):
             raise refuse(f"evidence {evidence!r} is not an event of this tenant; pass {wanted}")
-        standing = (self._standing_of_types(tenant, evidence, types) if types
-                    else evidence_standing(self.store, tenant, evidence, entity=entity))
+        standing = (evidence_standing(self.store, tenant, evidence, entity=entity) if of_type is None
+                    else evidence_standing(self.store, tenant, evidence, type=of_type))
         if standing == "retraction":
             raise refuse(f"evidence {evidence!r} is a retraction, not a domain event; pass {wanted}")
         if standing == "retracted":
             raise refuse(f"evidence {evidence!r} was retracted; pass {wanted}")
         if standing is None:
             raise refuse(f"evidence {evidence!r} wrote nothing about {what}; pass {wanted}")
-
-    def _standing_of_types(self, tenant: str, evidence: str, types: list[str]) -> str | None:
-        """evidence_standing over entities of several types: a retraction or retracted verdict wins."""
-        found = [evidence_standing(self.store, tenant, evidence, type=t) for t in types]
-        return next((f for f in ("retraction", "retracted", "touched") if f in found), None)
 
     @staticmethod
     def visible_scopes(*, task: str | None, agent: str | None) -> list[str]:

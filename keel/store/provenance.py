@@ -25,9 +25,9 @@ def evidence_standing(store: Store, tenant: str, event_id: str, *, entity: str |
         candidates = store.entity_indexes(tenant, type)
     touched = False
     chunk: list[Key] = []
-    for n, (_, _, keys) in enumerate(candidates, 1):
+    for _, _, keys in candidates:
         chunk += (k for k in keys if k[0] in "elr" or (k[0] == "f" and not k[3]))
-        if len(chunk) >= 500 or n % 500 == 0:
+        if len(chunk) >= 500:
             found = _standing(store.assertions_many(tenant, chunk), event_id)
             if found in ("retraction", "retracted"):
                 return found

@@ -24,6 +24,24 @@ if gen ~= '' then
 end
 """
 
+# Refuses a step whose event ids (nI of them, ARGV[I] on; both locals set before) were applied already: answers
+# {3, id, ...} with those ids (KEYS[2] is the applied-ids set), so nothing is written.
+_APPLIED_IDS = """
+if nI > 0 then
+  local dup = {3}
+  local i = 0
+  while i < nI do
+    local j = math.min(i + 1999, nI - 1)
+    local found = redis.call('SMISMEMBER', KEYS[2], unpack(ARGV, I + i, I + j))
+    for x = 1, #found do
+      if found[x] == 1 then dup[#dup + 1] = ARGV[I + i + x - 1] end
+    end
+    i = j + 1
+  end
+  if #dup > 1 then return dup end
+end
+"""
+
 # The position of the provenance index encoded after P and the point; returns b + k.
 _PROV_OF = """
 local function prov_of(m, i)
@@ -75,19 +93,7 @@ local base = redis.call('LLEN', KEYS[5])
 if tostring(base) ~= ARGV[2] then return {2, base} end
 local nI = tonumber(ARGV[8])
 local I = 9
-if nI > 0 then
-  local dup = {3}
-  local i = 0
-  while i < nI do
-    local j = math.min(i + 1999, nI - 1)
-    local found = redis.call('SMISMEMBER', KEYS[2], unpack(ARGV, I + i, I + j))
-    for x = 1, #found do
-      if found[x] == 1 then dup[#dup + 1] = ARGV[I + i + x - 1] end
-    end
-    i = j + 1
-  end
-  if #dup > 1 then return dup end
-end
+""" + _APPLIED_IDS + """
 local a = I + nI
 local nM = tonumber(ARGV[a])
 local Mk = a + 1
