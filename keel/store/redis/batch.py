@@ -6,7 +6,7 @@ checks the guessed provenance length (`base`); when it was wrong, the step is en
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -105,12 +105,31 @@ def latest_of(ids: Sequence[Any]) -> str:
 
 def encode_events(events: Sequence[EventWrites], base: int) -> tuple[dict[Key, list[Any]], list[str]]:
     """The members and provenance entries of one step, `base` being the provenance list's length before it:
-    ({key: [members, min recorded_at, P]} in order of first write, entries).
+    ({key: [members, min recorded_at, P]} in order of first write, entries)."""
+    tls: dict[Key, list[Any]] = {}      # key -> [members, min recorded_at, P]
+
+    def timeline(key: Key, p: str, rec: int) -> Entry:
+        t = tls[key] = [[], rec, p]
+        return p, t, None
+
+    return tls, encode_writes(events, base, timeline)[0]
+
+
+Entry = tuple[str, list[Any], "list[Any] | None"]     # P, then the [members, min recorded_at, ...] it feeds
+
+
+def encode_writes(events: Sequence[EventWrites], base: int, timeline: Callable[[Key, str, int], Entry]
+                  ) -> tuple[list[str], bool]:
+    """Every member of one step, `base` being the provenance list's length before it, each appended where its
+    timeline says: `timeline(key, P, recorded_at)`, called at the timeline's first write in the step, gives
+    (P, a list `[members, min recorded_at, ...]` its members go to, a second list whose min recorded_at they
+    also lower, or None). APPLY gives each timeline a list of its own (encode_events); a bulk load gives each
+    entity one list (keel/store/redis/bulk.py). Returns (the step's provenance entries, whether it has writes).
 
     Encoding is the worker's hot path: one loop over the writes, with process-wide caches of prefixes and
     points, and a shortcut for writes sharing their event's single provenance entry.
     """
-    tls: dict[Key, list[Any]] = {}      # key -> [members, min recorded_at, P]
+    tls: dict[Key, Entry] = {}
     provs: list[str] = []
     points = _POINTS
     if len(points) > _CACHE:
@@ -157,15 +176,19 @@ def encode_events(events: Sequence[EventWrites], base: int) -> tuple[dict[Key, l
             w += 1
             t = tls.get(key)
             if t is None:
-                p = _PREFIXES.get(key)
+                part = key[:1] + key[2:] if len(key) > 2 else (key[0], len(key))   # P does not name the owner
+                p = _PARTS.get(part)
                 if p is None:
-                    p = _prefix(key)
-                tls[key] = [[f"{p}{pt}{bb}{wtext[w]}{ks}{body}"], rec, p]
-            else:
-                t[0].append(f"{t[2]}{pt}{bb}{wtext[w]}{ks}{body}")
-                if rec < t[1]:   # noqa: PLR1730 - the common case is a comparison only
-                    t[1] = rec
-    return tls, provs
+                    p = _prefix(part, key)
+                t = tls[key] = timeline(key, p, rec)
+            o = t[1]
+            o[0].append(f"{t[0]}{pt}{bb}{wtext[w]}{ks}{body}")
+            if rec < o[1]:   # noqa: PLR1730 - the common case is a comparison only
+                o[1] = rec
+            o = t[2]
+            if o is not None and rec < o[1]:
+                o[1] = rec
+    return provs, bool(tls)
 
 
 def step_entities(tls: dict[Key, list[Any]]) -> tuple[dict[str, int], list[int]]:
@@ -189,7 +212,7 @@ _CACHE = 100_000                  # entries of the process-wide encoding caches 
 _ASSERTION, _RECORDED = itemgetter(1), itemgetter(5)     # a write's assertion, an assertion's recorded_at
 _FIELDS: dict[tuple[str, int], str] = {}     # (topic, partition) -> offset field of the meta hash
 _POINTS: dict[Any, str] = {}      # point -> its 9 characters
-_PREFIXES: dict[Key, str] = {}   # key -> P
+_PARTS: dict[tuple[Any, ...], str] = {}     # key without its owner -> P
 _W: list[str] = ["10"]            # w -> `<#w><w>`
 
 
@@ -208,9 +231,9 @@ def _offset_field(topic: str, partition: int) -> str:
     return field
 
 
-def _prefix(key: Key) -> str:
-    if len(_PREFIXES) > _CACHE:
-        _PREFIXES.clear()
-    p = _PREFIXES[key] = prefix_of(key)
+def _prefix(part: tuple[Any, ...], key: Key) -> str:
+    if len(_PARTS) > _CACHE:
+        _PARTS.clear()
+    p = _PARTS[part] = prefix_of(key)
     return p
 

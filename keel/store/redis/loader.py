@@ -14,15 +14,15 @@ import redis
 from redis.cluster import RedisCluster
 
 from ...errors import StoreUnavailable, UsageError
-from ..base import EventWrites, Key, Position
-from .batch import PendingStep, encode_events, latest_of, step_entities
-from .keys import DATA_KEYS, LATEST, MARKS, escape
+from ..base import EventWrites, Position
+from .batch import PendingStep, latest_of
+from .bulk import Entities, encode_step, push
+from .keys import DATA_KEYS, LATEST, MARKS
 from .transport import guard
 
 if TYPE_CHECKING:
     from .store import RedisStore
 
-_LOAD_ITEMS = 1000                # members or elements per command of a bulk load
 _MULTI, _EXEC = hiredis.pack_command(("MULTI",)), hiredis.pack_command(("EXEC",))
 
 
@@ -33,25 +33,6 @@ class _LoadStep:
     def __init__(self, commands: list[tuple[str, ...]], bump: int) -> None:
         self.commands = commands
         self.bump = bump              # 1 when the step moves the write counter `sv` (as APPLY would)
-
-
-def _push(commands: list[tuple[str, ...]], name: str, key: str, items: list[str]) -> None:
-    """`name key items...` in commands of at most _LOAD_ITEMS items."""
-    if len(items) <= _LOAD_ITEMS:
-        if items:
-            commands.append((name, key, *items))
-        return
-    for i in range(0, len(items), _LOAD_ITEMS):
-        commands.append((name, key, *items[i:i + _LOAD_ITEMS]))
-
-
-def _zadd(commands: list[tuple[str, ...]], key: str, members: list[str]) -> None:
-    """ZADD of members with score 0, at most _LOAD_ITEMS members a command."""
-    for i in range(0, len(members), _LOAD_ITEMS):
-        chunk = members[i:i + _LOAD_ITEMS] if len(members) > _LOAD_ITEMS else members
-        pairs = ["0"] * (2 * len(chunk))
-        pairs[1::2] = chunk
-        commands.append(("ZADD", key, *pairs))
 
 
 class GenerationLoader:
@@ -78,8 +59,7 @@ class GenerationLoader:
         self.d = store.data_prefix(tenant, self.gen)
         self.base = 0                          # provenance entries, once the queued steps are written
         self.sv = 0                            # the write counter as the server has it
-        self.first: dict[str, int] = {}        # entity -> element 0 of its index list (min recorded_at)
-        self.known: set[Key] = set()           # timelines with members
+        self.entities = Entities(self.d)       # first recorded_at of each entity, timelines with members
         self.ids: set[str] = set()             # applied event ids
         self.latest = -(2 ** 63)               # the latest recorded_at written (`m` field LATEST)
         self.offsets: dict[str, int] = {}      # offset field -> offset
@@ -118,57 +98,20 @@ class GenerationLoader:
         ids.update(new_ids)
         d = self.d
         commands: list[tuple[str, ...]] = []
-        tls: dict[Key, list[Any]] = {}
+        wrote = False
         if kept:
-            tls, provs = encode_events(kept, self.base)
-            ents, min_recorded = step_entities(tls)
-            first, known = self.first, self.known
-            _push(commands, "SADD", d + "ents", [e for e in ents if e not in first])   # before the keys it indexes
-            members: dict[str, list[str]] = {}
-            push: dict[str, list[str]] = {}
-            for key, t in tls.items():
-                owner = key[1]
-                z = members.get(owner)
-                if z is None:
-                    members[owner] = t[0]
-                else:
-                    z += t[0]
-                if key not in known:
-                    known.add(key)
-                    prefix = t[2]
-                    q = push.get(owner)
-                    if q is None:
-                        push[owner] = [prefix]
-                    else:
-                        q.append(prefix)
-                    if key[0] == "r" and key[3] != owner:
-                        push.setdefault(key[3], []).append(f">{escape(owner)}|{prefix}")
-            for e, rec in zip(ents, min_recorded):
-                name = e if ("%" not in e and "|" not in e) else escape(e)
-                z = members.get(e)
-                if z is not None:
-                    _zadd(commands, f"{d}z:{name}", z)
-                elements = push.get(e)
-                f = first.get(e)
-                if f is None:
-                    first[e] = rec
-                    elements = [str(rec)] if elements is None else [str(rec), *elements]
-                elif rec < f:
-                    first[e] = rec
-                    commands.append(("LSET", f"{d}x:{name}", "0", str(rec)))
-                if elements is not None:
-                    _push(commands, "RPUSH", f"{d}x:{name}", elements)
-            _push(commands, "RPUSH", d + "pv", provs)
+            provs, wrote = encode_step(kept, self.base, self.entities, commands)
+            push(commands, "RPUSH", d + "pv", provs)
             self.base += len(provs)
-            _push(commands, "SADD", d + "ev", new_ids)
+            push(commands, "SADD", d + "ev", new_ids)
             marks = [x for event_id in new_ids if getattr(event_id, "mark", None) for x in (event_id, event_id.mark)]
             if marks:
-                _push(commands, "HSET", d + MARKS, marks)
+                push(commands, "HSET", d + MARKS, marks)
             latest = latest_of(new_ids)
             if latest and int(latest) > self.latest:
                 self.latest = int(latest)
                 commands.append(("HSET", d + "m", LATEST, latest))
-        bump = 1 if new_ids or tls else 0
+        bump = 1 if new_ids or wrote else 0
         if bump:
             commands.append(("HINCRBY", d + "m", "sv", "1"))
         if kept and p.latest and int(p.latest) > self.known_through:
