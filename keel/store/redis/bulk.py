@@ -48,9 +48,10 @@ def push(commands: list[tuple[str, ...]], name: str, key: str, items: list[str])
 
 
 def encode_step(events: Sequence[EventWrites], base: int, known: Entities,
-                commands: list[tuple[str, ...]]) -> tuple[list[str], bool]:
+                commands: list[tuple[str, ...]]) -> tuple[list[str], list[str], bool]:
     """Append to `commands` the SADD (`ents`), ZADD, LSET and RPUSH of one step's writes, `base` being the
-    provenance list's length before it; returns (its provenance entries, whether it has writes)."""
+    provenance list's length before it; returns its provenance entries, its relation timelines with an end or
+    an expiry (members of the RELATION_ENDS set) and whether it has writes."""
     seen = known.known
     owners: dict[str, list[Any]] = {}     # entity -> [members, min recorded_at, new index elements or None]
 
@@ -80,7 +81,7 @@ def encode_step(events: Sequence[EventWrites], base: int, known: Entities,
                     ob[2].append(element)
         return p, o, ob
 
-    provs, wrote = encode_writes(events, base, timeline)
+    provs, ends, wrote = encode_writes(events, base, timeline)
     first, keys_of = known.first, known.keys
     push(commands, "SADD", known.d + "ents", [e for e in owners if e not in first])   # before the keys it indexes
     for e, (z, rec, elements) in owners.items():
@@ -99,4 +100,4 @@ def encode_step(events: Sequence[EventWrites], base: int, known: Entities,
             commands.append(("LSET", xkey, "0", str(rec)))
         if elements is not None:
             push(commands, "RPUSH", xkey, elements)
-    return provs, wrote
+    return provs, ends, wrote

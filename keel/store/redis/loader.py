@@ -17,7 +17,7 @@ from ...errors import StoreUnavailable, UsageError
 from ..base import EventWrites, Position
 from .batch import PendingStep, latest_of
 from .bulk import Entities, encode_step, push
-from .keys import DATA_KEYS, LATEST, MARKS
+from .keys import DATA_KEYS, LATEST, MARKS, RELATION_ENDS
 from .transport import guard
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ class GenerationLoader:
         self.ids: set[str] = set()             # applied event ids
         self.latest = -(2 ** 63)               # the latest recorded_at written (`m` field LATEST)
         self.offsets: dict[str, int] = {}      # offset field -> offset
+        self.written = False                   # a queued step writes (the first one says `re` is kept)
         self.known_through = -1                # the meta hash's `kt` as the queued steps leave it
         self.queue: list[_LoadStep] = []       # steps not known to be written, in order
         self.sent = 0                          # of them, sent on `conn` and not answered yet
@@ -100,7 +101,8 @@ class GenerationLoader:
         commands: list[tuple[str, ...]] = []
         wrote = False
         if kept:
-            provs, wrote = encode_step(kept, self.base, self.entities, commands)
+            provs, ends, wrote = encode_step(kept, self.base, self.entities, commands)
+            push(commands, "SADD", d + RELATION_ENDS, ends)
             push(commands, "RPUSH", d + "pv", provs)
             self.base += len(provs)
             push(commands, "SADD", d + "ev", new_ids)
@@ -114,6 +116,9 @@ class GenerationLoader:
         bump = 1 if new_ids or wrote else 0
         if bump:
             commands.append(("HINCRBY", d + "m", "sv", "1"))
+            if not self.written:            # the generation's first write, as APPLY marks it
+                self.written = True
+                commands.append(("HSET", d + "m", RELATION_ENDS, "1"))
         if kept and p.latest and int(p.latest) > self.known_through:
             self.known_through = int(p.latest)
             commands.append(("HSET", d + "m", "kt", p.latest))
