@@ -269,9 +269,9 @@ class Replayer:
             self._claim(tenant, partition)
             loader = self.loaders[tenant]
             starts = range(0, max(len(events), 1), size)
-            for start in starts:
+            for start in starts:        # each step sent once encoded: Redis runs it while the next is encoded
                 loader.add(events[start:start + size], pos if start == starts[-1] else None)
-            self._retry_sync("load the shadow generation", loader.flush, False)
+                self._retry_sync("load the shadow generation", loader.flush, False)
             if loader not in self._in_flight:
                 self._in_flight.append(loader)
             while len(self._in_flight) > IN_FLIGHT:             # each holds a connection meanwhile
@@ -301,6 +301,15 @@ class Replayer:
         for tenant in sorted(build.tenants):
             self._retry_sync("load the shadow generation", self.loaders[tenant].flush)
         self._in_flight.clear()
+        finishing: list[Future[None]] = []      # switched tenants whose mirror the planner thread is freeing
+        try:
+            self._switch_each(build, partition, finishing)
+        finally:
+            for f in finishing:
+                f.result()
+        return not build.tenants
+
+    def _switch_each(self, build: PartitionBuild, partition: int, finishing: list[Future[None]]) -> None:
         for tenant in sorted(build.tenants):
             r = self.claimed[tenant]
             outcome = self._retry_sync("switch generations", self.store.switch_when_caught_up, tenant, r.old_gen,
@@ -315,14 +324,14 @@ class Replayer:
             r.switched = True
             del self.claimed[tenant]
             self.loaders.pop(tenant).close()
-            build.finish(tenant)
+            # its mirror is freed in the planner thread (idle now) while Redis drops the old generation
+            finishing.append(self._planner.submit(build.finish, tenant))
             self.report.results.append(r)
             r.dropped_keys = self._retry_sync("drop the old generation", self.store.drop_generation, tenant,
                                               r.old_gen)
             self.state.clear(tenant)
             self.progress.note(f"{tenant}: switched generation {r.old_gen} -> {r.new_gen} "
                                f"({r.applied:,} events); old generation dropped")
-        return not build.tenants
 
     def _abandon(self) -> None:
         """After an error or Ctrl-C: drop the shadows not switched (the served generations never changed)."""
