@@ -1,13 +1,17 @@
 """Replay benchmark: rebuild one big tenant with `keel replay` while a worker ingests other tenants live.
 
     .venv/bin/python bench/replay.py [--events 500000] [--others 20] [--other-events 100000] [--batch 5000]
+        [--rounds N] [--private-redis]
     (quick run: --events 50000 --other-events 20000)
 
 Needs KEEL_KAFKA_BOOTSTRAP and KEEL_REDIS_URL (or --kafka/--redis). On a fresh cartridge name (fresh topic and
 Redis namespace): publishes the big tenant's finance-shaped events, starts a `keel worker`, publishes the other
 tenants' events in the background (`keel publish`, another process), and replays the big tenant. Prints the
 replay rate (events applied per second of the replay, goal >= 20,000 events/s) and the worker's live-ingest
-rate during the replay (records its group committed per second over the replay's duration).
+rate during the replay (records its group committed per second over the replay's duration). `--rounds N` replays
+the tenant N times in turn (the others are published during the first round only; `--other-events 0` publishes
+none) and prints the median; `--private-redis` uses a redis-server of this run only (configured like
+deploy/local/services), so that its CPU per event (printed) is the replay's alone.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import redis
 from common import finance_events
+from peers.compare import private_redis
 
 from keel.cartridge import load_cartridge
 from keel.config import resolve
@@ -67,11 +74,35 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=5000, help="events per commit to the shadow generation")
     ap.add_argument("--kafka", default=os.environ.get("KEEL_KAFKA_BOOTSTRAP"))
     ap.add_argument("--redis", default=os.environ.get("KEEL_REDIS_URL"))
+    ap.add_argument("--rounds", type=int, default=1, help="replays of the tenant, one after the other")
+    ap.add_argument("--private-redis", action="store_true", help="use a redis-server of this run only")
     ap.add_argument("--keep", action="store_true", help="keep the Redis namespace afterwards")
     args = ap.parse_args()
-    if not args.kafka or not args.redis:
-        ap.error("needs --kafka and --redis (or KEEL_KAFKA_BOOTSTRAP / KEEL_REDIS_URL)")
+    if not args.kafka or not (args.redis or args.private_redis):
+        ap.error("needs --kafka and --redis (or KEEL_KAFKA_BOOTSTRAP / KEEL_REDIS_URL, or --private-redis)")
     work = Path(tempfile.mkdtemp(prefix="keel-bench-replay-"))
+    redis_proc = None
+    if args.private_redis:
+        redis_proc, args.redis = private_redis(work)
+    try:
+        return run(args, work)
+    finally:
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait(60)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def redis_cpu(url: str) -> float:
+    """Seconds of CPU the redis-server spent so far."""
+    client = redis.Redis.from_url(url)
+    info = client.info("cpu")
+    client.close()
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def run(args: argparse.Namespace, work: Path) -> int:
+    """Publish, build the served graph with a worker, replay `--rounds` times."""
     folder = work / "finance"
     shutil.copytree(ROOT / "cartridges" / "finance", folder)
     name = f"bench{uuid.uuid4().hex[:8]}"
@@ -98,29 +129,41 @@ def main() -> int:
         before = committed(args.kafka, name)
         # a process of its own, like a product's: a thread here would take the replay's interpreter lock
         publisher = subprocess.Popen([sys.executable, "-m", "keel.cli", "publish", str(folder), str(others),
-                                      "--quiet"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-        started, cpu0 = time.monotonic(), time.process_time()
-        result = replay(cartridge, settings, tenants=[BIG], options=ReplayOptions(batch=args.batch),
-                        progress=Progress(f"replay {BIG}"))
-        seconds, cpu = time.monotonic() - started, time.process_time() - cpu0
-        live = committed(args.kafka, name) - before
-        publisher.wait(600)
+                                      "--quiet"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL) \
+            if args.other_events else None
+        rates, cpus = [], []
+        for i in range(args.rounds):
+            started, cpu0, rcpu0 = time.monotonic(), time.process_time(), redis_cpu(args.redis)
+            result = replay(cartridge, settings, tenants=[BIG], options=ReplayOptions(batch=args.batch),
+                            progress=Progress(f"replay {BIG}"))
+            seconds, cpu = time.monotonic() - started, time.process_time() - cpu0
+            rcpu = redis_cpu(args.redis) - rcpu0
+            rate = result.applied / result.seconds if result.seconds else 0.0
+            rates.append(rate)
+            cpus.append(cpu / max(1, result.applied) * 1e6)
+            if i == 0:
+                print(result.summary())
+                live = committed(args.kafka, name) - before
+            print(f"round {i + 1}: replay rate: {rate:,.0f} events/s (goal >= {GOAL:,}) "
+                  f"{'OK' if rate >= GOAL else 'BELOW GOAL'}; the replay process's CPU: {cpus[-1]:.0f} µs/event"
+                  f"{f', Redis {rcpu / max(1, result.applied) * 1e6:.0f} µs/event' if args.private_redis else ''} "
+                  f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+            if i == 0:
+                print(f"live ingest during the replay: {live:,} records of {args.others} other tenants in "
+                      f"{seconds:.1f}s = {live / seconds:,.0f} records/s")
+        if publisher is not None:
+            publisher.wait(600)
     finally:
         worker.terminate()
         worker.wait(120)
-    rate = result.applied / result.seconds if result.seconds else 0.0
-    print(result.summary())
-    print(f"replay rate: {rate:,.0f} events/s (goal >= {GOAL:,}) {'OK' if rate >= GOAL else 'BELOW GOAL'}; "
-          f"the replay process's CPU: {cpu / max(1, result.applied) * 1e6:.0f} µs/event (load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
-    print(f"live ingest during the replay: {live:,} records of {args.others} other tenants in {seconds:.1f}s = "
-          f"{live / seconds:,.0f} records/s")
+    if args.rounds > 1:
+        print(f"median of {args.rounds} rounds: {statistics.median(rates):,.0f} events/s, "
+              f"{statistics.median(cpus):.0f} µs CPU/event")
     if not args.keep:
         from keel.store.redis import RedisStore
         store = RedisStore.from_url(args.redis, namespace=name)
         store.drop_namespace()
         store.close()
-    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
