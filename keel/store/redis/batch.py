@@ -185,7 +185,8 @@ def encode_writes(events: Sequence[EventWrites], base: int, timeline: Callable[[
             w += 1
             t = tls.get(key)
             if t is None:
-                part = key[:1] + key[2:] if len(key) > 2 else (key[0], len(key))   # P does not name the owner
+                # P does not name the owner; a key without parts after it is told apart by its length
+                part = key[:1] + key[2:] if len(key) > 2 else f"{key[0]}{len(key)}"
                 p = _PARTS.get(part)
                 if p is None:
                     p = _prefix(part, key)
@@ -221,7 +222,7 @@ _CACHE = 100_000                  # entries of the process-wide encoding caches 
 _ASSERTION, _RECORDED = itemgetter(1), itemgetter(5)     # a write's assertion, an assertion's recorded_at
 _FIELDS: dict[tuple[str, int], str] = {}     # (topic, partition) -> offset field of the meta hash
 _POINTS: dict[Any, str] = {}      # point -> its 9 characters
-_PARTS: dict[tuple[Any, ...], str] = {}     # key without its owner -> P
+_PARTS: dict[Any, str] = {}     # key without its owner ("e2" for an entity's own timeline) -> P
 _W: list[str] = ["10"]            # w -> `<#w><w>`
 
 
@@ -240,7 +241,7 @@ def _offset_field(topic: str, partition: int) -> str:
     return field
 
 
-def _prefix(part: tuple[Any, ...], key: Key) -> str:
+def _prefix(part: Any, key: Key) -> str:
     if len(_PARTS) > _CACHE:
         _PARTS.clear()
     p = _PARTS[part] = prefix_of(key)
