@@ -146,6 +146,44 @@ class RedisChecks(RedisCase):
             s.apply_writes("acme", writes, event_id)
         assert_same_graph(m, s, "acme")
 
+    def test_relations_holding_only_links_are_read_from_their_first_link(self) -> None:
+        """Relations linked again and again (late points, shared points), some later ended, voided or given
+        an expiry, across steps: views equal the memory store's (a links-only relation is read from its first
+        member), `re` names exactly the others, and a generation written before `re` was kept (no `re` field
+        in `m`) is read whole, still right."""
+        rnd = random.Random(5)
+        s, m = self.redis_store(), MemoryStore()
+        rels = [("debt:a", "owed_by", "acct:1"), ("debt:b.x@y-z", "r|2", "debt:a"), ("acct:1", "rel", "due:q")]
+        steps: list[list[tuple[list[Write], str | None]]] = []
+        for i in range(60):
+            sub, rel, obj = rels[i % 3]
+            point = d(rnd.randint(0, 20))
+            if i > 40 and rel == "r|2" and i % 2:
+                a = new_assertion(point, True, False, "s", f"ev{i}", point, None, point + DAY)   # an expiry
+                writes = [new_write(("r", sub, rel, obj), a)]
+            elif i > 40 and rel == "rel" and i % 2 == 0:
+                writes = [relation_write(sub, rel, obj, point, True, source=None, evidence=f"ev{i}",
+                                         recorded_at=point, by=None)]
+            else:
+                writes = [relation_write(sub, rel, obj, point, False, source="s", evidence=f"ev{i}",
+                                         recorded_at=point + rnd.choice([0, DAY]), by=None)]
+            steps.append([(writes, f"ev{i}")])
+        entities = ["debt:a", "debt:b.x@y-z", "acct:1", "due:q"]
+        for i, step in enumerate(steps):
+            s.commit_batch("acme", step, ("topic", 0, i))
+            for writes, event_id in step:
+                m.apply_writes("acme", writes, event_id)
+            if i in (10, 59):
+                assert_same_views(m, s, "acme", entities)
+        names = s.tenant_keys("acme")
+        ends = sorted(self.client.smembers(names.data(s.current_generation("acme")) + "re"))
+        assert ends == ["acct:1|r|rel|due:q|", "debt:b.x@y-z|r|r%7C2|debt:a|"], ends
+        view = s.views([ViewRequest("acme", "debt:a", None, "r")], at=d(30))[0]
+        linked = [r for r in view.relations if r["relation"] == "owed_by"]
+        assert len(linked) == 1 and linked[0]["valid_to"] is None
+        self.client.hdel(names.data(s.current_generation("acme")) + "m", "re")   # as a generation of before
+        assert_same_views(m, s, "acme", entities)
+
     def test_commit_batch_equals_event_by_event(self) -> None:
         batches = [(w, f"e{i}") for i, (w, _) in enumerate(random_batches(7, 200))]
         s, m = self.redis_store(), MemoryStore()
@@ -425,7 +463,8 @@ class RedisChecks(RedisCase):
         assert loader.pending == 0
         want = self.raw_generation(s, "acme", applied)
         assert self.raw_generation(s, "acme", loaded) == want
-        assert {k.split(":")[0] for k in want} == {"ev", "m", "ents", "pv", "z", "x"}
+        assert {k.split(":")[0] for k in want} == {"ev", "m", "ents", "pv", "z", "x", "re"}
+        assert want["m"][1]["re"] == "1" and want["re"][1]          # relation ends kept, and some recorded
         assert digest(s.for_generation("acme", loaded), "acme") == digest(view, "acme")
         # APPLY goes on from a loaded generation as from its own
         more = random_batches(12, 60)

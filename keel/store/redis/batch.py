@@ -13,7 +13,7 @@ from typing import Any
 from ..base import EventWrites, Key, Position
 from .codec import STR as _STR
 from .codec import encode_body, encode_point, encode_provenance, json_text
-from .keys import MARKS, escape, offset_field, prefix_of
+from .keys import MARKS, RELATION_ENDS, ended_member, escape, offset_field, prefix_of
 
 
 class PendingStep:
@@ -55,7 +55,7 @@ class ApplyBatch:
     def __init__(self, events: list[EventWrites], base: int, field: str, offset: str, latest: str = "",
                  lag: str = "") -> None:
         self.events = events
-        tls, provs = encode_events(events, base)
+        tls, provs, ends = encode_events(events, base)
         ents, min_recorded = step_entities(tls)
         self.entities = list(ents)
         members: dict[str, list[str]] = {}
@@ -85,6 +85,8 @@ class ApplyBatch:
             args += (name, rec, len(ms) if ms else 0, owned[name])
         args.append(len(rows))
         args += rows
+        args.append(len(ends))
+        args += ends
         args += zadd
         self.args = args
 
@@ -93,7 +95,7 @@ class ApplyBatch:
         for e in self.entities:
             e = escape(e)
             keys += (d + "z:" + e, d + "x:" + e)
-        keys.append(d + MARKS)
+        keys += (d + MARKS, d + RELATION_ENDS)
         return keys
 
 
@@ -103,9 +105,10 @@ def latest_of(ids: Sequence[Any]) -> str:
     return str(max(times)) if times else ""
 
 
-def encode_events(events: Sequence[EventWrites], base: int) -> tuple[dict[Key, list[Any]], list[str]]:
+def encode_events(events: Sequence[EventWrites], base: int) -> tuple[dict[Key, list[Any]], list[str], list[str]]:
     """The members and provenance entries of one step, `base` being the provenance list's length before it:
-    ({key: [members, min recorded_at, P]} in order of first write, entries).
+    ({key: [members, min recorded_at, P]} in order of first write, entries, the relation timelines that
+    get an end or an expiry, as members of the RELATION_ENDS set).
 
     Encoding is the worker's hot path: one loop over the writes, with process-wide caches of prefixes and
     points, and a shortcut for writes sharing their event's single provenance entry.
@@ -120,6 +123,7 @@ def encode_events(events: Sequence[EventWrites], base: int) -> tuple[dict[Key, l
     if len(wtext) <= n:
         _grow_w(n)
     w = 0
+    ended: dict[Key, None] = {}      # relation timelines given an end or an expiry, in order
     for writes, _ in events:
         text = str(base + len(provs))
         bb = f"{len(text)}{text}"
@@ -144,6 +148,8 @@ def encode_events(events: Sequence[EventWrites], base: int) -> tuple[dict[Key, l
                 pt = points[point] = encode_point(point)
             if closed or expires is not None:
                 body = encode_body(a)
+                if key[0] == "r":
+                    ended[key] = None
             else:
                 tv = value.__class__
                 if tv is str:
@@ -165,7 +171,7 @@ def encode_events(events: Sequence[EventWrites], base: int) -> tuple[dict[Key, l
                 t[0].append(f"{t[2]}{pt}{bb}{wtext[w]}{ks}{body}")
                 if rec < t[1]:   # noqa: PLR1730 - the common case is a comparison only
                     t[1] = rec
-    return tls, provs
+    return tls, provs, [ended_member(key[1], tls[key][2]) for key in ended] if ended else []
 
 
 def step_entities(tls: dict[Key, list[Any]]) -> tuple[dict[str, int], list[int]]:

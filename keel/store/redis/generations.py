@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...errors import UsageError
-from .keys import DATA_KEYS, MARKS, escape, offset_field
+from .keys import DATA_KEYS, MARKS, RELATION_ENDS, escape, offset_field
 from .loader import GenerationLoader
 from .transport import Client
 
@@ -95,8 +95,9 @@ class GenerationAdmin:
         with self._guard("key_names", tenant):
             d = self._n(tenant).data(self._snapshot_gen(tenant) if gen is None else int(gen))
             entities = sorted(self._client.smembers(d + "ents"))
-            marks = [d + MARKS] if self._client.exists(d + MARKS) else []     # only events applied with marks
-        return [d + k for k in DATA_KEYS] + marks + [d + p + escape(e) for e in entities for p in ("z:", "x:")]
+            extra = [d + k for k in (MARKS, RELATION_ENDS)]         # present only when written (keys.py)
+            extra = [k for k, n in zip(extra, (self._client.exists(k) for k in extra)) if n]
+        return [d + k for k in DATA_KEYS] + extra + [d + p + escape(e) for e in entities for p in ("z:", "x:")]
 
     def drop_tenant(self, tenant: str) -> int:
         """Delete every generation of a tenant and forget it (the log rebuilds it); returns keys deleted."""

@@ -15,7 +15,10 @@ one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
     keel:{<ns>/<t>}:g<N>:eh                hash: event id -> its mark (`<content hash> <where first seen>`)
     keel:{<ns>/<t>}:g<N>:m                 hash: `sv` (write counter, the search version), applied offsets,
                                            `rl` (the latest recorded_at of an applied event)
-                                           `kt` (latest recorded_at of a write applied), `lag` (at the last commit)
+                                           `kt` (latest recorded_at of a write applied), `lag` (at the last commit),
+                                           `re` = 1 when `re` below was kept since the generation's first write
+    keel:{<ns>/<t>}:g<N>:re                set: relation timelines holding an end or an expiry, as
+                                           `<escaped owner>|<P>` (absent while there is none)
     keel:{<ns>/<t>}:g<N>:ents              set: the generation's entities (its explicit index)
     keel:{<ns>/<t>}:g<N>:pv                list: provenance entries `[source, evidence, recorded_at, by]`
     keel:{<ns>/<t>}:g<N>:z:<entity>        sorted set: every assertion of the timelines the entity owns
@@ -36,6 +39,10 @@ of an entity's sorted set have score 0 and sort by bytes:
   by `~<expires_at - point>;`.
 `#x` is the length of x as one digit. Assertions are decoded with keel.timeline rules on the way out.
 
+A relation timeline outside `re` (in a generation whose `m` says `re` is kept) holds links only, so its
+coalesced versions are one run from its first point: a view reads its first member, not all of them
+(a relation linked again by every event would otherwise cost a read of every link).
+
 An index list element is P for a timeline the entity owns, `>` + owner + `|` + P for a relation
 naming it as object. Namespace and tenant match the tenant pattern (no braces), so the hash tag is
 always ours; entity names are escaped like key parts, so no user string can forge a key.
@@ -52,6 +59,7 @@ from ..base import GLOBAL_TENANT, Key
 ARITY = {"e": 0, "l": 1, "f": 2, "r": 2}      # key parts after the owner, by timeline kind
 DATA_KEYS = ("ev", "m", "ents", "pv")          # the fixed keys of a generation, after its data prefix
 MARKS = "eh"             # the generation's event marks (written only with events that carry marks)
+RELATION_ENDS = "re"     # set of relation timelines with an end or expiry; also the `m` field saying it is kept
 LATEST = "rl"            # field of `m`: the latest recorded_at of an applied event
 _ESCAPED = re.compile(r"%(25|7C)")
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -90,6 +98,11 @@ def key_of(owner: str, text: str) -> tuple[Key, int]:
         i = j + 1
     return tuple(parts), i
 
+
+
+def ended_member(owner: str, prefix: str) -> str:
+    """A relation timeline's member of the RELATION_ENDS set: its escaped owner, `|`, its P."""
+    return f"{escape(owner)}|{prefix}"
 
 
 def check_name(what: str, name: str, allow_global: bool = False) -> str:

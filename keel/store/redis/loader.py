@@ -16,7 +16,7 @@ from redis.cluster import RedisCluster
 from ...errors import StoreUnavailable, UsageError
 from ..base import EventWrites, Key, Position
 from .batch import PendingStep, encode_events, latest_of, step_entities
-from .keys import DATA_KEYS, LATEST, MARKS, escape
+from .keys import DATA_KEYS, LATEST, MARKS, RELATION_ENDS, escape
 from .transport import guard
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ class GenerationLoader:
         self.ids: set[str] = set()             # applied event ids
         self.latest = -(2 ** 63)               # the latest recorded_at written (`m` field LATEST)
         self.offsets: dict[str, int] = {}      # offset field -> offset
+        self.written = False                   # a queued step writes (the first one says `re` is kept)
         self.known_through = -1                # the meta hash's `kt` as the queued steps leave it
         self.queue: list[_LoadStep] = []       # steps not known to be written, in order
         self.sent = 0                          # of them, sent on `conn` and not answered yet
@@ -120,7 +121,7 @@ class GenerationLoader:
         commands: list[tuple[str, ...]] = []
         tls: dict[Key, list[Any]] = {}
         if kept:
-            tls, provs = encode_events(kept, self.base)
+            tls, provs, ends = encode_events(kept, self.base)
             ents, min_recorded = step_entities(tls)
             first, known = self.first, self.known
             _push(commands, "SADD", d + "ents", [e for e in ents if e not in first])   # before the keys it indexes
@@ -158,6 +159,7 @@ class GenerationLoader:
                     commands.append(("LSET", f"{d}x:{name}", "0", str(rec)))
                 if elements is not None:
                     _push(commands, "RPUSH", f"{d}x:{name}", elements)
+            _push(commands, "SADD", d + RELATION_ENDS, ends)
             _push(commands, "RPUSH", d + "pv", provs)
             self.base += len(provs)
             _push(commands, "SADD", d + "ev", new_ids)
@@ -171,6 +173,9 @@ class GenerationLoader:
         bump = 1 if new_ids or tls else 0
         if bump:
             commands.append(("HINCRBY", d + "m", "sv", "1"))
+            if not self.written:            # the generation's first write, as APPLY marks it
+                self.written = True
+                commands.append(("HSET", d + "m", RELATION_ENDS, "1"))
         if kept and p.latest and int(p.latest) > self.known_through:
             self.known_through = int(p.latest)
             commands.append(("HSET", d + "m", "kt", p.latest))

@@ -56,7 +56,8 @@ end
 """
 
 # KEYS: 1 gen, 2 event ids (set), 3 meta (hash), 4 entities (set), 5 provenance (list),
-#       then for entity i (1-based): 4 + 2i its sorted set, 5 + 2i its index list; last: event marks (hash).
+#       then for entity i (1-based): 4 + 2i its sorted set, 5 + 2i its index list; then event marks (hash)
+#       and, last, the relation timelines with ends (set `re`).
 # ARGV: 1 expected gen, 2 expected provenance length, 3 offset field ("" = none), 4 offset, 5 the latest
 #       recorded_at of the writes ("" = none), 6 the partition's lag after this step ("" = unknown), 7 the
 #       latest recorded_at of the events ("" = none);
@@ -66,6 +67,7 @@ end
 #       nR, then per timeline in order of first write: its owner's index and P, or for a relation between
 #       two entities minus its owner's index, the other entity's index, P and the element naming it in the
 #       other entity's index list (`>` + escaped owner + `|` + P);
+#       nX, then the relation timelines this step gives an end or an expiry (members of `re`);
 #       then the members of each entity, in entity order (each gets score 0).
 # The client encodes everything it can (complete members, index elements, runs of ids, marks and entries),
 # so that the script parses no string: it checks, reads the index lists and passes runs of ARGV to the
@@ -155,7 +157,9 @@ while t < T + nR do
     end
   end
 end
-local z = T + nR
+local nX = tonumber(ARGV[T + nR])
+local X = T + nR + 1
+local z = X + nX
 local fresh = {}
 for e = 1, nE do
   local b = E + 4 * e - 4
@@ -180,7 +184,8 @@ end
 if #fresh > 0 then multi('SADD', KEYS[4], fresh) end
 multi('RPUSH', KEYS[5], ARGV, Pv, Pv + nP - 1)
 multi('SADD', KEYS[2], ARGV, I, I + nI - 1)
-multi('HSET', KEYS[#KEYS], ARGV, Mk, Mk + 2 * nM - 1)
+multi('HSET', KEYS[#KEYS - 1], ARGV, Mk, Mk + 2 * nM - 1)
+multi('SADD', KEYS[#KEYS], ARGV, X, X + nX - 1)
 local field, rl, kt, lag = ARGV[3], ARGV[7], ARGV[5], ARGV[6]
 local cur = redis.call('HMGET', KEYS[3], 'rl', 'kt', field ~= '' and field or 'rl')
 local set = {}
@@ -201,7 +206,9 @@ if field ~= '' and (not cur[3] or tonumber(ARGV[4]) > tonumber(cur[3])) then
   end
 end
 if #set > 0 then redis.call('HSET', KEYS[3], unpack(set)) end
-if nI > 0 or nR > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
+if (nI > 0 or nR > 0) and redis.call('HINCRBY', KEYS[3], 'sv', 1) == 1 then
+  redis.call('HSET', KEYS[3], 're', '1')    -- this generation's first write: `re` is kept from here on
+end
 return {1, base + nP}
 """
 
@@ -280,7 +287,8 @@ return {1, lists, provs}
 
 # What `context` shows of one entity, in one call: its index list, then the labels and facts at t and the
 # relation timelines (Store.view).
-# KEYS: 1 gen, 2 provenance, 3 the entity's index list, 4 the entity's sorted set, 5 the meta hash.
+# KEYS: 1 gen, 2 provenance, 3 the entity's index list, 4 the entity's sorted set, 5 the meta hash, 6 the
+#       relation timelines with ends (set `re`).
 # ARGV: 1 expected gen, 2 "1" for whole timelines of every kind (a known_at to fold by), else the winners
 #       at t of labels and facts, 3 t as point9, 4 the parts to read (letters of "lfr"), 5 the prefix of
 #       sorted-set names ("<data prefix>z:"), 6 "1" when ARGV[7..] (escaped scope keys) limit the facts.
@@ -288,7 +296,9 @@ return {1, lists, provs}
 # (the tenant's known_through and lag from the meta hash, false when absent), with
 # winners: per label or fact with an assertion at or before t, its index element, the winner without P,
 # 2 when another assertion shares its point else 1, and the next point9 or ""; timelines: per relation
-# (and per label and fact in whole mode), its index element and its members without P; provenance:
+# (and per label and fact in whole mode), its index element and its members without P (only the first,
+# outside whole mode, of a relation holding links only: its coalesced versions are one run from there,
+# keys.py); provenance:
 # {index, entry, ...} of every member returned.
 # A relation naming the entity as object lives in its subject's sorted set, whose name this script builds
 # from the index element: that key is not in KEYS, but it carries the tenant's hash tag (same slot).
@@ -307,6 +317,18 @@ local function timeline(el, z, P)
   timelines[#timelines + 1] = el
   timelines[#timelines + 1] = members(z, P, true)
 end
+local meta = redis.call('HMGET', KEYS[5], 'kt', 'lag', 're')
+local links = not whole and meta[3] == '1'
+local function relation(el, owner, z, P)
+  if links and redis.call('SISMEMBER', KEYS[6], owner .. '|' .. P) == 0 then
+    local m = redis.call('ZRANGEBYLEX', z, '[' .. P, '(' .. P .. '~', 'LIMIT', 0, 1)[1]
+    note(m, #P + 10)
+    timelines[#timelines + 1] = el
+    timelines[#timelines + 1] = {string.sub(m, #P + 1)}
+  else
+    timeline(el, z, P)
+  end
+end
 local rels, labels, facts = wanted('r'), wanted('l'), wanted('f')
 for i = 2, #index do
   local el = index[i]
@@ -314,10 +336,11 @@ for i = 2, #index do
   if kind == '>' then
     if rels then
       local j = string.find(el, '|', 2, true)
-      timeline(el, zs .. string.sub(el, 2, j - 1), string.sub(el, j + 1))
+      local owner = string.sub(el, 2, j - 1)
+      relation(el, owner, zs .. owner, string.sub(el, j + 1))
     end
   elseif kind == 'r' then
-    if rels then timeline(el, KEYS[4], el) end
+    if rels then relation(el, string.sub(KEYS[4], #zs + 1), KEYS[4], el) end
   elseif (kind == 'l' and labels) or
          (kind == 'f' and facts and (not scopes or scopes[string.match(el, '^f|[^|]*|(.*)|$')])) then
     if whole then
@@ -332,7 +355,7 @@ for i = 2, #index do
     end
   end
 end
-return {1, index[1], winners, timelines, provs, redis.call('HMGET', KEYS[5], 'kt', 'lag')}
+return {1, index[1], winners, timelines, provs, {meta[1], meta[2]}}
 """
 
 # KEYS: 1 gen, 2 gen sequence. ARGV: 1 the generation to make current.

@@ -39,6 +39,7 @@ from .generations import CHUNK, GenerationAdmin, chunks
 from .keys import (
     LATEST,
     MARKS,
+    RELATION_ENDS,
     TenantKeys,
     check_name,
     escape,
@@ -371,7 +372,8 @@ class RedisStore(GenerationAdmin, Store):
         def build(r: ViewRequest) -> Build:
             e = escape(r.entity)
             scopes = ["0"] if r.scopes is None else ["1", *(escape(s) for s in r.scopes)]
-            return lambda d: ([d + "pv", d + "x:" + e, d + "z:" + e, d + "m"], [*common, r.parts, d + "z:", *scopes])
+            return lambda d: ([d + "pv", d + "x:" + e, d + "z:" + e, d + "m", d + RELATION_ENDS],
+                              [*common, r.parts, d + "z:", *scopes])
         with self._guard("view", requests[0].tenant if len(requests) == 1 else None):
             results = self._script_many(self._view_script, [(r.tenant, build(r)) for r in requests])
         return [decode_view(r.entity, result, at, known_at) for r, result in zip(requests, results)]
