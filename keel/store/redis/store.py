@@ -35,7 +35,7 @@ from ..base import (
 from . import scripts
 from .batch import ApplyBatch, PendingStep
 from .codec import ProvenanceCache, clamped_point, decode_view, freshness_of, timeline_of
-from .generations import CHUNK, GenerationAdmin, chunks
+from .generations import GenerationAdmin, chunks
 from .keys import (
     LATEST,
     MARKS,
@@ -50,6 +50,7 @@ from .keys import (
 )
 from .layout import check_layout
 from .transport import Client, eval_many, guard
+from .walks import TenantWalks
 
 Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
 _RETRIES = 8                      # generation switches tolerated during one call
@@ -67,7 +68,7 @@ class GenerationChanged(StoreUnavailable):
         self.new = new
 
 
-class RedisStore(GenerationAdmin, Store):
+class RedisStore(GenerationAdmin, TenantWalks, Store):
     """A Store over Redis (single node or Cluster); one namespace (a cartridge) per instance."""
 
     def __init__(self, client: Client, *, namespace: str, pins: dict[str, int] | None = None,
@@ -490,80 +491,6 @@ class RedisStore(GenerationAdmin, Store):
         """Whether the tenant's current generation holds data (one transaction)."""
         with self._guard("has_tenant", tenant):
             return bool(self._tx(tenant, lambda p, d: p.exists(d + "ev", d + "ents"))[0])
-
-    def tenants(self) -> list[str]:
-        """Tenants of the namespace whose current generation holds data, sorted."""
-        with self._guard("tenants"):
-            members = sorted(self._client.smembers(self._registry))
-            if not members:
-                return []
-            pipe = self._client.pipeline(transaction=False)
-            for t in members:
-                pipe.get(self._n(t).gen)
-            gens = [self._pins.get(t) or int(g or 1) for t, g in zip(members, pipe.execute())]
-            pipe = self._client.pipeline(transaction=False)
-            for t, g in zip(members, gens):
-                d = self._n(t).data(g)
-                pipe.exists(d + "ev", d + "ents")
-            return [t for t, n in zip(members, pipe.execute()) if n]
-
-    # ---- whole-tenant walks (of the generation current when they start) -----------------------
-
-    def _snapshot_gen(self, tenant: str) -> int:
-        pinned = self._pins.get(tenant)
-        if pinned is not None:
-            return pinned
-        gen = int(self._client.get(self._n(tenant).gen) or 1)
-        self._gens[tenant] = gen
-        return gen
-
-    def _entity_index(self, d: str) -> dict[str, list[str]]:
-        """Every entity of a generation with its index list elements (first recorded_at dropped)."""
-        entities = sorted(self._client.smembers(d + "ents"))
-        out: dict[str, list[str]] = {}
-        for chunk in chunks(entities):
-            pipe = self._client.pipeline(transaction=False)
-            for e in chunk:
-                pipe.lrange(d + "x:" + escape(e), 1, -1)
-            for e, elements in zip(chunk, pipe.execute()):
-                out[e] = elements
-        return out
-
-    def _all_provenance(self, d: str) -> ProvenanceCache:
-        prov = ProvenanceCache(fetch=lambda n: self._client.lindex(d + "pv", n))
-        size = int(self._client.llen(d + "pv"))
-        for start in range(0, size, 10 * CHUNK):
-            entries = self._client.lrange(d + "pv", start, start + 10 * CHUNK - 1)
-            for i, text in enumerate(entries):
-                prov.add(start + i, text)
-        return prov
-
-    def dump(self, tenant: str) -> Iterator[tuple[Key, list[Assertion]]]:
-        with self._guard("dump", tenant):
-            gen = self._snapshot_gen(tenant)
-            d = self._n(tenant).data(gen)
-            keys = sorted({index_key(e, el) for e, elements in self._entity_index(d).items() for el in elements})
-            prov = self._all_provenance(d)
-        for chunk in chunks(keys):
-            for key, tl in zip(chunk, self._timelines(tenant, chunk, gen=gen, provenance=prov)):
-                yield key, list(tl.assertions())
-
-    def entity_indexes(self, tenant: str, type: str | None = None) -> Iterator[tuple[str, Micros, list[Key]]]:
-        """Every entity (of `type`) of the generation current when the walk starts, from its index list."""
-        with self._guard("entity_indexes", tenant):
-            d = self._n(tenant).data(self._snapshot_gen(tenant))
-            entities = sorted(self._client.smembers(d + "ents"))
-        if type is not None:
-            entities = [e for e in entities if e.startswith(type + ":")]
-        for chunk in chunks(entities):
-            with self._guard("entity_indexes", tenant):
-                pipe = self._client.pipeline(transaction=False)
-                for e in chunk:
-                    pipe.lrange(d + "x:" + escape(e), 0, -1)
-                rows = pipe.execute()
-            for e, row in zip(chunk, rows):
-                if row:
-                    yield e, int(row[0]), [index_key(e, element) for element in row[1:]]
 
     def assertions_many(self, tenant: str, keys: list[Key]) -> list[list[Assertion]]:
         return [list(tl.assertions()) for tl in self._timelines(tenant, keys)] if keys else []
