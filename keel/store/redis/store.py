@@ -9,7 +9,7 @@ to one generation of one tenant (to rebuild it while the current one keeps servi
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -28,14 +28,13 @@ from ..base import (
     Key,
     Position,
     Store,
-    TenantStart,
     ViewRequest,
     Write,
 )
 from . import scripts
 from .batch import ApplyBatch, PendingStep
 from .codec import ProvenanceCache, clamped_point, decode_view, freshness_of, timeline_of
-from .generations import GenerationAdmin, chunks
+from .generations import RETRIES, GenerationAdmin, chunks
 from .keys import (
     LATEST,
     MARKS,
@@ -49,12 +48,11 @@ from .keys import (
     registry_key,
 )
 from .layout import check_layout
+from .starts import TenantStarts
 from .transport import Client, eval_many, guard
 from .walks import TenantWalks
 
 Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
-_RETRIES = 8                      # generation switches tolerated during one call
-_STARTS_CHUNK = 64                # tenants per transaction of tenant_starts
 
 
 class GenerationChanged(StoreUnavailable):
@@ -68,7 +66,7 @@ class GenerationChanged(StoreUnavailable):
         self.new = new
 
 
-class RedisStore(GenerationAdmin, TenantWalks, Store):
+class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
     """A Store over Redis (single node or Cluster); one namespace (a cartridge) per instance."""
 
     def __init__(self, client: Client, *, namespace: str, pins: dict[str, int] | None = None,
@@ -175,7 +173,7 @@ class RedisStore(GenerationAdmin, TenantWalks, Store):
         the calls whose tenant switched generation meanwhile are built again and rerun."""
         out: list[list[Any]] = [[] for _ in calls]
         todo = list(range(len(calls)))
-        for _ in range(_RETRIES):
+        for _ in range(RETRIES):
             sent = []
             for i in todo:
                 names = self._n(calls[i][0])
@@ -199,7 +197,7 @@ class RedisStore(GenerationAdmin, TenantWalks, Store):
     def _tx(self, tenant: str, fill: Callable[[Any, str], None]) -> list[Any]:
         """Run reads in one MULTI/EXEC that also checks the generation; `fill(pipe, data prefix)`."""
         names = self._n(tenant)
-        for _ in range(_RETRIES):
+        for _ in range(RETRIES):
             gen, expected = self._gen_guess(tenant)
             pipe = self._client.pipeline(transaction=True)
             if expected:
@@ -252,7 +250,7 @@ class RedisStore(GenerationAdmin, TenantWalks, Store):
                 self._client.sadd(self._registry, *unregistered)
                 self._registered.update(unregistered)
             self._load_pv_lengths(pending)
-            for _ in range(_RETRIES):
+            for _ in range(RETRIES):
                 tries: list[str] = []
                 calls = self._attempts(pending, tries)
                 results = eval_many(self._client, self._apply_script, list(calls) if len(pending) == 1 else calls)
@@ -385,7 +383,7 @@ class RedisStore(GenerationAdmin, TenantWalks, Store):
         (restarting when it switches between chunks), or all of `gen` when given."""
         names = self._n(tenant)
         resolve = "0" if provenance is not None else "1"
-        for _ in range(_RETRIES):
+        for _ in range(RETRIES):
             g, expected = (gen, "") if gen is not None else self._gen_guess(tenant)
             d = names.data(g)
             out: list[Timeline] = []
@@ -411,57 +409,6 @@ class RedisStore(GenerationAdmin, TenantWalks, Store):
     def event_ids(self, tenant: str) -> list[str]:
         with self._guard("event_ids", tenant):
             return sorted(self._tx(tenant, lambda p, d: p.smembers(d + "ev"))[0])
-
-    def tenant_starts(self, wanted: Sequence[tuple[str, Iterable[tuple[str, int]]]]) -> list[TenantStart]:
-        """Store.tenant_starts in one MULTI/EXEC per `_STARTS_CHUNK` tenants on a single node (each tenant's
-        generation checked in it; one that switched is read again), one per tenant on a Cluster (a tenant's
-        keys share a hash slot, different tenants' do not). The four reads one by one cost ~4x the CPU."""
-        asked = [(tenant, list(tps)) for tenant, tps in wanted]
-        if not asked:
-            return []
-        out: list[TenantStart | None] = [None] * len(asked)
-        size = _STARTS_CHUNK if isinstance(self._client, redis.Redis) else 1
-        todo = list(range(len(asked)))
-        with self._guard("tenant_starts", asked[0][0] if len(asked) == 1 else None):
-            for _ in range(_RETRIES):
-                left: list[int] = []
-                for chunk in chunks(todo, size):
-                    left += self._starts(asked, chunk, out)
-                if not left:
-                    return out        # type: ignore[return-value]
-                todo = left
-        tenant = asked[todo[0]][0]
-        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
-
-    def _starts(self, asked: list[tuple[str, list[tuple[str, int]]]], chunk: list[int],
-                out: list[TenantStart | None]) -> list[int]:
-        """Read the TenantStarts of `chunk` (indexes into `asked`) in one transaction; returns the indexes
-        whose generation switched (guess corrected, to be read again)."""
-        pipe = self._client.pipeline(transaction=True)
-        checked = []
-        for i in chunk:
-            tenant, tps = asked[i]
-            names = self._n(tenant)
-            gen, expected = self._gen_guess(tenant)
-            d = names.data(gen)
-            if expected:
-                pipe.get(names.gen)
-            pipe.smembers(d + "ev")
-            pipe.hgetall(d + MARKS)
-            pipe.hmget(d + "m", LATEST, *[offset_field(*tp) for tp in tps])
-            checked.append(expected)
-        results = iter(pipe.execute())
-        left = []
-        for i, expected in zip(chunk, checked):
-            current = (next(results) or "1") if expected else expected
-            ids, marks, meta = next(results), next(results), next(results)
-            if current != expected:
-                self._gens[asked[i][0]] = int(current)
-                left.append(i)
-                continue
-            offsets = {tp: None if v is None else int(v) for tp, v in zip(asked[i][1], meta[1:])}
-            out[i] = (sorted(ids), offsets, dict(marks), None if meta[0] is None else int(meta[0]))
-        return left
 
     def freshness(self, tenant: str) -> Freshness:
         """known_through and lag from the meta hash (what the workers' last commits stored)."""
