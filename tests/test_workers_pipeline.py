@@ -105,7 +105,6 @@ def test_overlapped_batches_equal_the_embedded_build(fail_commit_at: set[int], f
     durable = FlakyDurable(fail_commit_at, fail_load_at)
     kafka = NoKafka()
     applier = BatchApplier(cartridge, durable, max_mirrored_tenants=max_tenants)
-    applier.mirrors.loaders = 1 if fail_load_at else 8       # deterministic load order when injecting
     pipeline = BatchPipeline(applier, kafka, kafka, log=logging.getLogger("test"), backoff=(0.001, 0.01))  # type: ignore[arg-type]
     run_overlapped(pipeline, by_partition_batches(records, 25))
     expected = embedded_digests(cartridge, write_jsonl(tmp_path / "e.jsonl", events))

@@ -114,6 +114,19 @@ def preflight(cartridges: list[Cartridge], settings: Settings, options: WorkerOp
         open_redis_store(c, settings).close()
 
 
+GC_OBJECTS_PER_RECORD = 100     # room per record of a batch before a young-generation collection
+
+
+def gc_young_threshold(batch: int) -> int:
+    """When the collector scans the young generation: after this many more container objects were made than
+    freed. A batch's records, events and writes live until the batch is written (two batches in flight,
+    ~20-50 objects per record), so with a fixed 100,000 the collector ran several times per batch, each time
+    scanning the whole batch in flight, only to find it alive: 12-18% of the worker's CPU (docs/performance.md).
+    Counted net of frees, a threshold above two batches' objects lets a collection come only when what is kept
+    (mirrors) grows by that much; reference cycles, the only garbage that waits for it, are few here."""
+    return max(100_000, GC_OBJECTS_PER_RECORD * batch)
+
+
 def run_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions,
                process: ProcessOptions | None = None) -> int:
     """Check the services, then run until SIGTERM/SIGINT; returns the process exit code."""
@@ -123,9 +136,7 @@ def run_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerO
     server = None
     if process.metrics_port is not None:
         server = HealthServer(probes.health, probes.registry, process.metrics_port).start()
-    # The mirrors are millions of long-lived small objects: scan them less often (collection pauses
-    # otherwise grow with the mirrored graph and cost ~20% of the batch time).
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(gc_young_threshold(options.batch), 50, 100)
     worker = create_worker(cartridges, settings, options, process, probes)
     try:
         worker.execute_from_commandline()

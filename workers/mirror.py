@@ -2,8 +2,8 @@
 
 Handlers read the graph (`relations`, `facts`) while they write. Reading Redis for every event would cost
 a round trip each, so a worker keeps a MemoryStore copy of every tenant it touched, loaded from Redis on
-first touch (new tenants of a batch are loaded concurrently). It is exact as long as this worker is the
-only writer of the tenant, which the consumer group guarantees (key = tenant, one owner per partition).
+first touch (the new tenants of a batch in a few round trips: `Store.tenant_starts`). It is exact as long
+as this worker is the only writer of the tenant, which the consumer group guarantees (key = tenant, one owner per partition).
 A tenant's mirror is dropped when its partition is revoked, when a write of a batch that changed it fails
 (Redis may or may not hold that batch), and, least recently used first, beyond the size limit, but never
 while it holds writes that are not in Redis yet (pinned).
@@ -21,16 +21,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from keel.store.base import GLOBAL_TENANT, Key, Position, Store, Write
+from keel.store.base import GLOBAL_TENANT, Key, Position, Store, TenantStart, Write
 from keel.store.memory import MemoryStore
 from keel.timeline import Assertion
 
 TopicPartition = tuple[str, int]
-_Loaded = tuple[list[tuple[Key, list[Assertion]]], list[str], dict[TopicPartition, "int | None"], dict[str, str],
-                "int | None"]
 
 
 class _Tenant:
@@ -43,15 +40,14 @@ class _Tenant:
 class Mirrors:
     """Per-tenant MemoryStore copies of the durable store, with each tenant's applied offsets."""
 
-    def __init__(self, durable: Store, *, max_tenants: int = 100_000, loaders: int = 8) -> None:
+    def __init__(self, durable: Store, *, max_tenants: int = 100_000, loads: int = 1024) -> None:
         self.durable = durable
         self.write_lock = threading.Lock()     # held while a batch is written (BatchApplier.write)
         self.memory = RecordingStore(reload=self._reload)
         self.max_tenants = max_tenants
-        self.loaders = loaders
+        self.loads = loads                     # tenants per tenant_starts call
         self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
         self._pins: dict[str, int] = {}        # tenants changed by plans not written yet: never evicted
-        self._pool: ThreadPoolExecutor | None = None
 
     def __contains__(self, tenant: str) -> bool:
         return tenant in self._tenants
@@ -64,37 +60,26 @@ class Mirrors:
         if tenant in self._tenants:
             self._tenants.move_to_end(tenant)
             return
-        self._install(tenant, self._fetch(tenant, ()))
+        self._install(tenant, self.durable.tenant_starts([(tenant, ())])[0])
 
     def prefetch(self, wanted: dict[str, set[TopicPartition]]) -> None:
-        """Load the tenants not mirrored yet (and their applied offsets on these partitions) concurrently:
-        a tenant costs a few round trips, and a batch of a busy topic brings hundreds of new ones."""
+        """Load the tenants not mirrored yet (and their applied offsets on these partitions), `loads` per
+        call of the durable store: a batch of a busy topic brings hundreds of new tenants, and the store
+        reads many in one round trip (`Store.tenant_starts`)."""
         missing = [(t, tps) for t, tps in wanted.items() if t not in self._tenants]
-        if len(missing) < 2 or self.loaders < 2:
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.loaders, thread_name_prefix="keel-mirror-load")
-        for tenant, loaded in zip([t for t, _ in missing],
-                                  self._pool.map(lambda item: self._fetch(*item), missing)):
-            if tenant not in self._tenants:
+        for i in range(0, len(missing), self.loads):
+            chunk = missing[i:i + self.loads]
+            for (tenant, _), loaded in zip(chunk, self.durable.tenant_starts(chunk)):
                 self._install(tenant, loaded)
-
-    def _fetch(self, tenant: str, tps: set[TopicPartition] | tuple[()]) -> _Loaded:
-        """What the mirror needs of a tenant first, read from the durable store (any thread): its applied
-        event ids, their marks, its latest recorded_at and offsets; its graph is read on the first read of a
-        handler (`_reload`)."""
-        durable = self.durable
-        return ([], durable.event_ids(tenant), {tp: durable.applied_offset(tenant, *tp) for tp in tps},
-                durable.event_marks(tenant), durable.latest_recorded(tenant))
 
     def _reload(self, tenant: str) -> tuple[list[tuple[Key, list[Assertion]]], list[str]]:
         """A tenant's graph and event ids as the durable store holds them, read while no batch is written."""
         with self.write_lock:
             return list(self.durable.dump(tenant)), self.durable.event_ids(tenant)
 
-    def _install(self, tenant: str, loaded: _Loaded) -> None:
-        timelines, event_ids, offsets, marks, latest = loaded
-        self.memory.load(tenant, iter(timelines), event_ids, stale=True, marks=marks, latest=latest)
+    def _install(self, tenant: str, loaded: TenantStart) -> None:
+        event_ids, offsets, marks, latest = loaded
+        self.memory.load(tenant, iter(()), event_ids, stale=True, marks=marks, latest=latest)
         state = self._tenants[tenant] = _Tenant()
         state.offsets.update(offsets)
 
@@ -147,11 +132,6 @@ class Mirrors:
 
     def clear(self) -> None:
         self.drop(list(self._tenants))
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
 
 
 class RecordingStore(MemoryStore):

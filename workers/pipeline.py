@@ -171,5 +171,3 @@ class BatchPipeline:
         its own; what it writes is safe, see workers/ingest.py) and the mirrors are left to the process end."""
         self._writer.shutdown(wait=wait, cancel_futures=not wait)
         self._planner.shutdown(wait=wait, cancel_futures=not wait)
-        if wait:
-            self.applier.mirrors.close()

@@ -60,6 +60,9 @@ EventWrites = tuple[list[Write], str | None]   # one event's writes and its id (
 # (topic, partition, offset of the last record applied[, the partition's log end when known: the lag])
 Position = tuple[str, int, int] | tuple[str, int, int, int | None]
 BatchStep = tuple[str, Sequence[EventWrites], Position | None]   # (tenant, events, position)
+# What a worker's mirror reads of a tenant first: applied event ids (sorted), applied offsets of the asked
+# (topic, partition)s, event marks, latest recorded_at (see Store.tenant_starts).
+TenantStart = tuple[list[str], dict[tuple[str, int], "int | None"], dict[str, str], "Micros | None"]
 
 
 def new_write(key: Key, assertion: Assertion) -> Write:
@@ -341,6 +344,13 @@ class Store(ABC):
     @abstractmethod
     def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
         """The offset stored by the last commit_batch for (topic, partition) of the tenant, or None."""
+
+    def tenant_starts(self, wanted: Sequence[tuple[str, Iterable[tuple[str, int]]]]) -> list[TenantStart]:
+        """For each (tenant, its (topic, partition)s): event_ids, the applied offsets, event_marks and
+        latest_recorded, as one TenantStart. A worker loads hundreds of tenants at its start and after a
+        rebalance; backends with a round trip read many tenants in one (RedisStore)."""
+        return [(self.event_ids(t), {tp: self.applied_offset(t, *tp) for tp in tps}, self.event_marks(t),
+                 self.latest_recorded(t)) for t, tps in wanted]
 
     def commit_many(self, steps: Sequence[BatchStep]) -> None:
         """Several `commit_batch` steps (e.g. the tenants of one poll); each is atomic on its own, steps of

@@ -66,6 +66,20 @@ class BatchContract:
         m.apply_writes(T, *event(2, value="once"))
         assert digest(s, T) == digest(m, T)
 
+    def test_tenant_starts_read_what_the_single_reads_read(self) -> None:
+        s = self.make_batch_store()
+        s.commit_batch(T, [event(1), event(2)], (TOPIC, 0, 41))
+        s.commit_batch(T, [event(3)], (TOPIC, 2, 7))
+        s.commit_batch("other", [event(4)], (TOPIC, 1, 3))
+        wanted = [(T, [(TOPIC, 0), (TOPIC, 1), (TOPIC, 2)]), ("other", {(TOPIC, 1)}), ("nobody", [(TOPIC, 0)]),
+                  (T, ())]
+        expected = [(s.event_ids(t), {tp: s.applied_offset(t, *tp) for tp in tps}, s.event_marks(t),
+                     s.latest_recorded(t)) for t, tps in wanted]
+        assert s.tenant_starts(wanted) == expected
+        assert expected[0][0] == ["e1", "e2", "e3"] and expected[0][1] == {(TOPIC, 0): 41, (TOPIC, 1): None, (TOPIC, 2): 7}
+        assert expected[2] == ([], {(TOPIC, 0): None}, {}, None)
+        assert s.tenant_starts([]) == []
+
     def test_the_offset_only_moves_forward(self) -> None:
         s = self.make_batch_store()
         s.commit_batch(T, [event(1)], (TOPIC, 2, 10))

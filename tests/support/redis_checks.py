@@ -433,6 +433,20 @@ class RedisChecks(RedisCase):
         steps.append((events[270:], ("topic", 1, 5)))
         return steps
 
+    def test_tenant_starts_notice_a_generation_switch(self) -> None:
+        ns = f"t{uuid.uuid4().hex[:12]}"
+        s, reader = self.redis_store(ns), self.redis_store(ns)     # the reader guesses generation 1
+        s.commit_batch("acme", [([], "e1")], ("topic", 0, 3))
+        s.commit_batch("beta", [([], "b1")], ("topic", 0, 4))
+        assert [start[0] for start in reader.tenant_starts([("acme", []), ("beta", [])])] == [["e1"], ["b1"]]
+        gen = s.new_generation("acme")
+        s.for_generation("acme", gen).commit_batch("acme", [([], "e2")], ("topic", 0, 9))
+        s.switch_generation("acme", gen)
+        starts = reader.tenant_starts([("acme", [("topic", 0)]), ("beta", [("topic", 0)])])
+        assert starts == [(["e2"], {("topic", 0): 9}, s.event_marks("acme"), s.latest_recorded("acme")),
+                          (["b1"], {("topic", 0): 4}, s.event_marks("beta"), s.latest_recorded("beta"))]
+        assert reader.current_generation("acme") == gen
+
     def test_a_bulk_load_leaves_exactly_what_apply_leaves(self) -> None:
         s = self.redis_store()
         steps = self.bulk_steps()

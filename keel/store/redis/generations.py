@@ -15,6 +15,7 @@ from .loader import GenerationLoader
 from .transport import Client
 
 CHUNK = 500                       # timelines, entities or keys per round trip when walking a whole tenant
+RETRIES = 8                       # generation switches tolerated during one call
 
 
 def chunks(items: list[Any], size: int = CHUNK) -> Iterator[list[Any]]:

@@ -34,7 +34,7 @@ from ..base import (
 from . import scripts
 from .batch import ApplyBatch, PendingStep
 from .codec import ProvenanceCache, clamped_point, decode_view, freshness_of, timeline_of
-from .generations import GenerationAdmin, chunks
+from .generations import RETRIES, GenerationAdmin, chunks
 from .keys import (
     LATEST,
     MARKS,
@@ -48,11 +48,11 @@ from .keys import (
     registry_key,
 )
 from .layout import check_layout
+from .starts import TenantStarts
 from .transport import Client, eval_many, guard
 from .walks import TenantWalks
 
 Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
-_RETRIES = 8                      # generation switches tolerated during one call
 
 
 class GenerationChanged(StoreUnavailable):
@@ -66,7 +66,7 @@ class GenerationChanged(StoreUnavailable):
         self.new = new
 
 
-class RedisStore(GenerationAdmin, TenantWalks, Store):
+class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
     """A Store over Redis (single node or Cluster); one namespace (a cartridge) per instance."""
 
     def __init__(self, client: Client, *, namespace: str, pins: dict[str, int] | None = None,
@@ -173,7 +173,7 @@ class RedisStore(GenerationAdmin, TenantWalks, Store):
         the calls whose tenant switched generation meanwhile are built again and rerun."""
         out: list[list[Any]] = [[] for _ in calls]
         todo = list(range(len(calls)))
-        for _ in range(_RETRIES):
+        for _ in range(RETRIES):
             sent = []
             for i in todo:
                 names = self._n(calls[i][0])
@@ -197,7 +197,7 @@ class RedisStore(GenerationAdmin, TenantWalks, Store):
     def _tx(self, tenant: str, fill: Callable[[Any, str], None]) -> list[Any]:
         """Run reads in one MULTI/EXEC that also checks the generation; `fill(pipe, data prefix)`."""
         names = self._n(tenant)
-        for _ in range(_RETRIES):
+        for _ in range(RETRIES):
             gen, expected = self._gen_guess(tenant)
             pipe = self._client.pipeline(transaction=True)
             if expected:
@@ -250,7 +250,7 @@ class RedisStore(GenerationAdmin, TenantWalks, Store):
                 self._client.sadd(self._registry, *unregistered)
                 self._registered.update(unregistered)
             self._load_pv_lengths(pending)
-            for _ in range(_RETRIES):
+            for _ in range(RETRIES):
                 tries: list[str] = []
                 calls = self._attempts(pending, tries)
                 results = eval_many(self._client, self._apply_script, list(calls) if len(pending) == 1 else calls)
@@ -383,7 +383,7 @@ class RedisStore(GenerationAdmin, TenantWalks, Store):
         (restarting when it switches between chunks), or all of `gen` when given."""
         names = self._n(tenant)
         resolve = "0" if provenance is not None else "1"
-        for _ in range(_RETRIES):
+        for _ in range(RETRIES):
             g, expected = (gen, "") if gen is not None else self._gen_guess(tenant)
             d = names.data(g)
             out: list[Timeline] = []
