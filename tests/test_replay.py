@@ -101,9 +101,13 @@ def test_replay_killed_midway_leaves_the_served_graph_and_a_rerun_completes(tmp_
     marker = f"keel:{{{ns}/{TARGET}}}:replay"
     proc = replay_process(cartridge, env, tmp_path / "replay.log", "--tenant", TARGET, "--batch", "300")
     try:
+        # The replay loads 20,000 events in about a second: poll often, and stop it before looking, so that
+        # it is killed midway (shadow generation partly filled, not switched) and the test says so if not.
         wait_until(lambda: client.exists(marker) and client.scard(f"keel:{{{ns}/{TARGET}}}:g2:ev") >= 600
-                   or proc.poll() is not None, 60, "the shadow generation to fill")
+                   or proc.poll() is not None, 60, "the shadow generation to fill", interval=0.005)
         assert proc.poll() is None, (tmp_path / "replay.log").read_text()
+        proc.send_signal(signal.SIGSTOP)
+        assert client.get(f"keel:{{{ns}/{TARGET}}}:gen") in (None, b"1"), "the replay switched before the kill"
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:
