@@ -31,6 +31,7 @@ from keel.logs import LEVELS, dict_config
 from keel.logs import install as install_log_limit
 from keel.wire import dlq_topic, events_topic
 
+from .collector import gc_young_threshold
 from .ingest import CartridgeIngest, WorkerOptions
 from .metrics import WorkerMetrics
 
@@ -112,19 +113,6 @@ def preflight(cartridges: list[Cartridge], settings: Settings, options: WorkerOp
     asyncio.run(ensure_topics(settings.kafka_bootstrap, topics, options.topics))
     for c in cartridges:
         open_redis_store(c, settings).close()
-
-
-GC_OBJECTS_PER_RECORD = 100     # room per record of a batch before a young-generation collection
-
-
-def gc_young_threshold(batch: int) -> int:
-    """When the collector scans the young generation: after this many more container objects were made than
-    freed. A batch's records, events and writes live until the batch is written (two batches in flight,
-    ~20-50 objects per record), so with a fixed 100,000 the collector ran several times per batch, each time
-    scanning the whole batch in flight, only to find it alive: 12-18% of the worker's CPU (docs/performance.md).
-    Counted net of frees, a threshold above two batches' objects lets a collection come only when what is kept
-    (mirrors) grows by that much; reference cycles, the only garbage that waits for it, are few here."""
-    return max(100_000, GC_OBJECTS_PER_RECORD * batch)
 
 
 def run_worker(cartridges: list[Cartridge], settings: Settings, options: WorkerOptions,

@@ -37,6 +37,7 @@ from keel.store.redis import GenerationLoader
 from keel.store.redis.layout import stamp_layout
 from keel.wire import events_topic
 
+from .collector import gc_young_threshold
 from .replay_build import PartitionBuild
 from .replay_progress import Progress
 from .replay_scan import PartitionScan, partition_count, tenant_partition
@@ -159,7 +160,9 @@ class Replayer:
                 assert wanted is not None
                 wanted.add(t)
         threshold = gc.get_threshold()
-        gc.set_threshold(100_000, 50, 1000)     # the mirror grows by millions of objects, all long-lived
+        # the mirror grows by millions of objects, all long-lived (frozen after each fetch); a fetch's records
+        # live until projected, so a young collection waits for a fetch's worth (as the worker's batch)
+        gc.set_threshold(gc_young_threshold(self.options.fetch), 50, 1000)
         try:
             for partition in sorted(plan):
                 await self._partition(partition, plan[partition])
