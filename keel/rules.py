@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-import cel
-
 from .errors import BadTime
 from .times import Micros, parse_time
 
@@ -141,6 +139,9 @@ def compile_rule(name: str, applies_to: str, definition: str, params: Mapping[st
     if len(when) > MAX_EXPRESSION:
         return Rule(name, applies_to, definition, params), [f"{where}: at most {MAX_EXPRESSION} characters"]
     problems = []
+    # imported here, not at module level: the package imports its REPL (prompt_toolkit), ~0.1 s of every CLI
+    # start, and only cartridges with `when:` rules need it
+    import cel
     try:
         program = cel.compile(when)
     except (ValueError, RuntimeError, TypeError) as e:
