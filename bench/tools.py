@@ -354,7 +354,7 @@ def main() -> None:
         try:
             run_backend("redis", store, args, rows, namespace)
         finally:
-            store.drop_tenant(TENANT)
+            store.drop_namespace()          # its tenant and registry: no graph left behind
             store.close()
     else:
         print("  no --redis URL (or KEEL_REDIS_URL): Redis rows skipped", file=sys.stderr)
