@@ -33,7 +33,7 @@ from string import Formatter
 from typing import TYPE_CHECKING, Any
 
 from .errors import BadTime
-from .store.base import REF_LABEL, Write, checked_label_writes
+from .store.writes import REF_LABEL, Write, checked_label_writes
 from .timeline import Assertion
 from .times import format_time, parse_time
 

@@ -14,7 +14,8 @@ from .errors import EnvelopeRejected, HandlerFailed, KeelError
 from .limits import ValueRefused, check_value
 from .notes import NotePolicy
 from .registry import Handler
-from .store.base import EventId, Key, Store, Write, checked_label_writes, event_key, fact_write
+from .store.base import EventId, Key, Store, Write
+from .store.writes import checked_label_writes, event_key, fact_write
 from .timeline import VOID, Assertion, is_void, new_assertion, void_of
 from .times import Micros, parse_time
 

@@ -12,48 +12,29 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from ..envelope import ENTITY
-from ..errors import UsageError
 from ..timeline import (
     Assertion,
     Version,
     coalesce,
     covering,
-    new_assertion,
 )
 from ..times import Micros, format_time, now_micros, parse_time
+from .writes import (  # noqa: F401 - the write vocabulary, re-exported with the contract that applies it
+    REF_LABEL,
+    EventId,
+    Key,
+    Write,
+    check_entity,
+    checked_label_writes,
+    event_key,
+    fact_write,
+    label_writes,
+    new_write,
+    relation_write,
+    scope_key,
+)
 
-_tuple_new = tuple.__new__
 GLOBAL_TENANT = "_global"   # where cross-tenant (global) notes live; not a valid tenant name
-REF_LABEL = "ref"           # the entity's pointer is kept as a label timeline under this name
-
-# Timeline keys (tuples of strings):
-#   ("e", entity)                        existence marker of an upsert without labels
-#   ("l", entity, label)                 entity label (and REF_LABEL)
-#   ("f", entity, predicate, scope_key)  fact; scope_key "" for domain facts, else tenant | task:<id> | agent:<id> | global
-#   ("r", subject, relation, object)     relation triple
-Key = tuple[str, ...]
-
-
-class Write(NamedTuple):
-    key: Key
-    assertion: Assertion
-
-
-class EventId(str):
-    """An event id with what a store keeps next to it: `mark` (`<content hash> <where first seen>`, the
-    idempotency check) and `recorded_at` (the tenant's latest recorded_at follows it). It is a str, so it
-    travels wherever an event id goes (mirrors, batches, replay steps) and each store keeps the mark in the
-    same atomic step as the id; a plain str id carries neither."""
-    mark: str | None = None
-    recorded_at: Micros | None = None
-
-
-def event_key(event_id: str, mark: str | None, recorded_at: Micros | None) -> EventId:
-    key = EventId(event_id)
-    key.mark, key.recorded_at = mark, recorded_at
-    return key
-
 
 # The batch contract's shapes (see Store.commit_batch):
 EventWrites = tuple[list[Write], str | None]   # one event's writes and its id (None: not idempotent)
@@ -63,11 +44,6 @@ BatchStep = tuple[str, Sequence[EventWrites], Position | None]   # (tenant, even
 # What a worker's mirror reads of a tenant first: applied event ids (sorted), applied offsets of the asked
 # (topic, partition)s, event marks, latest recorded_at (see Store.tenant_starts).
 TenantStart = tuple[list[str], dict[tuple[str, int], "int | None"], dict[str, str], "Micros | None"]
-
-
-def new_write(key: Key, assertion: Assertion) -> Write:
-    """`Write(key, assertion)` without the NamedTuple's Python-level __new__ (hot path: a write per call)."""
-    return _tuple_new(Write, (key, assertion))
 
 
 class EntityInfo(NamedTuple):
@@ -107,26 +83,8 @@ def entities_of(key: Key) -> tuple[str, ...]:
     return (key[1], key[3]) if key[0] == "r" else (key[1],)
 
 
-def scope_key(scope: str | None, owner: str | None = None) -> str:
-    """Timeline scope key of a fact: "" for domain facts, `task:<id>` / `agent:<id>` for private notes."""
-    if scope is None:
-        return ""
-    if scope in ("task", "agent"):
-        if not owner:
-            raise UsageError(f"a {scope}-scope fact needs its {scope} id")
-        return f"{scope}:{owner}"
-    return scope
-
-
 def scope_of(key_scope: str) -> str | None:
     return key_scope.partition(":")[0] or None
-
-
-def _entity(entity: str) -> str:
-    if not isinstance(entity, str) or not ENTITY.fullmatch(entity):
-        raise UsageError(f"bad entity {entity!r}: use '<entity type>:<id>' with id matching "
-                         f"[A-Za-z0-9][A-Za-z0-9._@-]{{0,127}}")
-    return entity
 
 
 def _when(t: object | None, default: Micros | None) -> Micros | None:
@@ -413,7 +371,7 @@ class Store(ABC):
         """`view` of several entities, of one tenant or several, at one `at` and `known_at`."""
         requests = list(requests)
         for r in requests:
-            _entity(r.entity)
+            check_entity(r.entity)
         return self.read_views(requests, _when(at, now_micros()), _when(known_at, None))
 
     def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
@@ -455,7 +413,7 @@ class Store(ABC):
         """Every fact version recorded by `known_at` (closed and superseded ones included) by predicate, then
         valid_from, each with `superseded_at` / `superseded_by` (when and by which event another version
         replaced it at its valid_from; null while it is believed)."""
-        _entity(entity)
+        check_entity(entity)
         allowed = None if scopes is None else set(scopes)
         keys = sorted((key for key in self.keys(tenant, entity)
                        if key[0] == "f" and (predicate is None or key[2] == predicate)
@@ -465,53 +423,3 @@ class Store(ABC):
             out.extend({**fact_result(key, v), "superseded_at": format_time(None if by is None else by.recorded_at),
                         "superseded_by": None if by is None else by.evidence} for v, by in versions)
         return out
-
-
-def _recorded(recorded_at: object | None, point: Micros) -> Micros:
-    return point if recorded_at is None else parse_time(recorded_at)
-
-
-def label_writes(entity: str, ref: str | None, labels: dict[str, Any], *, valid_from: object,
-                 source: str | None, evidence: str | None, recorded_at: object | None,
-                 by: str | None) -> list[Write]:
-    """Writes of upsert_entity: one label timeline per label (and the ref)."""
-    _entity(entity)
-    point = parse_time(valid_from)
-    return checked_label_writes(entity, ref, labels, point, source, evidence, _recorded(recorded_at, point), by)
-
-
-def checked_label_writes(entity: str, ref: str | None, labels: dict[str, Any], point: Micros,
-                         source: str | None, evidence: str | None, recorded_at: Micros,
-                         by: str | None) -> list[Write]:
-    """`label_writes` for an entity already checked and times already parsed (the projector's hot path)."""
-    items = sorted(labels.items()) if len(labels) > 1 else list(labels.items())
-    if ref is not None:
-        items.insert(0, (REF_LABEL, ref))
-    if not items:   # an upsert without labels still makes the entity exist
-        return [new_write(("e", entity), new_assertion(point, True, False, source, evidence, recorded_at, by))]
-    return [_tuple_new(Write, (("l", entity, name), _tuple_new(Assertion, (
-                point, value, False, source, evidence, recorded_at, by, None))))
-            for name, value in items]
-
-
-def relation_write(subject: str, relation: str, object: str, when: object, closed: bool, *,
-                   source: str | None, evidence: str | None, recorded_at: object | None,
-                   by: str | None) -> Write:
-    _entity(subject)
-    _entity(object)
-    point = parse_time(when)
-    return new_write(("r", subject, relation, object),
-                     new_assertion(point, None if closed else True, closed, source, evidence,
-                                   _recorded(recorded_at, point), by))
-
-
-def fact_write(subject: str, predicate: str, value: Any, when: object, closed: bool, *,
-               source: str | None, evidence: str | None, recorded_at: object | None, by: str | None,
-               scope: str | None = None, owner: str | None = None, expires_at: object | None = None) -> Write:
-    _entity(subject)
-    point = parse_time(when)
-    return new_write(("f", subject, predicate, scope_key(scope, owner)),
-                     new_assertion(point, None if closed else value, closed, source, evidence,
-                                   _recorded(recorded_at, point), by,
-                                   None if expires_at is None else parse_time(expires_at)))
-
