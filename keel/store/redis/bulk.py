@@ -82,24 +82,16 @@ def encode_step(events: Sequence[EventWrites], base: int, known: Entities,
         return p, o, ob
 
     provs, ends, wrote = encode_writes(events, base, timeline)
-    first, names, keys_of = known.first, known.names, known.keys
+    first, keys_of = known.first, known.keys
     push(commands, "SADD", known.d + "ents", [e for e in owners if e not in first])   # before the keys it indexes
     last, text = None, ""                       # the last recorded_at written as text (most repeat)
     for e, (z, rec, elements) in owners.items():
-        keys = names.get(e)
-        if keys is None:
-            keys = keys_of(e)
-        if len(z) <= LOAD_ITEMS:
-            if z:
-                pairs = ["0"] * (2 * len(z))
-                pairs[1::2] = z
-                commands.append(("ZADD", keys[0], *pairs))
-        else:
-            for i in range(0, len(z), LOAD_ITEMS):
-                chunk = z[i:i + LOAD_ITEMS]
-                pairs = ["0"] * (2 * len(chunk))
-                pairs[1::2] = chunk
-                commands.append(("ZADD", keys[0], *pairs))
+        keys = keys_of(e)
+        for i in range(0, len(z), LOAD_ITEMS):
+            chunk = z[i:i + LOAD_ITEMS] if len(z) > LOAD_ITEMS else z     # no copy at the common size
+            pairs = ["0"] * (2 * len(chunk))
+            pairs[1::2] = chunk
+            commands.append(("ZADD", keys[0], *pairs))
         f = first.get(e)
         if f is None or rec < f:
             first[e] = rec
@@ -110,8 +102,5 @@ def encode_step(events: Sequence[EventWrites], base: int, known: Entities,
             else:
                 commands.append(("LSET", keys[1], "0", text))
         if elements is not None:
-            if len(elements) <= LOAD_ITEMS:
-                commands.append(("RPUSH", keys[1], *elements))
-            else:
-                push(commands, "RPUSH", keys[1], elements)
+            push(commands, "RPUSH", keys[1], elements)
     return provs, ends, wrote
