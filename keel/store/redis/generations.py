@@ -97,7 +97,10 @@ class GenerationAdmin:
             d = self._n(tenant).data(self._snapshot_gen(tenant) if gen is None else int(gen))
             entities = sorted(self._client.smembers(d + "ents"))
             extra = [d + k for k in (MARKS, RELATION_ENDS)]         # present only when written (keys.py)
-            extra = [k for k, n in zip(extra, (self._client.exists(k) for k in extra)) if n]
+            pipe = self._client.pipeline(transaction=False)
+            for k in extra:
+                pipe.exists(k)
+            extra = [k for k, n in zip(extra, pipe.execute()) if n]
         return [d + k for k in DATA_KEYS] + extra + [d + p + escape(e) for e in entities for p in ("z:", "x:")]
 
     def drop_tenant(self, tenant: str) -> int:
