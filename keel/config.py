@@ -7,6 +7,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
 
+from .errors import UsageError
+
 
 class Settings(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -14,6 +16,7 @@ class Settings(BaseModel):
     redis_url: str | None = None
     allow_global_notes: bool = False
     apply_timeout_s: float = 10.0
+    redis_layout: int = 1           # the Redis key layout a new namespace is written in (keel/store/redis/layout.py)
 
 
 def resolve(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> Settings:
@@ -27,7 +30,11 @@ def resolve(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -
         return env.get(var, default)
 
     allow = pick("allow_global_notes", "KEEL_ALLOW_GLOBAL_NOTES", False)
+    layout = str(pick("redis_layout", "KEEL_REDIS_LAYOUT", "1")).strip()
+    if layout not in ("1", "2"):
+        raise UsageError(f"bad KEEL_REDIS_LAYOUT {layout!r}: use 1 (a sorted set per entity) or 2 (segments)")
     return Settings(kafka_bootstrap=str(pick("kafka", "KEEL_KAFKA_BOOTSTRAP", "127.0.0.1:9092")),
                     redis_url=pick("redis", "KEEL_REDIS_URL", None),  # type: ignore[arg-type]
                     allow_global_notes=allow if isinstance(allow, bool) else str(allow).lower() in ("1", "true", "yes"),
-                    apply_timeout_s=float(pick("apply_timeout", "KEEL_APPLY_TIMEOUT", 10.0)))  # type: ignore[arg-type]
+                    apply_timeout_s=float(pick("apply_timeout", "KEEL_APPLY_TIMEOUT", 10.0)),  # type: ignore[arg-type]
+                    redis_layout=int(layout))

@@ -62,6 +62,7 @@ def redis_url(settings: Settings) -> str:
 def open_redis_store(cartridge: Cartridge, settings: Settings, **options: Any) -> RedisStore:
     """The cartridge's Redis graph (namespace = cartridge name); options go to RedisStore.from_url."""
     from .store.redis import RedisStore  # redis-py is imported by the commands that use it only
+    options.setdefault("layout", settings.redis_layout)
     return RedisStore.from_url(redis_url(settings), namespace=cartridge.name, **options)
 
 

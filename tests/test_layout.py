@@ -10,9 +10,11 @@ import redis
 from support.workers import keel, services, services_env, unique_cartridge
 
 from keel.cartridge import load_cartridge
+from keel.errors import UsageError
 from keel.store.redis import RedisStore
 from keel.store.redis.keys import layout_key
-from keel.store.redis.layout import LAYOUT_VERSION, LayoutIncompatible
+from keel.store.redis.layout import LAYOUT_VERSION, LAYOUTS, LayoutIncompatible
+from keel.store.redis.segment_store import SegmentStore
 
 pytestmark = [services, pytest.mark.timeout(300)]
 
@@ -29,13 +31,33 @@ def test_a_new_namespace_is_stamped_and_another_version_refused(env: dict[str, s
     try:
         RedisStore.from_url(url, namespace=ns).close()
         assert client.get(layout_key(ns)) == str(LAYOUT_VERSION)
-        client.set(layout_key(ns), LAYOUT_VERSION + 1)
+        client.set(layout_key(ns), max(LAYOUTS) + 1)
         with pytest.raises(LayoutIncompatible, match="written by a newer Keel"):
             RedisStore.from_url(url, namespace=ns)
         client.set(layout_key(ns), LAYOUT_VERSION - 1)
         with pytest.raises(LayoutIncompatible, match=r"keel replay <cartridge folder> --all"):
             RedisStore.from_url(url, namespace=ns)
         RedisStore.from_url(url, namespace=ns, upgrading_layout=True).close()     # the replay may open it
+    finally:
+        client.delete(layout_key(ns))
+        client.close()
+
+
+def test_a_new_namespace_takes_the_layout_asked_for_and_every_process_follows_its_stamp(env: dict[str, str]) -> None:
+    url = env["KEEL_REDIS_URL"]
+    ns = f"lay{uuid.uuid4().hex[:10]}"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        first = RedisStore.from_url(url, namespace=ns, layout=2)
+        assert isinstance(first, SegmentStore) and client.get(layout_key(ns)) == "2"
+        first.apply_writes("acme", [], "e1")
+        first.close()
+        later = RedisStore.from_url(url, namespace=ns, layout=1)       # another setting: the stamp wins
+        assert isinstance(later, SegmentStore) and later.has_event("acme", "e1")
+        later.drop_namespace()
+        later.close()
+        with pytest.raises(UsageError, match="bad Redis key layout 3"):
+            RedisStore.from_url(url, namespace=ns, layout=3)
     finally:
         client.delete(layout_key(ns))
         client.close()

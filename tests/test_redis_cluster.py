@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 from redis.cluster import RedisCluster
 from support.batch_contract import BatchContract
-from support.redis_checks import RedisChecks, d
+from support.redis_checks import RedisCase, RedisChecks, d
 from support.store_contract import StoreContract
 
 from keel.store.base import Store, ViewRequest
 from keel.store.redis import RedisStore
+from keel.store.redis.segment_store import SegmentStore
 
 pytestmark = pytest.mark.services
 
@@ -124,3 +125,20 @@ class TestRedisClusterStore(RedisChecks, StoreContract, BatchContract):
         self.client.execute_command("SCRIPT FLUSH", target_nodes=RedisCluster.PRIMARIES)
         views = s.views([ViewRequest(f"tenant-{i}", "thing:x") for i in range(12)], at=d(2))
         assert [v.facts[0]["value"] for v in views if v] == list(range(12))
+
+
+class _RollingSegmentStore(SegmentStore):
+    roll_bytes = 1          # every step closes the segments it wrote: restatements and ROLL on every slot
+
+
+@pytest.mark.usefixtures("cluster_node")
+class TestRedisClusterSegmentStore(RedisCase, StoreContract, BatchContract):
+    """The contract suites on layout 2 on a 3-master Cluster, a segment closed after every step (so ROLL's
+    RENAME and the reads of subjects' segments, keys built in the scripts, run on every node)."""
+    store_class = _RollingSegmentStore
+
+    def make_store(self) -> Store:
+        return self.redis_store()
+
+    def make_batch_store(self) -> Store:
+        return self.redis_store()

@@ -22,6 +22,7 @@ from keel.store.base import (
     Store,
 )
 from keel.store.redis import GenerationLoader, RedisStore
+from keel.store.redis.segment_store import SegmentStore
 from keel.timeline import Assertion
 
 pytestmark = pytest.mark.services
@@ -117,3 +118,26 @@ def test_assertion_encoding_round_trips() -> None:
               Assertion(d(1), -5, False, "s", "e", d(2), None, d(4))):
         rest = encode_point(a.point) + "10" + "11" + "10" + encode_body(a)
         assert decode_member(rest) == (a.point, 0, a.value, a.closed, a.expires_at)
+
+
+@pytest.mark.usefixtures("single_node")
+class TestSegmentStore(RedisCase, StoreContract, BatchContract):
+    """The contract suites on layout 2 (segments appended per step), single redis-server."""
+    store_class = SegmentStore
+
+    def make_store(self) -> Store:
+        return self.redis_store()
+
+    def make_batch_store(self) -> Store:
+        return self.redis_store()
+
+
+class _RollingSegmentStore(SegmentStore):
+    roll_bytes = 1          # every step that writes an entity closes its segment: restatements everywhere
+
+
+@pytest.mark.usefixtures("single_node")
+class TestSegmentStoreRollingEveryStep(TestSegmentStore):
+    """Layout 2 with a segment closed after every step: every read now goes through restatements (anchors,
+    cut relations, the fall-back to whole folds) and must still answer as the memory store does."""
+    store_class = _RollingSegmentStore

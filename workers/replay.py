@@ -119,7 +119,7 @@ def replay(cartridge: Cartridge, settings: Settings, *, tenants: list[str] | Non
     try:
         report = asyncio.run(replayer.run(tenants))
         if tenants is None and all(r.switched for r in report.results):
-            stamp_layout(replayer.store.client, cartridge.name)    # every tenant is in this version's layout
+            stamp_layout(replayer.store.client, cartridge.name, replayer.store.layout)   # every tenant is in it
         return report
     finally:
         replayer.close()

@@ -43,6 +43,7 @@ class RedisCase:
     url: str
     client: Any
     cluster: bool = False
+    store_class: type[RedisStore] = RedisStore          # the layout under test (SegmentStore: layout 2)
 
     def setup_method(self) -> None:
         self._stores: list[RedisStore] = []
@@ -55,7 +56,7 @@ class RedisCase:
         return self.redis_store()
 
     def redis_store(self, namespace: str | None = None) -> RedisStore:
-        store = RedisStore(self.client, namespace=namespace or f"t{uuid.uuid4().hex[:12]}", owns_client=False)
+        store = self.store_class(self.client, namespace=namespace or f"t{uuid.uuid4().hex[:12]}", owns_client=False)
         self._stores.append(store)
         return store
 

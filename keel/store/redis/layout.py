@@ -1,9 +1,11 @@
-"""The version of the Redis key layout, checked by every process when it opens a namespace.
+"""The versions of the Redis key layout, checked by every process when it opens a namespace.
 
 `keel:{<namespace>}:layout` holds the layout version the namespace was written with (same hash tag as the
-namespace's tenant registry). A namespace without it is stamped with the current version: either it is
-new, or it was written by a Keel from before the stamp, whose layout is version 1. A process built for
-another version refuses to start, with a message saying what to run, instead of reading keys it does not
+namespace's tenant registry). A namespace without it is new, or was written by a Keel from before the stamp
+(whose layout is version 1): it is stamped with the layout asked for (`KEEL_REDIS_LAYOUT`, default 1) when
+new, with 1 when it holds tenants. This Keel reads and writes layouts 1 (store.py: a sorted set per entity)
+and 2 (segment_store.py: segments appended per step); a process opens the store class of the namespace's
+layout, and refuses another version with a message saying what to run, instead of reading keys it does not
 understand or writing a mix of two layouts. CHANGELOG.md lists each layout change and its upgrade step.
 """
 from __future__ import annotations
@@ -11,41 +13,46 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import UsageError
-from .keys import layout_key
+from .keys import layout_key, registry_key
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 1                # the layout of a namespace written before the stamp, and the default
+LAYOUTS = (1, 2)                  # the layouts this Keel reads and writes
 
 
 class LayoutIncompatible(UsageError):
-    """The namespace's Redis layout is not the one this Keel reads and writes."""
+    """The namespace's Redis layout is not one this Keel reads and writes."""
 
     def __init__(self, namespace: str, found: int, expected: int) -> None:
         self.namespace, self.found, self.expected = namespace, found, expected
-        if found > expected:
+        if found > max(LAYOUTS):
             advice = ("it was written by a newer Keel: run that version (or newer) for every process of this "
                       "cartridge; see CHANGELOG.md")
         else:
             advice = (f"rebuild it with this version: `keel replay <cartridge folder> --all` (it rewrites every "
                       f"tenant in layout {expected}, then stamps the namespace); see CHANGELOG.md")
         super().__init__(f"Redis namespace {namespace!r} has key layout version {found}, this Keel reads and "
-                         f"writes version {expected}: {advice}")
+                         f"writes versions {', '.join(map(str, LAYOUTS))}: {advice}")
 
 
-def check_layout(client: Any, namespace: str, *, upgrading: bool = False) -> int:
-    """Stamp a namespace without a version; refuse another version (unless `upgrading`, for the replay that
-    rewrites the namespace). Returns the version found (after stamping)."""
+def check_layout(client: Any, namespace: str, *, upgrading: bool = False, default: int = LAYOUT_VERSION) -> int:
+    """Stamp a namespace without a version (`default` when it holds no tenant yet, else 1); refuse a version
+    this Keel does not read (unless `upgrading`, for the replay that rewrites the namespace). Returns the
+    version found (after stamping)."""
+    if default not in LAYOUTS:
+        raise UsageError(f"bad Redis key layout {default!r}: this Keel writes layouts {', '.join(map(str, LAYOUTS))}")
     key = layout_key(namespace)
-    client.set(key, LAYOUT_VERSION, nx=True)
+    if client.get(key) is None:
+        client.set(key, default if not client.exists(registry_key(namespace)) else LAYOUT_VERSION, nx=True)
     raw = client.get(key)
     try:
         found = int(raw)
     except (TypeError, ValueError):
         found = 0                       # unreadable: treat as older than any layout
-    if found != LAYOUT_VERSION and not (upgrading and found < LAYOUT_VERSION):
-        raise LayoutIncompatible(namespace, found, LAYOUT_VERSION)
+    if found not in LAYOUTS and not (upgrading and found < LAYOUT_VERSION):
+        raise LayoutIncompatible(namespace, found, default)
     return found
 
 
-def stamp_layout(client: Any, namespace: str) -> None:
-    """After a replay of every tenant: the namespace is in the current layout."""
-    client.set(layout_key(namespace), LAYOUT_VERSION)
+def stamp_layout(client: Any, namespace: str, layout: int = LAYOUT_VERSION) -> None:
+    """After a replay of every tenant: the namespace is in `layout`."""
+    client.set(layout_key(namespace), layout)

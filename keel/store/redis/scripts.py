@@ -42,6 +42,45 @@ if nI > 0 then
 end
 """
 
+# A commit step's event ids and marks (layouts 1 and 2 share this part of their ARGV): ARGV[8] nI, the ids from
+# ARGV[I], then nM and nM pairs (id, mark) from ARGV[Mk]; refused (_APPLIED_IDS) when an id was applied. Leaves
+# `a` at the argument after the marks.
+_STEP_IDS = """
+local nI = tonumber(ARGV[8])
+local I = 9
+""" + _APPLIED_IDS + """
+local a = I + nI
+local nM = tonumber(ARGV[a])
+local Mk = a + 1
+a = Mk + 2 * nM
+"""
+
+# The meta hash (KEYS[3]) after a commit step (both layouts): `rl` (ARGV[7], the latest recorded_at of the
+# ids), `kt` (ARGV[5], of the writes) and the offset (field ARGV[3], value ARGV[4]) only move forward; `lag`
+# (ARGV[6]) is set with the offset.
+_STEP_META = """
+local field, rl, kt, lag = ARGV[3], ARGV[7], ARGV[5], ARGV[6]
+local cur = redis.call('HMGET', KEYS[3], 'rl', 'kt', field ~= '' and field or 'rl')
+local set = {}
+if rl ~= '' and (not cur[1] or tonumber(rl) > tonumber(cur[1])) then
+  set[#set + 1] = 'rl'
+  set[#set + 1] = rl
+end
+if kt ~= '' and (not cur[2] or tonumber(kt) > tonumber(cur[2])) then
+  set[#set + 1] = 'kt'
+  set[#set + 1] = kt
+end
+if field ~= '' and (not cur[3] or tonumber(ARGV[4]) > tonumber(cur[3])) then
+  set[#set + 1] = field
+  set[#set + 1] = ARGV[4]
+  if lag ~= '' then
+    set[#set + 1] = 'lag'
+    set[#set + 1] = lag
+  end
+end
+if #set > 0 then redis.call('HSET', KEYS[3], unpack(set)) end
+"""
+
 # The position of the provenance index encoded after P and the point; returns b + k.
 _PROV_OF = """
 local function prov_of(m, i)
@@ -93,13 +132,7 @@ local function multi(cmd, key, items, from, to)
 end
 local base = redis.call('LLEN', KEYS[5])
 if tostring(base) ~= ARGV[2] then return {2, base} end
-local nI = tonumber(ARGV[8])
-local I = 9
-""" + _APPLIED_IDS + """
-local a = I + nI
-local nM = tonumber(ARGV[a])
-local Mk = a + 1
-a = Mk + 2 * nM
+""" + _STEP_IDS + """
 local nP = tonumber(ARGV[a])
 local Pv = a + 1
 a = Pv + nP
@@ -186,26 +219,7 @@ multi('RPUSH', KEYS[5], ARGV, Pv, Pv + nP - 1)
 multi('SADD', KEYS[2], ARGV, I, I + nI - 1)
 multi('HSET', KEYS[#KEYS - 1], ARGV, Mk, Mk + 2 * nM - 1)
 multi('SADD', KEYS[#KEYS], ARGV, X, X + nX - 1)
-local field, rl, kt, lag = ARGV[3], ARGV[7], ARGV[5], ARGV[6]
-local cur = redis.call('HMGET', KEYS[3], 'rl', 'kt', field ~= '' and field or 'rl')
-local set = {}
-if rl ~= '' and (not cur[1] or tonumber(rl) > tonumber(cur[1])) then
-  set[#set + 1] = 'rl'
-  set[#set + 1] = rl
-end
-if kt ~= '' and (not cur[2] or tonumber(kt) > tonumber(cur[2])) then
-  set[#set + 1] = 'kt'
-  set[#set + 1] = kt
-end
-if field ~= '' and (not cur[3] or tonumber(ARGV[4]) > tonumber(cur[3])) then
-  set[#set + 1] = field
-  set[#set + 1] = ARGV[4]
-  if lag ~= '' then
-    set[#set + 1] = 'lag'
-    set[#set + 1] = lag
-  end
-end
-if #set > 0 then redis.call('HSET', KEYS[3], unpack(set)) end
+""" + _STEP_META + """
 if (nI > 0 or nR > 0) and redis.call('HINCRBY', KEYS[3], 'sv', 1) == 1 then
   redis.call('HSET', KEYS[3], 're', '1')    -- this generation's first write: `re` is kept from here on
 end

@@ -9,7 +9,7 @@ to one generation of one tenant (to rebuild it while the current one keeps servi
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -67,7 +67,9 @@ class GenerationChanged(StoreUnavailable):
 
 
 class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
-    """A Store over Redis (single node or Cluster); one namespace (a cartridge) per instance."""
+    """A Store over Redis (single node or Cluster) in key layout 1; one namespace (a cartridge) per instance.
+    `from_url` opens the class of the namespace's layout (layout 2: segment_store.SegmentStore)."""
+    layout = 1
 
     def __init__(self, client: Client, *, namespace: str, pins: dict[str, int] | None = None,
                  owns_client: bool = True, strict_generations: bool = False) -> None:
@@ -90,10 +92,12 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None,
-                 strict_generations: bool = False, upgrading_layout: bool = False, **options: Any) -> RedisStore:
+                 strict_generations: bool = False, upgrading_layout: bool = False, layout: int | None = None,
+                 **options: Any) -> RedisStore:
         """Connect to `redis://…`; `cluster=None` asks the server (`INFO cluster`) whether it is a Cluster node.
-        With `cluster=None` (what every process uses) it also refuses a namespace written in another key layout
-        (layout.py; a replay is `upgrading_layout`); with `cluster` given it connects lazily."""
+        With `cluster=None` (what every process uses) it also reads the namespace's key layout (layout.py: a new
+        namespace is stamped with `layout`, default 1; a replay is `upgrading_layout`) and opens the store class
+        of that layout; with `cluster` given it connects lazily, in this class's layout."""
         options.setdefault("socket_connect_timeout", 5)
         options.setdefault("socket_timeout", 30)
         probed = cluster is None
@@ -109,11 +113,18 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
                 client = RedisCluster.from_url(url, decode_responses=True, **options)
             else:
                 client = redis.Redis.from_url(url, decode_responses=True, **options)
+            store_class: type[RedisStore] = cls
             if probed:                       # a process opening its store: connected now, check the layout
-                check_layout(client, check_name("namespace", namespace), upgrading=upgrading_layout)
+                found = check_layout(client, check_name("namespace", namespace), upgrading=upgrading_layout,
+                                     default=layout or cls.layout)
+                if found == 2:
+                    from .segment_store import SegmentStore  # the two layouts import each other's module
+                    store_class = SegmentStore
+                elif found == 1 or upgrading_layout:
+                    store_class = RedisStore
         except RedisError as e:
             raise StoreUnavailable(f"cannot connect to Redis at {url}: {type(e).__name__}: {e}") from e
-        return cls(client, namespace=namespace, strict_generations=strict_generations)
+        return store_class(client, namespace=namespace, strict_generations=strict_generations)
 
     @property
     def client(self) -> Client:
@@ -144,6 +155,15 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
             with self._guard("register", tenant):
                 self._client.sadd(self._registry, tenant)
             self._registered.add(tenant)
+
+    def _register_all(self, tenants: Iterable[str]) -> None:
+        """Add the tenants this store has not registered yet to the registry, in one command (names checked)."""
+        unregistered = sorted(set(tenants) - self._registered)
+        for tenant in unregistered:
+            self._n(tenant)
+        if unregistered:
+            self._client.sadd(self._registry, *unregistered)
+            self._registered.update(unregistered)
 
     def invalidate(self, tenant: str, gen: int) -> None:
         """Forget what this store cached of a generation another writer (a bulk load) changed."""
@@ -243,12 +263,7 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
         if not pending:
             return
         with self._guard(what, pending[0].tenant if len(pending) == 1 else None):
-            unregistered = sorted({p.tenant for p in pending} - self._registered)
-            for tenant in unregistered:
-                self._n(tenant)
-            if unregistered:
-                self._client.sadd(self._registry, *unregistered)
-                self._registered.update(unregistered)
+            self._register_all(p.tenant for p in pending)
             self._load_pv_lengths(pending)
             for _ in range(RETRIES):
                 tries: list[str] = []
@@ -457,7 +472,7 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
         self._n(tenant)
         if int(gen) < 1:
             raise UsageError(f"bad generation {gen!r}: generations start at 1")
-        view = RedisStore(self._client, namespace=self.namespace, pins={**self._pins, tenant: int(gen)},
+        view = type(self)(self._client, namespace=self.namespace, pins={**self._pins, tenant: int(gen)},
                           owns_client=False)
         view._registered = self._registered
         return view

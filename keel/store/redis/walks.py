@@ -55,6 +55,16 @@ class TenantWalks:
         self._gens[tenant] = gen
         return gen
 
+    def _walk_entities(self, tenant: str, what: str, type: str | None = None) -> tuple[int, str, list[str]]:
+        """(generation, its data prefix, its entities sorted, of `type` when given) for a walk starting now."""
+        with self._guard(what, tenant):
+            gen = self._snapshot_gen(tenant)
+            d = self._n(tenant).data(gen)
+            entities = sorted(self._client.smembers(d + "ents"))
+        if type is not None:
+            entities = [e for e in entities if e.startswith(type + ":")]
+        return gen, d, entities
+
     def _entity_index(self, d: str) -> dict[str, list[str]]:
         """Every entity of a generation with its index list elements (first recorded_at dropped)."""
         entities = sorted(self._client.smembers(d + "ents"))
@@ -88,11 +98,7 @@ class TenantWalks:
 
     def entity_indexes(self, tenant: str, type: str | None = None) -> Iterator[tuple[str, Micros, list[Key]]]:
         """Every entity (of `type`) of the generation current when the walk starts, from its index list."""
-        with self._guard("entity_indexes", tenant):
-            d = self._n(tenant).data(self._snapshot_gen(tenant))
-            entities = sorted(self._client.smembers(d + "ents"))
-        if type is not None:
-            entities = [e for e in entities if e.startswith(type + ":")]
+        _, d, entities = self._walk_entities(tenant, "entity_indexes", type)
         for chunk in chunks(entities):
             with self._guard("entity_indexes", tenant):
                 pipe = self._client.pipeline(transaction=False)

@@ -1,0 +1,114 @@
+"""Lua scripts of layout 2 (segments.py): commit a step, close a segment, read an entity now or whole.
+
+Like layout 1's scripts (scripts.py) each takes, as ARGV[1], the generation its key names were computed for,
+and answers `{0, <current generation>}` without doing anything when the tenant switched meanwhile. Keys not
+in KEYS (closed segments, the segments of a relation's subject) are built from the data prefix: they carry the
+tenant's hash tag, so they are in the script's hash slot.
+
+Per generation `d` (keys.py's prefix) layout 2 keeps `ev`, `eh`, `m` and `ents` as layout 1 does, and:
+    d fr               hash: entity -> the least recorded_at of the writes involving it (its first)
+    d sg               hash: escaped entity -> how many of its segments are closed
+    d s:<e>            string: the entity's open segment (segments.py)
+    d s:<e>|<n>        string: its closed segment n (0-based; `|` never occurs in an escaped name)
+    d i:<e>            set: `>` + escaped subject + `|` + P of each relation naming the entity as object
+"""
+from __future__ import annotations
+
+from .scripts import _GEN_CHECK, _STEP_IDS, _STEP_META
+
+# KEYS: 1 gen, 2 ids (set), 3 meta (hash), 4 entities (set), 5 first recorded_at (hash), 6 marks (hash), then
+#       per entity e (1-based): 5 + 2e its open segment, 6 + 2e its incoming relations (set).
+# ARGV (3 to 9 as layout 1's APPLY): 1 expected gen, 2 the size past which a segment is reported, 3 offset field
+#       ("" = none), 4 offset, 5 the latest recorded_at of the writes ("" = none), 6 the partition's lag after this
+#       step ("" = unknown), 7 the latest recorded_at of the ids ("" = none), 8 nI, the ids, nM, nM pairs (id,
+#       mark), nE, then per entity: name, least recorded_at of the writes involving it, its delta block ("" =
+#       none), nX, nX elements to add to its incoming relations.
+# Answers {1, e...}: the entities (1-based) whose open segment is now larger than ARGV[2] (the writer closes
+# them); {3, id...} when ids were applied already (nothing written: the writer drops them and retries).
+APPLY = _GEN_CHECK + _STEP_IDS + """
+local nE = tonumber(ARGV[a])
+a = a + 1
+local roll = tonumber(ARGV[2])
+local names, mins, big = {}, {}, {1}
+for e = 1, nE do
+  names[e], mins[e] = ARGV[a], ARGV[a + 1]
+  local block = ARGV[a + 2]
+  if block ~= '' then
+    if redis.call('APPEND', KEYS[5 + 2 * e], block) > roll then big[#big + 1] = e end
+  end
+  local nX = tonumber(ARGV[a + 3])
+  if nX > 0 then redis.call('SADD', KEYS[6 + 2 * e], unpack(ARGV, a + 4, a + 3 + nX)) end
+  a = a + 4 + nX
+end
+if nE > 0 then
+  local cur = redis.call('HMGET', KEYS[5], unpack(names))
+  local set, fresh = {}, {}
+  for e = 1, nE do
+    if not cur[e] then
+      fresh[#fresh + 1] = names[e]
+      set[#set + 1] = names[e]; set[#set + 1] = mins[e]
+    elseif tonumber(mins[e]) < tonumber(cur[e]) then
+      set[#set + 1] = names[e]; set[#set + 1] = mins[e]
+    end
+  end
+  if #fresh > 0 then redis.call('SADD', KEYS[4], unpack(fresh)) end
+  if #set > 0 then redis.call('HSET', KEYS[5], unpack(set)) end
+end
+if nI > 0 then redis.call('SADD', KEYS[2], unpack(ARGV, I, I + nI - 1)) end
+if nM > 0 then redis.call('HSET', KEYS[6], unpack(ARGV, Mk, Mk + 2 * nM - 1)) end
+""" + _STEP_META + """
+if nI > 0 or nE > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
+return big
+"""
+
+# KEYS: 1 gen, 2 closed-segment counts (hash), 3 the entity's open segment.
+# ARGV: 1 expected gen, 2 escaped entity, 3 the open segment's length the restatement was computed from,
+#       4 the restatement block.
+# Closes the open segment (renamed `<open segment>|<n>`) and opens one holding the restatement: {1}; {2} when
+# the segment changed since it was read (another writer appended: the next step reports it again).
+ROLL = _GEN_CHECK + """
+if redis.call('STRLEN', KEYS[3]) ~= tonumber(ARGV[3]) then return {2} end
+local n = redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
+redis.call('RENAME', KEYS[3], KEYS[3] .. '|' .. (n - 1))
+redis.call('SET', KEYS[3], ARGV[4])
+return {1}
+"""
+
+# KEYS: 1 gen, 2 the entity's open segment, 3 its incoming relations, 4 meta, 5 first recorded_at (hash).
+# ARGV: 1 expected gen, 2 the prefix of segment keys ("<data prefix>s:"), 3 the entity, 4 "1" to read relations
+#       naming it as object.
+# Answers {1} for an unknown entity, else {1, first recorded_at, open segment, elements, subjects' open
+# segments (one per element, "" when missing), {kt, lag}}.
+VIEW = _GEN_CHECK + """
+local first = redis.call('HGET', KEYS[5], ARGV[3])
+if not first then return {1} end
+local seg = redis.call('GET', KEYS[2]) or ''
+local elements, segs = {}, {}
+if ARGV[4] == '1' then
+  elements = redis.call('SMEMBERS', KEYS[3])
+  local got = {}
+  for x, el in ipairs(elements) do
+    local owner = string.sub(el, 2, string.find(el, '|', 2, true) - 1)
+    if got[owner] == nil then got[owner] = redis.call('GET', ARGV[2] .. owner) or '' end
+    segs[x] = got[owner]
+  end
+end
+local meta = redis.call('HMGET', KEYS[4], 'kt', 'lag')
+return {1, first, seg, elements, segs, meta}
+"""
+
+# KEYS: 1 gen, 2 closed-segment counts (hash).
+# ARGV: 1 expected gen, 2 the prefix of segment keys, 3.. escaped entities.
+# Answers {1, {every segment of each entity concatenated, closed ones first ("" when none)}}.
+FULL = _GEN_CHECK + """
+local out = {}
+for i = 3, #ARGV do
+  local e = ARGV[i]
+  local n = tonumber(redis.call('HGET', KEYS[2], e) or '0')
+  local parts = {}
+  for j = 0, n - 1 do parts[#parts + 1] = redis.call('GET', ARGV[2] .. e .. '|' .. j) or '' end
+  parts[#parts + 1] = redis.call('GET', ARGV[2] .. e) or ''
+  out[i - 2] = table.concat(parts)
+end
+return {1, out}
+"""

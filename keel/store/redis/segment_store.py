@@ -1,0 +1,310 @@
+"""The Redis store in layout 2: one segment APPEND per touched entity and step (segments.py, segment_scripts.py).
+
+Same Store contract, generations, hash tags and meta hash as layout 1 (store.py); what differs is where an
+entity's assertions live. A commit step is one APPLY script per tenant: the applied-ids check, one APPEND of a
+JSON delta per entity, the first-recorded and entity sets, ids, marks and offsets. When an open segment grows
+past segments.ROLL_BYTES the writer closes it (ROLL) with a restatement it computes from that segment, so a
+read now decodes one bounded segment per entity. Reads at other times or with known_at decode every segment.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ...errors import StoreUnavailable
+from ...timeline import Assertion, Timeline, covering
+from ...times import Micros, now_micros
+from ..base import BatchStep, EntityView, EventWrites, Key, Position, ViewRequest, entity_view, select_keys
+from . import segment_scripts
+from .batch import PendingStep, latest_of
+from .codec import freshness_of
+from .generations import CHUNK, RETRIES, chunks
+from .keys import MARKS, escape, index_key, key_of, prefix_of, unescape
+from .segments import ROLL_BYTES, Fold, StepBlocks, decode, encode_step, restate
+from .store import GenerationChanged, RedisStore
+from .transport import eval_many, pipelined
+
+LAYOUT = 2
+DATA_KEYS = ("ev", "m", "ents", "fr")       # present exactly when the generation holds data
+OPTIONAL_KEYS = (MARKS, "sg")
+_SEEN_CAP = 200_000                         # incoming-relation elements remembered as added, per store
+
+
+class _Step(PendingStep):
+    """A PendingStep with its blocks (encoded once: they do not depend on any guess)."""
+    __slots__ = ("blocks",)
+
+    def __init__(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
+        super().__init__(tenant, events, position)
+        self.blocks: StepBlocks | None = None
+
+
+class SegmentStore(RedisStore):
+    """A Store over Redis in layout 2 (single node or Cluster); one namespace per instance."""
+    layout = LAYOUT
+    roll_bytes = ROLL_BYTES             # an open segment larger than this is closed (tests use tiny ones)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        client = self._client
+        self._seg_apply = client.register_script(segment_scripts.APPLY)
+        self._seg_roll = client.register_script(segment_scripts.ROLL)
+        self._seg_view = client.register_script(segment_scripts.VIEW)
+        self._seg_full = client.register_script(segment_scripts.FULL)
+        self._added: set[str] = set()       # `<data prefix><entity>\n<element>` known to be in an incoming set
+
+    # ---- writes --------------------------------------------------------------------------------
+
+    def _commit(self, steps: Sequence[BatchStep], what: str) -> None:
+        pending = [_Step(tenant, events, position) for tenant, events, position in steps
+                   if events or position is not None]
+        if not pending:
+            return
+        with self._guard(what, pending[0].tenant if len(pending) == 1 else None):
+            self._register_all(p.tenant for p in pending)
+            for _ in range(RETRIES):
+                tries: list[tuple[str, list[str]]] = []
+                calls = (self._encode(p, tries) for p in pending)
+                results = eval_many(self._client, self._seg_apply, list(calls) if len(pending) == 1 else calls)
+                left: list[_Step] = []
+                rolls: list[tuple[str, str, str]] = []
+                for p, (d, added), result in zip(pending, tries, results):
+                    code = int(result[0])
+                    if code == 1:
+                        if len(self._added) > _SEEN_CAP:
+                            self._added.clear()
+                        self._added.update(added)
+                        names = list(p.blocks.entities) if p.blocks is not None else []
+                        rolls += ((p.tenant, d, names[int(e) - 1]) for e in result[1:])
+                        continue
+                    if code == 0:
+                        old = self._gens.get(p.tenant, 1)
+                        self._gens[p.tenant] = int(result[1])
+                        if self.strict_generations and p.tenant not in self._pins:
+                            raise GenerationChanged(p.tenant, old, int(result[1]))
+                    else:
+                        applied = set(result[1:])
+                        p.events = [e for e in p.events if e[1] not in applied]
+                        p.blocks = None
+                    left.append(p)
+                if rolls:
+                    self._roll(rolls)
+                if not left:
+                    return
+                pending = left
+        raise StoreUnavailable(f"could not apply a batch of tenant {pending[0].tenant!r}: it kept conflicting "
+                               f"with other writers", tenant=pending[0].tenant)
+
+    def _encode(self, p: _Step, tries: list[tuple[str, list[str]]]) -> tuple[list[str], list[Any]]:
+        """The APPLY keys and arguments of a step for the current generation guess; (data prefix, incoming
+        elements it adds) go to `tries`."""
+        names = self._n(p.tenant)
+        gen, expected = self._gen_guess(p.tenant)
+        d = names.data(gen)
+        if p.blocks is None:
+            p.blocks = encode_step(p.events)
+        sb = p.blocks
+        ids = [event_id for _, event_id in p.events if event_id]
+        marks = [x for event_id in ids if getattr(event_id, "mark", None) for x in (event_id, event_id.mark)]
+        keys = [names.gen, d + "ev", d + "m", d + "ents", d + "fr", d + MARKS]
+        args: list[Any] = [expected, self.roll_bytes, p.field, p.offset, p.latest, p.lag, latest_of(ids),
+                           len(ids), *ids, len(marks) // 2, *marks, len(sb.entities)]
+        added: list[str] = []
+        seen = self._added
+        for name, i in sb.entities.items():
+            e = escape(name)
+            keys += (d + "s:" + e, d + "i:" + e)
+            incoming = sb.incoming[i]
+            if incoming:
+                base = f"{d}{e}\n"
+                incoming = [el for el in incoming if base + el not in seen]
+                added += (base + el for el in incoming)
+                args += (name, sb.min_recorded[i], sb.blocks[i] or "", len(incoming), *incoming)
+            else:
+                args += (name, sb.min_recorded[i], sb.blocks[i] or "", 0)
+        tries.append((d, added))
+        return keys, args
+
+    def _roll(self, rolls: list[tuple[str, str, str]]) -> None:
+        """Close the open segments the APPLY answers reported, each with a restatement of its fold (a whole
+        fold when the segment's own is not exact now). A segment appended to meanwhile is left for the next
+        step that reports it."""
+        segs = pipelined(self._client, [("GET", d + "s:" + escape(name)) for _, d, name in rolls])
+        now = now_micros()
+        calls = []
+        for (tenant, d, name), seg in zip(rolls, segs):
+            if not isinstance(seg, str) or not seg:
+                continue
+            fold = Fold(decode(seg), whole=False)
+            if not fold.serves(now):
+                gen = int(d.rsplit(":g", 1)[1][:-1])
+                fold = self._folds(tenant, [name], gen)[name]
+            e = escape(name)
+            names = self._n(tenant)
+            calls.append(([names.gen, d + "sg", d + "s:" + e],
+                          ["", e, len(seg.encode()), restate(fold.timelines, now, fold.anchors)]))
+        if calls:
+            eval_many(self._client, self._seg_roll, calls)
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    def _folds(self, tenant: str, entities: list[str], gen: int | None = None) -> dict[str, Fold]:
+        """Whole folds of entities, all from one generation: the current one (restarting when it switches
+        between chunks), or `gen` when given."""
+        names = self._n(tenant)
+        wanted = list(dict.fromkeys(entities))
+        for _ in range(RETRIES):
+            g, expected = (gen, "") if gen is not None else self._gen_guess(tenant)
+            d = names.data(g)
+            out: dict[str, Fold] = {}
+            stale = None
+            for chunk in chunks(wanted):
+                with self._guard("versions", tenant):
+                    result = self._seg_full(keys=[names.gen, d + "sg"],
+                                            args=[expected, d + "s:", *(escape(e) for e in chunk)])
+                if result[0] == 0:
+                    stale = result[1]
+                    break
+                for e, seg in zip(chunk, result[1]):
+                    out[e] = Fold(decode(seg), whole=True)
+            if stale is None:
+                return out
+            self._gens[tenant] = int(stale)
+        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
+
+    def _timelines(self, tenant: str, keys: list[Key], gen: int | None = None,
+                   provenance: Any = None) -> list[Timeline]:
+        folds = self._folds(tenant, [k[1] for k in keys], gen)
+        return [folds[k[1]].timelines.get(prefix_of(k)) or Timeline() for k in keys]
+
+    def entity_recorded_at(self, tenant: str, entity: str) -> Micros | None:
+        with self._guard("entity_recorded_at", tenant):
+            value = self._tx(tenant, lambda p, d: p.hget(d + "fr", entity))[0]
+        return None if value is None else int(value)
+
+    def recorded_many(self, tenant: str, entities: list[str]) -> list[Micros | None]:
+        if not entities:
+            return []
+        with self._guard("recorded_many", tenant):
+            values = self._tx(tenant, lambda p, d: p.hmget(d + "fr", entities))[0]
+        return [None if v is None else int(v) for v in values]
+
+    def keys(self, tenant: str, entity: str) -> list[Key]:
+        with self._guard("keys", tenant):
+            incoming = self._tx(tenant, lambda p, d: p.smembers(d + "i:" + escape(entity)))[0]
+        own = self._folds(tenant, [entity])[entity].keys(entity)
+        return own + [index_key(entity, el) for el in sorted(incoming)]
+
+    def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
+        """Each view from one VIEW call (the entity's open segment and those of the subjects of relations naming
+        it), all in one round trip; a view those segments cannot answer exactly (known_at, an earlier `at`, a
+        restatement made inexact) is read again from whole folds."""
+        if not requests:
+            return []
+
+        def build(r: ViewRequest) -> Any:
+            e = escape(r.entity)
+            return lambda d: ([d + "s:" + e, d + "i:" + e, d + "m", d + "fr"],
+                              [d + "s:", r.entity, "1" if "r" in r.parts else ""])
+        with self._guard("view", requests[0].tenant if len(requests) == 1 else None):
+            results = self._script_many(self._seg_view, [(r.tenant, build(r)) for r in requests])
+        out: list[EntityView | None] = []
+        for r, result in zip(requests, results):
+            if len(result) == 1 or (known_at is not None and int(result[1]) > known_at):
+                out.append(None)
+                continue
+            _, _, seg, elements, segs, meta = result
+            own = Fold(decode(seg), whole=False)
+            subjects: dict[str, Fold] = {}
+            for el, s in zip(elements, segs):
+                owner = unescape(el[1:el.index("|")])
+                if owner not in subjects:
+                    subjects[owner] = Fold(decode(s), whole=False)
+            if known_at is not None or not own.serves(at) or not all(f.serves(at) for f in subjects.values()):
+                folds = self._folds(r.tenant, [r.entity, *subjects])
+                own, subjects = folds[r.entity], {o: folds[o] for o in subjects}
+            view = _view(r, own, elements, subjects, at, known_at)
+            out.append(view._replace(freshness=freshness_of(meta)))
+        return out
+
+    def assertions_many(self, tenant: str, keys: list[Key]) -> list[list[Assertion]]:
+        return [list(tl.assertions()) for tl in self._timelines(tenant, keys)] if keys else []
+
+    # ---- whole-tenant walks --------------------------------------------------------------------
+
+    def dump(self, tenant: str) -> Iterator[tuple[Key, list[Assertion]]]:
+        """Every timeline by key: one pass per key kind over the entities that own one (keys sort by kind,
+        then owner), decoding each entity's segments in chunks."""
+        gen, _, entities = self._walk_entities(tenant, "dump")
+        kinds: dict[str, list[str]] = {}
+        for kind in "eflr":
+            todo = entities if kind == "e" else kinds.get(kind, [])
+            for chunk in chunks(todo):
+                folds = self._folds(tenant, chunk, gen)
+                for e in chunk:
+                    tls = folds[e].timelines
+                    if kind == "e":
+                        for k in {p[0] for p in tls} - {"e"}:
+                            kinds.setdefault(k, []).append(e)
+                    own = sorted((key_of(e, p)[0], tl) for p, tl in tls.items() if p[0] == kind)
+                    for key, tl in own:
+                        yield key, list(tl.assertions())
+
+    def entity_indexes(self, tenant: str, type: str | None = None) -> Iterator[tuple[str, Micros, list[Key]]]:
+        gen, d, entities = self._walk_entities(tenant, "entity_indexes", type)
+        for chunk in chunks(entities):
+            with self._guard("entity_indexes", tenant):
+                pipe = self._client.pipeline(transaction=False)
+                pipe.hmget(d + "fr", chunk)
+                for e in chunk:
+                    pipe.smembers(d + "i:" + escape(e))
+                first, *incoming = pipe.execute()
+            folds = self._folds(tenant, chunk, gen)
+            for e, rec, inc in zip(chunk, first, incoming):
+                if rec is not None:
+                    yield e, int(rec), folds[e].keys(e) + [index_key(e, el) for el in sorted(inc)]
+
+    # ---- generations ---------------------------------------------------------------------------
+
+    def key_names(self, tenant: str, gen: int | None = None) -> list[str]:
+        """Every Redis key of one generation of a tenant (default: the current one), from its entity set."""
+        with self._guard("key_names", tenant):
+            d = self._n(tenant).data(self._snapshot_gen(tenant) if gen is None else int(gen))
+            entities = sorted(self._client.smembers(d + "ents"))
+            extra = [d + k for k in OPTIONAL_KEYS]
+            found = [int(n) for n in pipelined(self._client, [("EXISTS", k) for k in extra])]
+            closed: dict[str, int] = {}
+            if found[1]:
+                closed = {k: int(v) for k, v in self._client.hgetall(d + "sg").items()}
+        out = [d + k for k in DATA_KEYS] + [k for k, n in zip(extra, found) if n]
+        for e in entities:
+            x = escape(e)
+            out += (d + "s:" + x, d + "i:" + x)
+            out += (f"{d}s:{x}|{j}" for j in range(closed.get(x, 0)))
+        return out
+
+    def load_generation(self, tenant: str, gen: int) -> Any:
+        from .segment_loader import SegmentLoader
+        return SegmentLoader(self, tenant, int(gen))
+
+    def for_generation(self, tenant: str, gen: int) -> SegmentStore:
+        view = super().for_generation(tenant, gen)
+        assert isinstance(view, SegmentStore)
+        return view        # type(self): a subclass's settings stay
+
+
+def _view(r: ViewRequest, own: Fold, elements: list[str], subjects: dict[str, Fold], at: Micros,
+          known_at: Micros | None) -> EntityView:
+    """The view of one entity from its fold and the folds of the subjects of relations naming it."""
+    timelines: dict[Key, Timeline] = {key_of(r.entity, p)[0]: tl for p, tl in own.timelines.items()}
+    for el in elements:
+        key = index_key(r.entity, el)
+        tl = subjects[key[1]].timelines.get(el[el.index("|") + 1:])
+        if tl is not None:
+            timelines[key] = tl
+    point_keys, rel_keys = select_keys(timelines, r.scopes, r.parts)
+    return entity_view(r.entity, ((k, timelines[k].as_of(at, known_at)) for k in point_keys),
+                       ((k, covering(timelines[k].runs(known_at), at)) for k in rel_keys))
+
+
+__all__ = ["CHUNK", "LAYOUT", "SegmentStore"]

@@ -1,0 +1,286 @@
+"""Layout 2's entity segments: how a step's writes become one block per entity, and blocks become timelines.
+
+An entity's assertions (of the timelines it owns) live in strings of newline-terminated JSON blocks:
+
+    [0, provenance, {P: rows}]             a delta: what one commit step wrote to the entity
+    [1, provenance, {P: rows}, {P: anchor}]  a restatement, at the head of every segment after the first
+
+`provenance` lists `[source, evidence, recorded_at]` or `[source, evidence, recorded_at, by]`; P is the
+timeline prefix of keys.py; a row is `[point, k, value]` (a value from point on) or
+`[point, k, value, closed, expires_at]` (an end, or an expiring value), k indexing `provenance`. Rows keep log
+order: blocks in commit order, rows of one timeline in write order. JSON never holds a raw newline, so a
+segment splits into blocks on it.
+
+The open segment `s:<entity>` is appended to by every step that touches the entity. Once it grows past a
+size, the writer closes it (renamed `s:<entity>:<n>`) and opens a new one that starts with a restatement:
+every timeline of the entity, each either whole or cut to the assertions a read at any time >= its anchor
+needs (`restate`). So a read at `t` >= the anchors, as believed now, decodes the open segment only (bounded),
+and any other read (known_at, an earlier t) decodes the deltas of every segment, skipping restatements.
+A restatement stays exact for later deltas except those that could reach below an anchor (`Fold.dirty`):
+a void at an anchor, or any row of a relation before its anchor; a read then decodes every segment.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from ...timeline import Assertion, Timeline, covering, is_void, new_assertion
+from ...times import Micros
+from ..base import EventWrites, Key
+from .keys import escape, key_of, prefix_of
+
+DELTA, RESTATEMENT = 0, 1
+ROLL_BYTES = 24_000          # an open segment larger than this is closed and restated by the writer
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_encode = _JSON.encode
+_loads = json.loads
+_PARTS: dict[Any, str] = {}  # key without its owner -> P
+_CACHE = 100_000
+
+__all__ = ["DELTA", "RESTATEMENT", "ROLL_BYTES", "Fold", "StepBlocks", "decode", "encode_step", "restate"]
+
+
+def prefix(key: Key) -> str:
+    """P of a key (cached: the writer's hot path)."""
+    part = key[:1] + key[2:] if len(key) > 2 else f"{key[0]}{len(key)}"
+    p = _PARTS.get(part)
+    if p is None:
+        if len(_PARTS) > _CACHE:
+            _PARTS.clear()
+        p = _PARTS[part] = prefix_of(key)
+    return p
+
+
+class StepBlocks:
+    """One commit step encoded per entity: its delta block (None when the step only names it as a relation's
+    object), the least recorded_at of the writes involving it, and the index elements `>owner|P` of relations
+    naming it as object."""
+    __slots__ = ("blocks", "entities", "incoming", "latest", "min_recorded")
+
+    def __init__(self) -> None:
+        self.entities: dict[str, int] = {}       # entity -> its index, in order of first appearance
+        self.blocks: list[str | None] = []
+        self.min_recorded: list[int] = []
+        self.incoming: list[list[str] | None] = []
+        self.latest: int | None = None           # the greatest recorded_at of the step's writes
+
+    def add(self, entity: str, recorded_at: int) -> int:
+        """A new entity of the step, met at a write recorded at `recorded_at`; returns its index."""
+        i = self.entities[entity] = len(self.min_recorded)
+        self.min_recorded.append(recorded_at)
+        self.incoming.append(None)
+        return i
+
+
+def encode_step(events: Sequence[EventWrites]) -> StepBlocks:
+    """The blocks of one step: per entity one delta with the provenance entries its rows use."""
+    out = StepBlocks()
+    ents = out.entities
+    mins = out.min_recorded
+    incoming = out.incoming
+    parts: dict[str, tuple[list[Any], dict[Any, int], dict[str, list[Any]]]] = {}   # owner -> (provs, index, tls)
+    latest = None
+    for writes, _ in events:
+        last_prov: Any = None
+        last_k: dict[str, int] = {}
+        for key, a in writes:
+            point, value, closed, source, evidence, rec, by, expires = a
+            if rec.__class__ is not int:
+                rec = int(rec)
+            owner = key[1]
+            i = ents.get(owner)
+            if i is None:
+                i = out.add(owner, rec)
+            elif rec < mins[i]:
+                mins[i] = rec
+            if latest is None or rec > latest:
+                latest = rec
+            part = parts.get(owner)
+            if part is None:
+                part = parts[owner] = ([], {}, {})
+            prov = (source, evidence, rec, by)
+            if prov is last_prov or prov == last_prov:
+                k = last_k.get(owner)
+            else:
+                last_prov, last_k = prov, {}
+                k = None
+            if k is None:
+                k = part[1].get(prov)
+                if k is None:
+                    k = part[1][prov] = len(part[0])
+                    part[0].append([source, evidence, rec] if by is None else [source, evidence, rec, by])
+                last_k[owner] = k
+            p = prefix(key)
+            row = [point, k, value] if not closed and expires is None else [point, k, value, closed, expires]
+            rows = part[2].get(p)
+            if rows is None:
+                part[2][p] = [row]
+            else:
+                rows.append(row)
+            if key[0] == "r" and key[3] != owner:
+                obj = key[3]
+                j = ents.get(obj)
+                if j is None:
+                    j = out.add(obj, rec)
+                elif rec < mins[j]:
+                    mins[j] = rec
+                el = f">{escape(owner)}|{p}"
+                got = incoming[j]
+                if got is None:
+                    incoming[j] = [el]
+                elif el not in got:
+                    got.append(el)
+    out.latest = latest
+    out.blocks = [None] * len(mins)
+    for owner, (provs, _, tls) in parts.items():
+        out.blocks[ents[owner]] = _encode([DELTA, provs, tls]) + "\n"
+    return out
+
+
+def _assertions(provs: list[list[Any]], rows: list[list[Any]]) -> Iterator[Assertion]:
+    for row in rows:
+        pv = provs[row[1]]
+        if len(row) == 3:
+            yield new_assertion(row[0], row[2], False, pv[0], pv[1], pv[2], pv[3] if len(pv) > 3 else None, None)
+        else:
+            yield new_assertion(row[0], row[2], bool(row[3]), pv[0], pv[1], pv[2], pv[3] if len(pv) > 3 else None,
+                                row[4])
+
+
+def decode(segment: str) -> list[list[Any]]:
+    """The blocks of a segment (or of several segments concatenated)."""
+    if not segment:
+        return []
+    return _loads("[" + segment[:-1].replace("\n", ",") + "]")
+
+
+class Fold:
+    """Timelines of one entity from its blocks, by P, in log order.
+
+    `whole`: the deltas of every segment (restatements skipped): exact for every read. Otherwise the open
+    segment alone: its restatement, then its deltas; `anchors` are the restated cuts and `dirty` says a later
+    delta may reach below one (then only a whole fold is exact)."""
+    __slots__ = ("anchors", "dirty", "timelines")
+
+    def __init__(self, blocks: Iterable[list[Any]], whole: bool) -> None:
+        self.timelines: dict[str, Timeline] = {}
+        self.anchors: dict[str, Micros] = {}
+        self.dirty = False
+        tls = self.timelines
+        anchors = self.anchors
+        for block in blocks:
+            if block[0] == RESTATEMENT:
+                if whole:
+                    continue
+                anchors.update(block[3])
+            elif anchors and not self.dirty:
+                self._check(block[2])
+            provs = block[1]
+            for p, rows in block[2].items():
+                tl = tls.get(p)
+                if tl is None:
+                    tl = tls[p] = Timeline()
+                entries = tl.entries
+                for a in _assertions(provs, rows):
+                    if not entries or entries[-1].point <= a.point:
+                        entries.append(a)
+                    else:
+                        tl.add(a)
+
+    def _check(self, tls: dict[str, list[Any]]) -> None:
+        """Whether rows of a delta after the restatement could make a restated cut inexact."""
+        for p, rows in tls.items():
+            anchor = self.anchors.get(p)
+            if anchor is None:
+                continue
+            for row in rows:
+                if row[0] < anchor and p[0] == "r":
+                    self.dirty = True
+                elif row[0] == anchor and len(row) > 3 and row[3] and type(row[2]) is dict:
+                    self.dirty = True        # possibly a void at the anchor: the fold would look below it
+                if self.dirty:
+                    return
+
+    def serves(self, t: Micros) -> bool:
+        """Whether reads at `t`, believed now, are exact from this fold."""
+        if self.dirty:
+            return False
+        return all(t >= a for a in self.anchors.values())
+
+    def keys(self, owner: str) -> list[Key]:
+        return [key_of(owner, p)[0] for p in self.timelines]
+
+
+def restate(timelines: dict[str, Timeline], now: Micros, cuts: dict[str, Micros] | None = None) -> str:
+    """A restatement block of an entity's timelines: a whole fold's, or a segment fold's that `serves` reads at
+    `now` (`cuts`: its anchors, the timelines already cut). Each timeline is cut to what reads at times >= its
+    anchor need, when it has one.
+
+    The anchor is the greatest point <= now whose winner is no void: a read at t >= anchor stops at it or
+    later, and the next points and corrections it looks at are all kept. A relation also keeps the group of
+    points where the run covering its anchor starts (the coalesced version's valid_from); a relation with an
+    expiry is not cut (an expiry can break a run between the points dropped), or not further when it was."""
+    cuts = cuts or {}
+    provs: list[list[Any]] = []
+    index: dict[tuple[Any, ...], int] = {}
+    tls: dict[str, list[list[Any]]] = {}
+    anchors: dict[str, Micros] = {}
+    for p, tl in timelines.items():
+        entries = tl.entries
+        keep: Sequence[Assertion] = entries
+        before = cuts.get(p)
+        anchor = _anchor(entries, now)
+        if anchor is not None and not (p[0] == "r" and any(a.expires_at is not None for a in entries)):
+            cut = _first_at(entries, anchor)
+            keep = entries[cut:]
+            if p[0] == "r":
+                run = covering(tl.runs(), anchor)
+                if run is not None and run.assertion.point < anchor:
+                    start = _first_at(entries, run.assertion.point)
+                    end = start
+                    while entries[end].point == run.assertion.point:
+                        end += 1
+                    keep = entries[start:end] + entries[cut:]
+            if cut > 0 or before is not None:
+                anchors[p] = anchor if before is None else max(anchor, before)
+        elif before is not None:
+            anchors[p] = before
+        rows = []
+        for a in keep:
+            prov = (a.source, a.evidence, a.recorded_at, a.by)
+            k = index.get(prov)
+            if k is None:
+                k = index[prov] = len(provs)
+                provs.append([a.source, a.evidence, a.recorded_at] if a.by is None else list(prov))
+            rows.append([a.point, k, a.value] if not a.closed and a.expires_at is None
+                        else [a.point, k, a.value, a.closed, a.expires_at])
+        tls[p] = rows
+    return _encode([RESTATEMENT, provs, tls, anchors]) + "\n"
+
+
+def _anchor(entries: list[Assertion], now: Micros) -> Micros | None:
+    """The greatest point <= now whose group's winner (its last assertion) is no void."""
+    i = len(entries)
+    while i > 0:
+        last = entries[i - 1]
+        point = last.point
+        start = i - 1
+        while start > 0 and entries[start - 1].point == point:
+            start -= 1
+        if point <= now and not is_void(last):
+            return point
+        i = start
+    return None
+
+
+def _first_at(entries: list[Assertion], point: Micros) -> int:
+    """The index of the first assertion at `point` (which exists)."""
+    lo, hi = 0, len(entries)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if entries[mid].point < point:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,80 @@
+"""Layout 2's restatements (keel/store/redis/segments.py), property-based: whatever the writes (late points,
+corrections, ends, voids, expiries, relations linked again) and wherever segments are closed, a read that the
+open segment says it serves equals the read of the whole timelines, and the open segment serves reads now
+unless a write could reach below a cut. Pure Python: the same strings the Redis store appends and reads."""
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keel.store.redis.segments import Fold, decode, encode_step, restate
+from keel.timeline import covering, new_assertion, void_of
+
+OWNER = "debt:a"
+KEYS = [("f", OWNER, "balance", ""), ("r", OWNER, "owed_by", "household:h")]
+
+write = st.tuples(
+    st.sampled_from([0, 1]),                      # which timeline
+    st.integers(0, 12),                           # point
+    st.sampled_from(["value", "end", "void", "expiring"]),
+    st.integers(0, 3),                            # value
+    st.booleans(),                                # close the open segment after this step
+)
+
+
+def _assertion(i: int, point: int, kind: str, value: int) -> Any:
+    if kind == "end":
+        return new_assertion(point, None, True, "s", f"e{i}", 1_000 + i)
+    if kind == "void":
+        return new_assertion(point, void_of(f"e{i - 1}"), True, "s", f"e{i}", 1_000 + i)
+    if kind == "expiring":
+        return new_assertion(point, value, False, "s", f"e{i}", 1_000 + i, None, point + 2)
+    return new_assertion(point, value, False, "s", f"e{i}", 1_000 + i)
+
+
+def _reads(tl: Any, kind: str, t: int) -> Any:
+    if tl is None:
+        return None
+    return covering(tl.runs(), t) if kind == "r" else tl.as_of(t)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(write, min_size=1, max_size=30), st.integers(0, 12))
+def test_an_open_segment_serves_exactly_what_whole_timelines_answer(ops: list[tuple[int, int, str, int, bool]],
+                                                                    now: int) -> None:
+    closed: list[str] = []
+    open_segment = ""
+    for i, (which, point, kind, value, roll) in enumerate(ops):
+        step = encode_step([([(KEYS[which], _assertion(i, point, kind, value))], f"e{i}")])
+        open_segment += "".join(b for b in step.blocks if b)
+        if roll:
+            fold = Fold(decode(open_segment), whole=False)
+            if not fold.serves(now):
+                fold = Fold(decode("".join(closed) + open_segment), whole=True)
+            closed.append(open_segment)
+            open_segment = restate(fold.timelines, now, fold.anchors)
+    whole = Fold(decode("".join(closed) + open_segment), whole=True)
+    served = Fold(decode(open_segment), whole=False)
+    assert set(served.timelines) == set(whole.timelines)
+    checked = 0
+    for t in range(-1, 15):
+        if not served.serves(t):
+            continue
+        for p, tl in whole.timelines.items():
+            assert _reads(served.timelines.get(p), p[0], t) == _reads(tl, p[0], t), (p, t)
+            checked += 1
+    if not served.dirty:
+        assert served.serves(max(now, 12)), "a clean open segment serves every read from its roll's now on"
+
+
+def test_a_void_at_a_cut_makes_the_segment_fall_back_to_whole_timelines() -> None:
+    key = KEYS[0]
+    segment = "".join(b for b in encode_step([([(key, _assertion(0, 1, "value", 5)),
+                                                (key, _assertion(1, 4, "value", 6))], "e1")]).blocks if b)
+    fold = Fold(decode(segment), whole=False)
+    segment = restate(fold.timelines, 10, fold.anchors)
+    assert Fold(decode(segment), whole=False).serves(10)
+    segment += "".join(b for b in encode_step([([(key, _assertion(2, 4, "void", 0))], "e2")]).blocks if b)
+    assert not Fold(decode(segment), whole=False).serves(10)
