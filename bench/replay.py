@@ -1,7 +1,7 @@
 """Replay benchmark: rebuild one big tenant with `keel replay` while a worker ingests other tenants live.
 
     .venv/bin/python bench/replay.py [--events 500000] [--others 20] [--other-events 100000] [--batch 5000]
-        [--rounds N] [--private-redis]
+        [--rounds N] [--private-redis] [--layout {1,2}]
     (quick run: --events 50000 --other-events 20000)
 
 Needs KEEL_KAFKA_BOOTSTRAP and KEEL_REDIS_URL (or --kafka/--redis). On a fresh cartridge name (fresh topic and
@@ -11,7 +11,9 @@ replay rate (events applied per second of the replay, goal >= 20,000 events/s) a
 rate during the replay (records its group committed per second over the replay's duration). `--rounds N` replays
 the tenant N times in turn (the others are published during the first round only; `--other-events 0` publishes
 none) and prints the median; `--private-redis` uses a redis-server of this run only (configured like
-deploy/local/services), so that its CPU per event (printed) is the replay's alone.
+deploy/local/services), so that its CPU per event (printed) is the replay's alone. `--layout 2` writes the fresh
+namespace in Redis key layout 2 (segments; KEEL_REDIS_LAYOUT of the worker, which stamps it, and of the replay,
+which then follows the stamp); the stamp is printed after the run.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from peers.compare import private_redis
 from keel.cartridge import load_cartridge
 from keel.config import resolve
 from keel.kafka import KafkaUnavailable, TopicSpec, group_offsets
+from keel.store.redis.keys import layout_key
 from keel.wire import events_topic, group_id
 from workers.publish import publish_file
 from workers.replay import ReplayOptions, replay
@@ -76,6 +79,8 @@ def main() -> int:
     ap.add_argument("--redis", default=os.environ.get("KEEL_REDIS_URL"))
     ap.add_argument("--rounds", type=int, default=1, help="replays of the tenant, one after the other")
     ap.add_argument("--private-redis", action="store_true", help="use a redis-server of this run only")
+    ap.add_argument("--layout", type=int, choices=(1, 2), default=1, help="the Redis key layout of the fresh "
+                    "namespace (KEEL_REDIS_LAYOUT; default 1)")
     ap.add_argument("--keep", action="store_true", help="keep the Redis namespace afterwards")
     args = ap.parse_args()
     if not args.kafka or not (args.redis or args.private_redis):
@@ -109,8 +114,9 @@ def run(args: argparse.Namespace, work: Path) -> int:
     spec = (folder / "cartridge.yaml").read_text()
     (folder / "cartridge.yaml").write_text(spec.replace("name: finance", f"name: {name}", 1))
     cartridge = load_cartridge(folder)
-    settings = resolve({"kafka": args.kafka, "redis": args.redis})
-    env = {**os.environ, "KEEL_KAFKA_BOOTSTRAP": args.kafka, "KEEL_REDIS_URL": args.redis}
+    settings = resolve({"kafka": args.kafka, "redis": args.redis, "redis_layout": args.layout})
+    env = {**os.environ, "KEEL_KAFKA_BOOTSTRAP": args.kafka, "KEEL_REDIS_URL": args.redis,
+           "KEEL_REDIS_LAYOUT": str(args.layout)}
 
     big = write_events(work / "big.jsonl", args.events, 1, rename=BIG)
     others = write_events(work / "others.jsonl", args.other_events, args.others)
@@ -156,12 +162,15 @@ def run(args: argparse.Namespace, work: Path) -> int:
     finally:
         worker.terminate()
         worker.wait(120)
+    client = redis.Redis.from_url(args.redis, decode_responses=True)
+    print(f"Redis key layout of the namespace: {client.get(layout_key(name))} ({layout_key(name)})")
+    client.close()
     if args.rounds > 1:
         print(f"median of {args.rounds} rounds: {statistics.median(rates):,.0f} events/s, "
               f"{statistics.median(cpus):.0f} µs CPU/event")
     if not args.keep:
         from keel.store.redis import RedisStore
-        store = RedisStore.from_url(args.redis, namespace=name)
+        store = RedisStore.from_url(args.redis, namespace=name, layout=args.layout)
         store.drop_namespace()
         store.close()
     return 0

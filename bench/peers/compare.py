@@ -2,7 +2,7 @@
 
     .venv/bin/pip install -e ".[bench]"        # the peers (quix-streams); never needed to run Keel
     .venv/bin/python bench/peers/compare.py [--events 100000] [--tenants 1000] [--partitions 8] [--batch 20000]
-                                            [--no-faust] [--no-quix] [--commandstats] [--keep]
+                                            [--no-faust] [--no-quix] [--commandstats] [--layout {1,2}] [--keep]
 
 Needs KEEL_KAFKA_BOOTSTRAP and KEEL_REDIS_URL (or --kafka/--redis). On a fresh cartridge name (fresh topics,
 consumer groups and Redis namespace) it publishes finance-shaped events once, then reads the same topic with:
@@ -12,7 +12,9 @@ consumer groups and Redis namespace) it publishes finance-shaped events once, th
   3. unless --no-faust, a bare faust agent that only acks (bench/ingest.py's probe; rate only).
 --no-quix --no-faust runs the worker alone (e.g. to compare two --batch values, or two checkouts in turn);
 --commandstats prints what the private redis-server spent per event by command (INFO commandstats: calls and
-µs of wall time, the commands a script runs counted too).
+µs of wall time, the commands a script runs counted too); --layout 2 writes the run's fresh Redis namespace in key
+layout 2 (segments, keel/store/redis/segment_store.py) instead of 1 (KEEL_REDIS_LAYOUT for the worker; the
+namespace's stamp is printed after the run).
 Goals (issue 16): the worker at >= 2x the quix-streams app's events/s, and >= 15,000 events/s. On a shared
 machine the rates move with the load; CPU per event moves less, so both are printed with their ratios.
 """
@@ -39,6 +41,7 @@ from ingest import cartridge_copy, cleanup, faust_probe_rate, run_workers, write
 
 from keel.cartridge import load_cartridge
 from keel.kafka import TopicSpec, admin_client, bootstrap_list
+from keel.store.redis.keys import layout_key
 from keel.wire import events_topic
 from workers.publish import prepare, publish_prepared
 
@@ -99,6 +102,15 @@ def print_commandstats(url: str, total: int) -> None:
               f"{v['usec'] / total:6.2f} µs/event ({v['usec_per_call']:.1f} µs/call)")
 
 
+def layout_stamp(url: str, namespace: str) -> str:
+    """The key layout the namespace was stamped with (by the worker, at its first open), as Redis holds it."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        return str(client.get(layout_key(namespace)))
+    finally:
+        client.close()
+
+
 def run(args: argparse.Namespace, tmp: Path) -> None:
     """Publish once, then the worker and the peers on the same topic."""
     folder = cartridge_copy(tmp)
@@ -111,7 +123,7 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     total = report.sent
     print(f"published {total:,} finance events of {report.tenants} tenants to {topic} "
           f"({report.partitions} partitions); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    env = {"KEEL_KAFKA_BOOTSTRAP": args.kafka, "KEEL_REDIS_URL": args.redis}
+    env = {"KEEL_KAFKA_BOOTSTRAP": args.kafka, "KEEL_REDIS_URL": args.redis, "KEEL_REDIS_LAYOUT": str(args.layout)}
     t0 = time.perf_counter()
     logs = [tmp / f"worker{i}.log" for i in range(args.workers)]
     ready_s, _, worker_cpu, redis_cpu = run_workers(folder, env, total, args.batch, logs)
@@ -119,7 +131,8 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     who = "keel worker" if args.workers == 1 else f"{args.workers} keel workers (rate from their start)"
     print(f"{who}: {keel_rate:,.0f} events/s, worker CPU "
           f"{'?' if worker_cpu is None else f'{worker_cpu / total * 1e6:.0f}'} µs/event, "
-          f"Redis CPU {redis_cpu / total * 1e6:.0f} µs/event (run {time.perf_counter() - t0:.0f}s)")
+          f"Redis CPU {redis_cpu / total * 1e6:.0f} µs/event (run {time.perf_counter() - t0:.0f}s); "
+          f"Redis key layout {layout_stamp(args.redis, cartridge.name)} ({layout_key(cartridge.name)})")
     if args.commandstats:
         print_commandstats(args.redis, total)
     quix = None if args.no_quix else quix_peer(args.kafka, topic, total, tmp, f"{cartridge.name}-quix")
@@ -160,6 +173,8 @@ def main() -> None:
     ap.add_argument("--no-faust", action="store_true", help="skip the bare faust agent")
     ap.add_argument("--no-quix", action="store_true", help="skip the quix-streams app")
     ap.add_argument("--commandstats", action="store_true", help="print the Redis commands' cost per event")
+    ap.add_argument("--layout", type=int, choices=(1, 2), default=1, help="the Redis key layout of the run's "
+                    "namespace (KEEL_REDIS_LAYOUT of the worker; default 1)")
     ap.add_argument("--shared-redis", action="store_true", help="use --redis rather than a redis-server of this "
                     "run (whose CPU then counts only this worker)")
     ap.add_argument("--keep", action="store_true", help="keep the topics and the Redis namespace")
