@@ -1,7 +1,7 @@
 """Replay benchmark: rebuild one big tenant with `keel replay` while a worker ingests other tenants live.
 
     .venv/bin/python bench/replay.py [--events 500000] [--others 20] [--other-events 100000] [--batch 5000]
-        [--rounds N] [--private-redis] [--layout {1,2}]
+        [--rounds N] [--private-redis] [--layout {1,2}] [--worker-batch N]
     (quick run: --events 50000 --other-events 20000)
 
 Needs KEEL_KAFKA_BOOTSTRAP and KEEL_REDIS_URL (or --kafka/--redis). On a fresh cartridge name (fresh topic and
@@ -81,6 +81,7 @@ def main() -> int:
     ap.add_argument("--private-redis", action="store_true", help="use a redis-server of this run only")
     ap.add_argument("--layout", type=int, choices=(1, 2), default=1, help="the Redis key layout of the fresh "
                     "namespace (KEEL_REDIS_LAYOUT; default 1)")
+    ap.add_argument("--worker-batch", type=int, help="the live worker's --batch (default: the worker's)")
     ap.add_argument("--keep", action="store_true", help="keep the Redis namespace afterwards")
     args = ap.parse_args()
     if not args.kafka or not (args.redis or args.private_redis):
@@ -124,7 +125,9 @@ def run(args: argparse.Namespace, work: Path) -> int:
     report = publish_file(cartridge, big, args.kafka, topics=TopicSpec())
     print(f"published {report.sent:,} events of {BIG} in {time.monotonic() - t0:.1f}s")
 
-    worker = subprocess.Popen([sys.executable, "-m", "keel.cli", "worker", str(folder), "--quiet", "-l", "warn"],
+    batch = ["--batch", str(args.worker_batch)] if args.worker_batch else []
+    worker = subprocess.Popen([sys.executable, "-m", "keel.cli", "worker", str(folder), "--quiet", "-l", "warn",
+                               *batch],
                               env=env, cwd=ROOT, stdout=open(work / "worker.log", "wb"),  # noqa: SIM115
                               stderr=subprocess.STDOUT)
     try:
