@@ -10,6 +10,9 @@ Per generation `d` (keys.py's prefix) layout 2 keeps `ev`, `eh`, `m` and `ents` 
     d sg               hash: escaped entity -> how many of its segments are closed
     d s:<e>            string: the entity's open segment (segments.py)
     d s:<e>|<n>        string: its closed segment n (0-based; `|` never occurs in an escaped name)
+    d v:<e>            sorted set (scores 0, by member): the valid-time index of its closed segments' deltas,
+                       `<P><least point9><greatest point9><n>` per timeline and segment, and the flags `<P>!`
+                       (ranges overlap) and `<P>#` (an end or an expiry): what a read at a past time looks up
     d i:<e>            set: `>` + escaped subject + `|` + P of each relation naming the entity as object
 """
 from __future__ import annotations
@@ -61,16 +64,26 @@ if nI > 0 or nE > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
 return big
 """
 
-# KEYS: 1 gen, 2 closed-segment counts (hash), 3 the entity's open segment.
+# KEYS: 1 gen, 2 closed-segment counts (hash), 3 the entity's open segment, 4 its valid-time index (sorted set).
 # ARGV: 1 expected gen, 2 escaped entity, 3 the open segment's length the restatement was computed from,
-#       4 the restatement block.
+#       4 the restatement block, then per timeline with delta rows in the segment: P, its least and greatest
+#       point (point9), "1" when a row is an end or expires.
 # Closes the open segment (renamed `<open segment>|<n>`) and opens one holding the restatement: {1}; {2} when
-# the segment changed since it was read (another writer appended: the next step reports it again).
+# the segment changed since it was read (another writer appended: the next step reports it again). Indexes the
+# closed segment's delta rows: member `<P><least><greatest><n>` per timeline; `<P>!` once a timeline's ranges
+# overlap (its past reads then decode every segment), `<P>#` once it has an end or an expiry.
 ROLL = _GEN_CHECK + """
 if redis.call('STRLEN', KEYS[3]) ~= tonumber(ARGV[3]) then return {2} end
-local n = redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
-redis.call('RENAME', KEYS[3], KEYS[3] .. '|' .. (n - 1))
+local n = redis.call('HINCRBY', KEYS[2], ARGV[2], 1) - 1
+redis.call('RENAME', KEYS[3], KEYS[3] .. '|' .. n)
 redis.call('SET', KEYS[3], ARGV[4])
+for i = 5, #ARGV, 4 do
+  local P, lo, hi = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local last = redis.call('ZREVRANGEBYLEX', KEYS[4], '(' .. P .. '~', '[' .. P .. '-', 'LIMIT', 0, 1)[1]
+  if last and lo <= string.sub(last, #P + 10, #P + 18) then redis.call('ZADD', KEYS[4], 0, P .. '!') end
+  if ARGV[i + 3] == '1' then redis.call('ZADD', KEYS[4], 0, P .. '#') end
+  redis.call('ZADD', KEYS[4], 0, P .. lo .. hi .. n)
+end
 return {1}
 """
 
@@ -111,4 +124,47 @@ for i = 3, #ARGV do
   out[i - 2] = table.concat(parts)
 end
 return {1, out}
+"""
+
+# KEYS: 1 gen. ARGV: 1 expected gen, 2 the prefix of segment keys ("<data prefix>s:"), 3 the prefix of index keys
+#       ("<data prefix>v:"), 4 t (point9), 5 nO, nO escaped entities, then triples (the entity's position among
+#       them, P, "r" for a relation else "").
+# For a read at t of each timeline from its closed segments: the segment with the greatest least point <= t
+# (the winner's: the index is in order, else flagged) and the one with the least least point > t (the next
+# point's), and for a relation the one with its first point (its run starts there: it has no end, else
+# flagged). Answers {1, {per triple: "" or "*" when the timeline must be read from every segment}, {per entity:
+# {open segment, n, closed segment n, ... (by n)}}}.
+PAST = _GEN_CHECK + """
+local t, nO = ARGV[4], tonumber(ARGV[5])
+local verdicts, wanted = {}, {}
+for x = 1, nO do wanted[x] = {} end
+local function want(x, member, P)
+  if member then wanted[x][tonumber(string.sub(member, #P + 19))] = true end
+end
+for i = 6 + nO, #ARGV, 3 do
+  local x, P, rel = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2] == 'r'
+  local v = ARGV[3] .. ARGV[5 + x]
+  if redis.call('ZSCORE', v, P .. '!') or (rel and redis.call('ZSCORE', v, P .. '#')) then
+    verdicts[#verdicts + 1] = '*'
+  else
+    verdicts[#verdicts + 1] = ''
+    want(x, redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, 1)[1], P)
+    want(x, redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, 1)[1], P)
+    if rel then want(x, redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, 1)[1], P) end
+  end
+end
+local out = {}
+for x = 1, nO do
+  local e = ARGV[5 + x]
+  local got = {redis.call('GET', ARGV[2] .. e) or ''}
+  local ns = {}
+  for n in pairs(wanted[x]) do ns[#ns + 1] = n end
+  table.sort(ns)
+  for _, n in ipairs(ns) do
+    got[#got + 1] = n
+    got[#got + 1] = redis.call('GET', ARGV[2] .. e .. '|' .. n) or ''
+  end
+  out[x] = got
+end
+return {1, verdicts, out}
 """
