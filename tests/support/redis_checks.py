@@ -290,6 +290,21 @@ class RedisChecks(RedisCase):
         assert s.applied_offset("t9", "p", 9) == 3
         assert s.tenants() == tenants
 
+    def test_a_step_of_thousands_of_events_and_entities_commits_whole(self) -> None:
+        """A worker's step can carry tens of thousands of ids, marks and entities: more values than one Lua
+        call can take (the scripts send them in chunks)."""
+        s, m = self.redis_store(), MemoryStore()
+        events = [(label_writes(f"thing:{i}", None, {"n": i}, valid_from=d(1), source="s", evidence=f"e{i}",
+                                recorded_at=d(1), by=None)
+                   + [relation_write(f"thing:{i}", "in", "box:1", d(1), False, source="s", evidence=f"e{i}",
+                                     recorded_at=d(1), by=None)], f"e{i}") for i in range(9000)]
+        s.commit_batch("acme", events, ("topic", 0, 8999))
+        for writes, event_id in events:
+            m.apply_writes("acme", writes, event_id)
+        assert len(s.event_ids("acme")) == 9000 and s.applied_offset("acme", "topic", 0) == 8999
+        assert digest(s, "acme") == digest(m, "acme")
+        assert len(s.relations("acme", "box:1", at=d(2))) == 9000
+
     def test_an_empty_batch_only_moves_the_offset(self) -> None:
         s = self.redis_store()
         s.commit_batch("acme", [], ("t", 2, 41))

@@ -17,7 +17,7 @@ Per generation `d` (keys.py's prefix) layout 2 keeps `ev`, `eh`, `m` and `ents` 
 """
 from __future__ import annotations
 
-from .scripts import _GEN_CHECK, _STEP_IDS, _STEP_META
+from .scripts import _GEN_CHECK, _MULTI, _STEP_IDS, _STEP_META
 
 # KEYS: 1 gen, 2 ids (set), 3 meta (hash), 4 entities (set), 5 first recorded_at (hash), 6 marks (hash), then
 #       per entity e (1-based): 5 + 2e its open segment, 6 + 2e its incoming relations (set).
@@ -28,7 +28,7 @@ from .scripts import _GEN_CHECK, _STEP_IDS, _STEP_META
 #       none), nX, nX elements to add to its incoming relations.
 # Answers {1, e...}: the entities (1-based) whose open segment is now larger than ARGV[2] (the writer closes
 # them); {3, id...} when ids were applied already (nothing written: the writer drops them and retries).
-APPLY = _GEN_CHECK + _STEP_IDS + """
+APPLY = _GEN_CHECK + _MULTI + _STEP_IDS + """
 local nE = tonumber(ARGV[a])
 a = a + 1
 local roll = tonumber(ARGV[2])
@@ -40,25 +40,27 @@ for e = 1, nE do
     if redis.call('APPEND', KEYS[5 + 2 * e], block) > roll then big[#big + 1] = e end
   end
   local nX = tonumber(ARGV[a + 3])
-  if nX > 0 then redis.call('SADD', KEYS[6 + 2 * e], unpack(ARGV, a + 4, a + 3 + nX)) end
+  if nX > 0 then multi('SADD', KEYS[6 + 2 * e], ARGV, a + 4, a + 3 + nX) end
   a = a + 4 + nX
 end
-if nE > 0 then
-  local cur = redis.call('HMGET', KEYS[5], unpack(names))
-  local set, fresh = {}, {}
-  for e = 1, nE do
-    if not cur[e] then
+local set, fresh = {}, {}
+for i = 1, nE, 2000 do
+  local j = math.min(i + 1999, nE)
+  local cur = redis.call('HMGET', KEYS[5], unpack(names, i, j))
+  for e = i, j do
+    local c = cur[e - i + 1]
+    if not c then
       fresh[#fresh + 1] = names[e]
       set[#set + 1] = names[e]; set[#set + 1] = mins[e]
-    elseif tonumber(mins[e]) < tonumber(cur[e]) then
+    elseif tonumber(mins[e]) < tonumber(c) then
       set[#set + 1] = names[e]; set[#set + 1] = mins[e]
     end
   end
-  if #fresh > 0 then redis.call('SADD', KEYS[4], unpack(fresh)) end
-  if #set > 0 then redis.call('HSET', KEYS[5], unpack(set)) end
 end
-if nI > 0 then redis.call('SADD', KEYS[2], unpack(ARGV, I, I + nI - 1)) end
-if nM > 0 then redis.call('HSET', KEYS[6], unpack(ARGV, Mk, Mk + 2 * nM - 1)) end
+multi('SADD', KEYS[4], fresh)
+multi('HSET', KEYS[5], set)
+multi('SADD', KEYS[2], ARGV, I, I + nI - 1)
+multi('HSET', KEYS[6], ARGV, Mk, Mk + 2 * nM - 1)
 """ + _STEP_META + """
 if nI > 0 or nE > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
 return big
