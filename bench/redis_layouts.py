@@ -1,9 +1,8 @@
-"""Today's Redis layout against a batch-oriented segment layout (issue 16), side by side in one run.
+"""Redis key layout 1 against layout 2 (issue 16), both production stores, side by side in one run.
 
-    .venv/bin/pip install -e ".[bench]"        # msgpack, for the prototype
-    .venv/bin/python bench/redis_layouts.py [--events 100000] [--tenants 1000] [--partitions 8] [--batch 500]
-                                            [--roll 256] [--rounds 3] [--repeat 300] [--deep 30 1000 100000]
-                                            [--deep-step 8] [--shared-redis]
+    .venv/bin/python bench/redis_layouts.py [--events 100000] [--tenants 1000] [--partitions 8] [--batch 5000]
+                                            [--rounds 3] [--repeat 300] [--deep 30 1000 100000] [--deep-step 8]
+                                            [--shared-redis]
 
 Starts a redis-server of its own (as bench/peers/compare.py does: append-only, fsync every second), so that
 the Redis CPU figures (INFO CPU, used_cpu_user + used_cpu_sys) are this run's alone; --shared-redis uses
@@ -13,43 +12,16 @@ KEEL_REDIS_URL instead (the figures then include other clients' load). Steps:
    publishes them) go through the real Projector of cartridges/finance; the writes and event ids (with their
    marks) it produces are cut like a worker cuts them: per partition (crc32 of the tenant), polls of
    --batch records, one step per tenant and partition carrying its last offset, one round trip per poll.
-2. today: `RedisStore.commit_many` (the APPLY script: sorted set per entity, provenance list, ids, marks,
-   offsets); the prototype: `SegmentStore.commit_many` (bench/segment_layout.py). Both in fresh namespaces,
-   alternating for --rounds rounds; the medians of Redis CPU µs/event and client CPU µs/event (encoding,
-   sending, reading answers) are printed, and of the encoding alone (today's ApplyBatch vs the prototype's
-   encode_step, nothing sent). Sampled entities must read back the same labels and facts from both.
-3. reads of a debt with --deep daily snapshots (all in the past), written in steps of --deep-step events
-   (30 snapshots stay in one segment, so the prototype has no head for it and reads the segment whole):
-   today `RedisStore.view` (what `context` reads) of labels and facts (lf) and of everything (lfr: relation
-   timelines whole), at now and at the middle of its history; the prototype's head read and as-of read.
+2. `RedisStore.commit_many` (layout 1: the APPLY script, a sorted set and an index list per entity) and
+   `SegmentStore.commit_many` (layout 2: one APPEND of a JSON delta per entity and step, segments closed with a
+   restatement by the writer), in fresh namespaces, alternating for --rounds rounds; the medians of Redis CPU
+   µs/event and client CPU µs/event (encoding, sending, answers, closing segments) are printed, and of the
+   encoding alone (layout 1's ApplyBatch, layout 2's encode_step; nothing sent). Both layouts must give every
+   sampled entity the same view now and at a past date, and every sampled tenant the same digest.
+3. reads of a debt with --deep daily snapshots (all in the past), written in steps of --deep-step events: `view`
+   (what `context` reads) of labels and facts (lf) and of everything (lfr), now and at the middle of its
+   history, in both layouts.
 4. bytes per fact version: MEMORY USAGE over every key of each namespace / fact versions.
-
-The prototype (bench/segment_layout.py, its docstring gives the key layout): per tenant step one
-APPLY_SEGMENTS script, atomic: it refuses (writes nothing) when an event id is already applied (the writer drops
-those events, as today) or when the writer's guess of an entity's segment state is stale (the writer reads it
-and encodes again); then one APPEND of a msgpack delta per touched entity (a roll after --roll assertions: the
-new segment starts with a checkpoint, the head as it was), one MSET of the heads the writer computed, SADD ids
-and new entities, HSET marks, segment states, offset, sv, rl, kt and lag as today.
-Head read: one GET (+ one MGET of the subjects' heads for relations naming the entity). As-of read at t: the
-segment with the greatest lowest point <= t (the open one, or ZREVRANGEBYSCORE of the directory of closed
-ones: one small script with the GET), decoded; a timeline whose checkpoint entry is later than t sends the
-read one segment back.
-
-What the prototype does NOT do yet, compared with production (keel/store/redis):
-- generations: keys are built for one generation and the script checks `gen` like APPLY, but there is no
-  switch, bulk loader (GenerationLoader) or zero-downtime replay cut-over for this layout;
-- reads: no known_at (transaction-time) folding, no void handling in as-of reads (a void winner of
-  keel.timeline's rules is returned as an end; the head read falls back to as-of), no EntityView/result
-  objects, no whole-timeline reads (history), no search documents, and late data (a segment whose lowest point
-  is below the previous one's: flagged) has no bounded as-of path (it would scan the directory);
-- writes: a step's delta goes to one segment whole (a step with more than --roll assertions of one entity
-  makes a larger segment); the writer holds every entity's head and segment state in memory (a worker's
-  mirror holds that state, this bench keeps it in a dict); an entity it has not met is guessed new, and read
-  when the script refuses that guess;
-- no dump/digest, drop or key walk over the layout, no layout-version stamp, no Cluster run (the hash
-  tags make it legal, nothing more was checked);
-- id conflicts are found as today (the script answers ids already applied, the Projector compares marks),
-  but the worker's retry/strict-generation paths around it are not ported.
 """
 from __future__ import annotations
 
@@ -59,6 +31,7 @@ import gc
 import hashlib
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -81,13 +54,15 @@ from common import percentiles
 from ingest import write_events
 from peers.compare import private_redis
 from redis_memory import Recorder
-from segment_layout import SegmentStore
 
 from keel.cartridge import load_cartridge
+from keel.digest import digest
 from keel.projector import Projector
 from keel.store.base import BatchStep, EventWrites, Write
 from keel.store.redis import RedisStore
 from keel.store.redis.batch import ApplyBatch, PendingStep
+from keel.store.redis.segment_store import SegmentStore
+from keel.store.redis.segments import StepBlocks, encode_step
 from keel.times import parse_time
 
 TOPIC = "keel.bench.events"
@@ -214,31 +189,13 @@ def encode_cpu(all_polls: list[list[BatchStep]], encode: Callable[[BatchStep], A
     return (time.process_time() - c0) * 1e6 / events
 
 
-def today_encode(step: BatchStep) -> ApplyBatch:
+def layout1_encode(step: BatchStep) -> ApplyBatch:
     p = PendingStep(*step)
     return ApplyBatch(p.events, 0, p.field, p.offset, p.latest, p.lag)
 
 
-def proto_encoder(client: redis.Redis, roll: int) -> Callable[[BatchStep], Any]:
-    """encode_step of a writer that keeps the states of its steps as if the script had accepted each."""
-    store = SegmentStore(client, "enc", roll)
-
-    def encode(step: BatchStep) -> None:
-        moves: list[Any] = []
-        store.encode_step(*step, moves=moves)
-        for k, (state, added) in moves[0].items():
-            state.incoming.update(added)
-            store._states[k] = state
-    return encode
-
-
-def same_values(proto: dict[str, tuple[Any, ...]], view: Any) -> bool:
-    """Whether the prototype's winners carry the labels and fact values of today's EntityView."""
-    labels = {p.split("|")[1]: a[1] for p, a in proto.items() if p[0] == "l"}
-    facts = {p.split("|")[1]: a[1] for p, a in proto.items() if p[0] == "f"}
-    ref = labels.pop("ref", None)
-    return ref == view.info.ref and labels == view.info.labels and \
-        facts == {f["predicate"]: f["value"] for f in view.facts}
+def layout2_encode(step: BatchStep) -> StepBlocks:
+    return encode_step(PendingStep(*step).events)
 
 
 def main() -> None:
@@ -246,8 +203,7 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--tenants", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=500, help="records per poll and partition")
-    ap.add_argument("--roll", type=int, default=256, help="assertions after which a segment is closed")
+    ap.add_argument("--batch", type=int, default=5000, help="records per poll and partition")
     ap.add_argument("--rounds", type=int, default=3, help="alternating write rounds (medians are printed)")
     ap.add_argument("--repeat", type=int, default=300, help="calls per read figure and round")
     ap.add_argument("--deep", type=int, nargs="*", default=[30, 1_000, 100_000], help="versions of the deep debts (none: no read figures)")
@@ -290,67 +246,68 @@ def run(args: argparse.Namespace, url: str, tmp: Path) -> None:
     fact_versions = sum(1 for _, w, _ in log for key, _ in w if key[0] == "f")
     gc.collect()
     gc.freeze()     # the projected log is long-lived (as a worker's mirrors): keep the collector off it, for both
-    gc.set_threshold(100_000, 50, 100)      # as `keel worker` runs (workers/app.py): the prototype's writer
-    #                                         state is long-lived like a worker's mirrors
+    gc.set_threshold(100_000, 50, 100)      # as `keel worker` runs (workers/collector.py)
     client = redis.Redis.from_url(url)
     text_client = redis.Redis.from_url(url, decode_responses=True)
-    figures: dict[str, list[tuple[float, float, float]]] = {"today": [], "proto": []}
-    encoding: dict[str, list[float]] = {"today": [], "proto": []}
+    layouts: dict[str, type[RedisStore]] = {"layout 1": RedisStore, "layout 2": SegmentStore}
+    encoders: dict[str, Callable[[BatchStep], Any]] = {"layout 1": layout1_encode, "layout 2": layout2_encode}
+    figures: dict[str, list[tuple[float, float, float]]] = {k: [] for k in layouts}
+    encoding: dict[str, list[float]] = {k: [] for k in layouts}
     memory: dict[str, tuple[int, int]] = {}
+    checked = (0, 0)
     for r in range(args.rounds):
-        ns_today, ns_proto = f"lt{os.getpid()}r{r}", f"lp{os.getpid()}r{r}"
-        today = RedisStore(text_client, namespace=ns_today, owns_client=False)
-        proto = SegmentStore(client, ns_proto, args.roll)
-        figures["today"].append(measured(client, lambda store=today: [store.commit_many(s) for s in all_polls], len(log)))
-        figures["proto"].append(measured(client, lambda store=proto: [store.commit_many(s) for s in all_polls], len(log)))
+        stores = {name: cls(text_client, namespace=f"l{name[-1]}{os.getpid()}r{r}", owns_client=False)
+                  for name, cls in layouts.items()}
+        for name, store in stores.items():
+            figures[name].append(measured(client, lambda store=store: [store.commit_many(s) for s in all_polls],
+                                          len(log)))
         if r == 0:
-            memory = {"today": namespace_bytes(client, ns_today), "proto": namespace_bytes(client, ns_proto)}
-            checked = check_sample(today, proto, log)
-            content = namespace_content(client, ns_proto)
-            restarted = SegmentStore(client, ns_proto, args.roll)     # knows nothing: guesses, is refused, reads
-            for steps in all_polls[:2]:
-                restarted.commit_many(steps)
-            unchanged = namespace_content(client, ns_proto) == content
-        drop(client, ns_today)
-        drop(client, ns_proto)
-        encoding["today"].append(encode_cpu(all_polls, today_encode, len(log)))
-        encoding["proto"].append(encode_cpu(all_polls, proto_encoder(client, args.roll), len(log)))
-    enc_today, enc_proto = statistics.median(encoding["today"]), statistics.median(encoding["proto"])
+            memory = {name: namespace_bytes(client, store.namespace) for name, store in stores.items()}
+            checked = check_sample(stores["layout 1"], stores["layout 2"], log)
+        for name, store in stores.items():
+            drop(client, store.namespace)
+            encoding[name].append(encode_cpu(all_polls, encoders[name], len(log)))
     med = {k: [statistics.median(x[i] for x in v) for i in range(3)] for k, v in figures.items()}
-    print(f"\nwrites, medians of {args.rounds} alternating rounds      today      prototype   prototype/today")
+    enc = {k: statistics.median(v) for k, v in encoding.items()}
+    one, two = med["layout 1"], med["layout 2"]
+    print(f"\nwrites, medians of {args.rounds} alternating rounds      layout 1   layout 2   2/1")
     for i, name in enumerate(("Redis CPU µs/event", "client CPU µs/event (encode + send)", "events/s (wall, one client)")):
-        print(f"  {name:<40}{med['today'][i]:>9.1f}   {med['proto'][i]:>10.1f}   {med['proto'][i] / med['today'][i]:>8.2f}")
-    print(f"  {'client encode only µs/event':<40}{enc_today:>9.1f}   {enc_proto:>10.1f}   {enc_proto / enc_today:>8.2f}")
-    print(f"  Redis CPU goal <= {GOAL_REDIS} µs/event: today {'met' if med['today'][0] <= GOAL_REDIS else 'NOT met'}, "
-          f"prototype {'met' if med['proto'][0] <= GOAL_REDIS else 'NOT met'}")
-    bt, bp = memory["today"][0] / fact_versions, memory["proto"][0] / fact_versions
-    print(f"\nmemory (sum of MEMORY USAGE / {fact_versions:,} fact versions): today {bt:.0f} B ({memory['today'][1]:,} keys), "
-          f"prototype {bp:.0f} B ({memory['proto'][1]:,} keys), ratio {bp / bt:.2f}")
-    print(f"same labels and facts read back from both layouts on {checked} sampled entities (now and at a past date)")
-    print(f"a restarted prototype writer redelivering the first 2 polls changed nothing: {unchanged}")
+        print(f"  {name:<40}{one[i]:>9.1f}  {two[i]:>9.1f}  {two[i] / one[i]:>6.2f}")
+    print(f"  {'client encode only µs/event':<40}{enc['layout 1']:>9.1f}  {enc['layout 2']:>9.1f}  "
+          f"{enc['layout 2'] / enc['layout 1']:>6.2f}")
+    print(f"  Redis CPU goal <= {GOAL_REDIS} µs/event: layout 1 {'met' if one[0] <= GOAL_REDIS else 'NOT met'}, "
+          f"layout 2 {'met' if two[0] <= GOAL_REDIS else 'NOT met'}")
+    b1, b2 = (memory[k][0] / fact_versions for k in layouts)
+    print(f"\nmemory (sum of MEMORY USAGE / {fact_versions:,} fact versions): layout 1 {b1:.0f} B "
+          f"({memory['layout 1'][1]:,} keys), layout 2 {b2:.0f} B ({memory['layout 2'][1]:,} keys), ratio {b2 / b1:.2f}")
+    print(f"same views in both layouts on {checked[0]} sampled entities (now and at a past date), same digests of "
+          f"{checked[1]} sampled tenants")
     if args.deep:
         reads(args, cartridge, client, text_client)
 
 
-def check_sample(today: RedisStore, proto: SegmentStore, log: list[tuple[str, list[Write], Any]]) -> int:
-    """Both layouts answer the same labels and fact values, now and at a past date, on sampled entities."""
-    pairs = sorted({(t, key[1]) for t, w, _ in log[:: max(1, len(log) // 200)] for key, _ in w})
+def check_sample(one: RedisStore, two: RedisStore, log: list[tuple[str, list[Write], Any]]) -> tuple[int, int]:
+    """Both layouts answer the same views now and at a past date on sampled entities, and the same digests on
+    sampled tenants (raises otherwise); returns how many of each were compared."""
+    sample = random.Random(7).sample(log, min(200, len(log)))
+    pairs = sorted({(t, key[1]) for t, w, _ in sample for key, _ in w})
     past = parse_time("2000-06-15")
     for tenant, entity in pairs:
-        for at, got in ((None, proto.current(tenant, entity, "lf")), (past, proto.as_of(tenant, entity, past, "lf"))):
-            view = today.view(tenant, entity, at=at, parts="lf")
-            if view is None:
-                assert not got, (tenant, entity, at, got)
-            elif not same_values(got, view):
-                raise AssertionError(f"layouts differ on {tenant} {entity} at {at}: {got} vs {view}")
-    return len(pairs)
+        for at in (None, past):
+            a, b = one.view(tenant, entity, at=at), two.view(tenant, entity, at=at)
+            if a != b:
+                raise AssertionError(f"layouts differ on {tenant} {entity} at {at}: {a} vs {b}")
+    tenants = sorted({t for t, _, _ in sample})[:10]
+    for tenant in tenants:
+        if digest(one, tenant) != digest(two, tenant):
+            raise AssertionError(f"layouts give tenant {tenant} different digests")
+    return len(pairs), len(tenants)
 
 
 def reads(args: argparse.Namespace, cartridge: Any, client: redis.Redis, text_client: redis.Redis) -> None:
     """p50/p99 of reads of a deep debt in both layouts, the sizes in alternating rounds (medians printed)."""
-    ns_today, ns_proto = f"dt{os.getpid()}", f"dp{os.getpid()}"
-    today = RedisStore(text_client, namespace=ns_today, owns_client=False)
-    proto = SegmentStore(client, ns_proto, args.roll)
+    stores = {"layout 1": RedisStore(text_client, namespace=f"dt{os.getpid()}", owns_client=False),
+              "layout 2": SegmentStore(text_client, namespace=f"dp{os.getpid()}", owns_client=False)}
     subjects = {}
     for versions in args.deep:
         tenant = f"deep-{versions}"
@@ -359,47 +316,39 @@ def reads(args: argparse.Namespace, cartridge: Any, client: redis.Redis, text_cl
         evs = [(w, eid) for _, w, eid in recorder.log]
         for i in range(0, len(evs), args.deep_step):
             step = [(tenant, evs[i:i + args.deep_step], (TOPIC, 0, i + args.deep_step - 1))]
-            today.commit_many(step)
-            proto.commit_many(step)
-        subjects[versions] = (tenant, entity, mid, parse_time(mid))
-        now_ok = same_values(proto.current(tenant, entity, "lf"), today.view(tenant, entity, parts="lf"))
-        past_ok = same_values(proto.as_of(tenant, entity, parse_time(mid), "lf"),
-                              today.view(tenant, entity, at=mid, parts="lf"))
+            for store in stores.values():
+                store.commit_many(step)
+        subjects[versions] = (tenant, entity, mid)
+        same = all(stores["layout 1"].view(tenant, entity, at=at) == stores["layout 2"].view(tenant, entity, at=at)
+                   for at in (None, mid))
         fv = sum(1 for w, _ in evs for k, _ in w if k[0] == "f")
-        bt, bp = namespace_bytes(client, ns_today)[0], namespace_bytes(client, ns_proto)[0]
-        print(f"deep debt, {versions:,} snapshots in steps of {args.deep_step}: same labels and facts now {now_ok}, at {mid} {past_ok}; "
-              f"{fv:,} fact versions; bytes per fact version of the namespace so far: today {bt / fv:.0f} B, "
-              f"prototype {bp / fv:.0f} B")
-    calls = {
-        "now: today view (lf)": lambda t, e, m, pm: partial(today.view, t, e, parts="lf"),
-        "now: prototype head (lf)": lambda t, e, m, pm: partial(proto.current, t, e, "lf"),
-        "now: today view (lfr)": lambda t, e, m, pm: partial(today.view, t, e),
-        "now: prototype head (lfr)": lambda t, e, m, pm: partial(proto.current, t, e, "lfr"),
-        "past: today view (lf)": lambda t, e, m, pm: partial(today.view, t, e, at=m, parts="lf"),
-        "past: prototype as-of (lf)": lambda t, e, m, pm: partial(proto.as_of, t, e, pm, "lf"),
-    }
+        b1, b2 = (namespace_bytes(client, st.namespace)[0] / fv for st in stores.values())
+        print(f"deep debt, {versions:,} snapshots in steps of {args.deep_step}: same views now and at {mid}: {same}; "
+              f"{fv:,} fact versions; bytes per fact version of the namespace so far: layout 1 {b1:.0f} B, "
+              f"layout 2 {b2:.0f} B")
+    calls: dict[str, Callable[[str, str, str], Callable[[], Any]]] = {}
+    for name, store in stores.items():
+        calls[f"now: {name} (lf)"] = lambda t, e, m, store=store: partial(store.view, t, e, parts="lf")
+        calls[f"now: {name} (lfr)"] = lambda t, e, m, store=store: partial(store.view, t, e)
+        calls[f"past: {name} (lf)"] = lambda t, e, m, store=store: partial(store.view, t, e, at=m, parts="lf")
     rounds: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for _ in range(3):
         for versions, subject in subjects.items():
             for name, make in calls.items():
-                slow = "lfr" in name and "today" in name and versions > 10_000    # whole relation timelines
+                slow = versions > 10_000 and name.startswith("past: layout 2")       # decodes every segment
                 rounds.setdefault((versions, name), []).append(
                     percentiles(make(*subject), max(5, args.repeat // 30) if slow else args.repeat))
     fig = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in rounds.items()}
-    print(f"\nreads of the deep debt (ms, medians of 3 rounds of {args.repeat} calls; lfr at 100k: fewer calls)")
-    print(f"  {'':32}" + "".join(f"{f'{v:,} p50':>12}{f'{v:,} p99':>12}" for v in subjects))
+    print(f"\nreads of the deep debt (ms, medians of 3 rounds of {args.repeat} calls; layout 2 past at 100k: fewer calls)")
+    print(f"  {'':24}" + "".join(f"{f'{v:,} p50':>12}{f'{v:,} p99':>12}" for v in subjects))
     for name in calls:
-        print(f"  {name:<32}" + "".join(f"{fig[(v, name)][0]:>12.3f}{fig[(v, name)][1]:>12.3f}" for v in subjects))
+        print(f"  {name:<24}" + "".join(f"{fig[(v, name)][0]:>12.3f}{fig[(v, name)][1]:>12.3f}" for v in subjects))
     big, small = max(subjects), 1_000 if 1_000 in subjects else min(subjects)     # the issue compares 100k with 1k
-    print("ratios (p99):")
-    for now_or_past, t_name, p_name in (("now", "now: today view (lf)", "now: prototype head (lf)"),
-                                        ("now lfr", "now: today view (lfr)", "now: prototype head (lfr)"),
-                                        ("past", "past: today view (lf)", "past: prototype as-of (lf)")):
-        print(f"  {now_or_past:<8} prototype/today at {small:,}: {fig[(small, p_name)][1] / fig[(small, t_name)][1]:.3g}, "
-              f"at {big:,}: {fig[(big, p_name)][1] / fig[(big, t_name)][1]:.3g}; {big:,} vs {small:,}: today "
-              f"{fig[(big, t_name)][1] / fig[(small, t_name)][1]:.3g}, prototype {fig[(big, p_name)][1] / fig[(small, p_name)][1]:.3g}")
-    drop(client, ns_today)
-    drop(client, ns_proto)
+    print(f"p99 at {big:,} / p99 at {small:,}:")
+    for name in calls:
+        print(f"  {name:<24}{fig[(big, name)][1] / fig[(small, name)][1]:>8.2f}")
+    for store in stores.values():
+        drop(client, store.namespace)
 
 
 if __name__ == "__main__":

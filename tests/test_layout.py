@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 import redis
-from support.workers import keel, services, services_env, unique_cartridge
+from support.workers import (
+    WorkerProcess,
+    embedded_digests,
+    keel,
+    redis_digests,
+    services,
+    services_env,
+    unique_cartridge,
+    wait_applied,
+)
 
 from keel.cartridge import load_cartridge
 from keel.errors import UsageError
@@ -81,4 +90,43 @@ def test_processes_refuse_an_old_layout_and_replay_all_upgrades_it(env: dict[str
         assert keel("status", str(folder), env=env).returncode == 0
     finally:
         client.delete(layout_key(ns))
+        client.close()
+
+
+def test_replay_all_with_layout_2_rewrites_a_layout_1_namespace(env: dict[str, str], tmp_path: Path) -> None:
+    """The documented upgrade to layout 2: refused while a worker runs; with the workers stopped, every tenant
+    is rebuilt in layout 2 (old keys gone, digests as embedded), the namespace stamped 2, and a worker started
+    with the default setting follows the stamp."""
+    folder = unique_cartridge(tmp_path)
+    ns = load_cartridge(folder).name
+    events = folder / "events.jsonl"
+    client = redis.Redis.from_url(env["KEEL_REDIS_URL"], decode_responses=True)
+    try:
+        keel("publish", str(folder), str(events), env=env)
+        worker = WorkerProcess([folder], env, tmp_path / "worker.log")
+        try:
+            count = sum(1 for line in events.read_text().splitlines() if line.strip())
+            wait_applied(folder, env, count, worker)
+            refused = keel("replay", str(folder), "--all", "--layout", "2", "--quiet", env=env, check=False)
+            assert refused.returncode == 2 and "stop the workers" in refused.stderr, refused.stderr
+        finally:
+            assert worker.terminate() == 0
+        assert client.get(layout_key(ns)) == "1"
+        expected = embedded_digests(load_cartridge(folder), events)
+        keel("replay", str(folder), "--all", "--layout", "2", "--quiet", env=env)
+        assert client.get(layout_key(ns)) == "2"
+        left = [k for k in client.scan_iter(match=f"keel:{{{ns}/*", count=1000) if ":z:" in k or ":x:" in k]
+        assert left == []
+        assert redis_digests(folder, env, expected) == expected
+        keel("publish", str(folder), str(events), env=env)           # the same events again: all duplicates
+        worker = WorkerProcess([folder], env, tmp_path / "worker2.log")
+        try:
+            wait_applied(folder, env, 2 * count, worker)
+            assert redis_digests(folder, env, expected) == expected
+            store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=ns)
+            assert isinstance(store, SegmentStore)
+            store.close()
+        finally:
+            assert worker.terminate() == 0
+    finally:
         client.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from redis.cluster import RedisCluster
 from support.batch_contract import BatchContract
-from support.redis_checks import RedisCase, RedisChecks, d
+from support.redis_checks import RedisChecks, d
 from support.store_contract import StoreContract
 
 from keel.store.base import Store, ViewRequest
@@ -132,9 +132,10 @@ class _RollingSegmentStore(SegmentStore):
 
 
 @pytest.mark.usefixtures("cluster_node")
-class TestRedisClusterSegmentStore(RedisCase, StoreContract, BatchContract):
-    """The contract suites on layout 2 on a 3-master Cluster, a segment closed after every step (so ROLL's
-    RENAME and the reads of subjects' segments, keys built in the scripts, run on every node)."""
+class TestRedisClusterSegmentStore(RedisChecks, StoreContract, BatchContract):
+    """The contract suites and the Redis checks on layout 2 on a 3-master Cluster, a segment closed after every
+    step (so ROLL's RENAME, the valid-time index and the reads of subjects' and closed segments, keys built in
+    the scripts, run on every node)."""
     store_class = _RollingSegmentStore
 
     def make_store(self) -> Store:

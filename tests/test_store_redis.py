@@ -21,6 +21,7 @@ from keel.errors import StoreUnavailable
 from keel.store.base import (
     Store,
 )
+from keel.store.memory import MemoryStore
 from keel.store.redis import GenerationLoader, RedisStore
 from keel.store.redis.segment_store import SegmentStore
 from keel.timeline import Assertion
@@ -121,7 +122,7 @@ def test_assertion_encoding_round_trips() -> None:
 
 
 @pytest.mark.usefixtures("single_node")
-class TestSegmentStore(RedisCase, StoreContract, BatchContract):
+class TestSegmentStore(RedisChecks, StoreContract, BatchContract):
     """The contract suites on layout 2 (segments appended per step), single redis-server."""
     store_class = SegmentStore
 
@@ -130,6 +131,56 @@ class TestSegmentStore(RedisCase, StoreContract, BatchContract):
 
     def make_batch_store(self) -> Store:
         return self.redis_store()
+
+
+class _SpiedSegmentStore(SegmentStore):
+    """Counts the reads that decode every segment of an entity."""
+    roll_bytes = 700
+    whole_reads = 0
+
+    def _whole(self, tenant: str, entities: list[str]) -> Any:
+        self.whole_reads += 1
+        return super()._whole(tenant, entities)
+
+
+@pytest.mark.usefixtures("single_node")
+class TestSegmentReads(RedisCase):
+    """Layout 2's bounded reads: now from the open segment, at a past time from the closed segments its
+    valid-time index names; whole folds only where the index cannot bound a read. Always as the memory store."""
+    store_class = _SpiedSegmentStore
+
+    def history(self, s: Any, m: MemoryStore, days: int, late: bool = False) -> None:
+        for store in (s, m):
+            store.upsert_entity("acme", "debt", "d1", valid_from=d(0), creditor="Bank")
+            store.link("acme", "debt:d1", "owed_by", "household:h", d(0))
+            for i in range(days):
+                store.open_fact("acme", "debt:d1", "balance", 1000 - i, valid_from=d(i), evidence=f"s{i}")
+                store.link("acme", "debt:d1", "owed_by", "household:h", d(i), evidence=f"s{i}")
+            if late:
+                store.open_fact("acme", "debt:d1", "balance", -1, valid_from=d(3.5), evidence="late")
+
+    def views(self, s: Any, m: MemoryStore, days: int) -> None:
+        for e in ("debt:d1", "household:h"):
+            for t in (-1, 0, 1, 3.5, 4, days / 2, days - 1, days + 3):
+                assert s.view("acme", e, at=d(t)) == m.view("acme", e, at=d(t)), (e, t)
+            assert s.view("acme", e) == m.view("acme", e)
+
+    def test_past_reads_of_an_entity_written_in_order_read_only_the_segments_the_index_names(self) -> None:
+        s, m = self.redis_store(), MemoryStore()
+        self.history(s, m, 120)
+        assert int(s.client.hget(s.data_prefix("acme", 1) + "sg", "debt:d1")) > 5     # many closed segments
+        self.views(s, m, 120)
+        assert s.whole_reads == 0
+
+    def test_a_late_write_makes_past_reads_of_that_timeline_read_every_segment(self) -> None:
+        s, m = self.redis_store(), MemoryStore()
+        self.history(s, m, 120, late=True)
+        s.commit_batch("acme", [], ("topic", 0, 1))
+        for store in (s, m):                                     # closes the segment holding the late write
+            for i in range(120, 160):
+                store.open_fact("acme", "debt:d1", "balance", 1000 - i, valid_from=d(i), evidence=f"s{i}")
+        self.views(s, m, 160)
+        assert s.whole_reads > 0
 
 
 class _RollingSegmentStore(SegmentStore):

@@ -129,6 +129,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="events per step loaded into the shadow, one MULTI/EXEC (default 5000)")
     p.add_argument("--allow-global-notes", action="store_true", default=None,
                    help="as the worker runs (env KEEL_ALLOW_GLOBAL_NOTES): judge global notes the same way")
+    p.add_argument("--layout", type=int, choices=(1, 2), default=None,
+                   help="with --all: rewrite every tenant in this Redis key layout and stamp the namespace with it "
+                        "(stop the workers and tools servers of the cartridge first; see CHANGELOG.md). "
+                        "Default: the namespace's own layout")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
     add_log_arguments(p)
     p.set_defaults(run=cmd_replay)
@@ -259,6 +263,7 @@ def cmd_dlq_redrive(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from keel.cartridge import load_cartridge
+    from keel.errors import UsageError
 
     from .replay import ReplayOptions, replay
     from .replay_progress import Progress
@@ -266,8 +271,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     setup_logging(log_format(args.log_format))      # its warnings in the format every other process uses
     cartridge = load_cartridge(args.cartridge)
     progress = Progress(f"replay {cartridge.name}", quiet=args.quiet)
+    if args.layout is not None and not args.all:
+        raise UsageError("--layout rewrites the whole namespace: use it with --all")
     report = replay(cartridge, settings_of(args), tenants=None if args.all else list(dict.fromkeys(args.tenant)),
-                    options=ReplayOptions(batch=args.batch), progress=progress)
+                    options=ReplayOptions(batch=args.batch, layout=args.layout), progress=progress)
     if not args.quiet:
         print(report.summary())
     return 0

@@ -31,11 +31,11 @@ from keel.config import Settings
 from keel.connect import open_redis_store
 from keel.envelope import TENANT
 from keel.errors import KeelError, StoreUnavailable, UsageError
-from keel.kafka import KafkaUnavailable
+from keel.kafka import KafkaUnavailable, describe_group
 from keel.store.base import EventWrites
 from keel.store.redis import GenerationLoader
 from keel.store.redis.layout import stamp_layout
-from keel.wire import events_topic
+from keel.wire import events_topic, group_id
 
 from .collector import gc_young_threshold
 from .replay_build import PartitionBuild
@@ -57,6 +57,7 @@ class ReplayOptions:
     fetch: int = 20_000             # records per Kafka fetch
     retry_for_s: float = 120.0      # how long a Kafka or Redis outage is retried before giving up
     max_switch_tries: int = 100
+    layout: int | None = None       # with every tenant: rewrite the namespace in this Redis key layout
 
 
 @dataclass
@@ -114,8 +115,10 @@ def replay(cartridge: Cartridge, settings: Settings, *, tenants: list[str] | Non
     for t in tenants or ():
         if not TENANT.match(t):
             raise UsageError(f"bad tenant {t!r}: use [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
-    replayer = Replayer(cartridge, settings, options or ReplayOptions(),
-                        progress or Progress(f"replay {cartridge.name}", quiet=True))
+    options = options or ReplayOptions()
+    if options.layout is not None:
+        _check_layout_change(cartridge, settings, tenants)
+    replayer = Replayer(cartridge, settings, options, progress or Progress(f"replay {cartridge.name}", quiet=True))
     try:
         report = asyncio.run(replayer.run(tenants))
         if tenants is None and all(r.switched for r in report.results):
@@ -123,6 +126,18 @@ def replay(cartridge: Cartridge, settings: Settings, *, tenants: list[str] | Non
         return report
     finally:
         replayer.close()
+
+
+def _check_layout_change(cartridge: Cartridge, settings: Settings, tenants: list[str] | None) -> None:
+    """A change of key layout rewrites every tenant while nothing else writes: a worker would go on writing
+    the old layout into the generations the replay replaces, so the worker group must be empty."""
+    if tenants is not None:
+        raise UsageError("--layout rewrites the whole namespace: use it with --all")
+    group = asyncio.run(describe_group(settings.kafka_bootstrap, group_id(cartridge.name), events_topic(cartridge.name)))
+    if group.members:
+        raise UsageError(f"the worker group {group_id(cartridge.name)} has {len(group.members)} member(s): stop the "
+                         f"workers (and tools servers) of {cartridge.name} before changing its Redis key layout, "
+                         f"then start them again once the replay has stamped the namespace")
 
 
 class Replayer:
@@ -134,7 +149,7 @@ class Replayer:
         self.options = options
         self.progress = progress
         self.topic = events_topic(cartridge.name)
-        self.store = open_redis_store(cartridge, settings, upgrading_layout=True)
+        self.store = open_redis_store(cartridge, settings, upgrading_layout=True, convert_to=options.layout)
         self.state = ReplayState(self.store)
         self.report = ReplayReport(cartridge.name, self.topic)
         self.claimed: dict[str, TenantResult] = {}          # shadows written and not switched yet

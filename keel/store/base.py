@@ -172,7 +172,8 @@ class Store(ABC):
 
     @abstractmethod
     def keys(self, tenant: str, entity: str) -> list[Key]:
-        """Every timeline key involving the entity, in a stable order."""
+        """Every timeline key involving the entity, in a stable order (the order is the backend's: callers that
+        show or compare keys sort them)."""
 
 
     @abstractmethod

@@ -23,28 +23,36 @@ def evidence_standing(store: Store, tenant: str, event_id: str, *, entity: str |
         candidates: Iterable[tuple[str, Micros, list[Key]]] = [] if index is None else [(entity, *index)]
     else:
         candidates = store.entity_indexes(tenant, type)
-    touched = False
+    best: str | None = None
     chunk: list[Key] = []
     for _, _, keys in candidates:
         chunk += (k for k in keys if k[0] in "elr" or (k[0] == "f" and not k[3]))
         if len(chunk) >= 500:
-            found = _standing(store.assertions_many(tenant, chunk), event_id)
-            if found in ("retraction", "retracted"):
-                return found
-            touched, chunk = touched or found == "touched", []
-    found = _standing(store.assertions_many(tenant, chunk), event_id) if chunk else None
-    return found if found is not None else "touched" if touched else None
+            best = _stronger(best, _standing(store.assertions_many(tenant, chunk), event_id))
+            if best == "retraction":
+                return best
+            chunk = []
+    return _stronger(best, _standing(store.assertions_many(tenant, chunk), event_id) if chunk else None)
+
+
+_RANK = {None: 0, "touched": 1, "retracted": 2, "retraction": 3}
+
+
+def _stronger(a: str | None, b: str | None) -> str | None:
+    """The answer that wins whatever order the timelines are read in: retraction, retracted, touched, None."""
+    return a if _RANK[a] >= _RANK[b] else b
 
 
 def _standing(timelines: Iterable[list[Assertion]], event_id: str) -> str | None:
-    """evidence_standing over some timelines' assertions."""
-    touched = False
+    """evidence_standing over some timelines' assertions (the strongest answer among them)."""
+    best: str | None = None
     for assertions in timelines:
         for a in assertions:
             if a.evidence == event_id:
                 if is_retraction_void(a):
                     return "retraction"
-                touched = touched or not is_void(a)
+                if not is_void(a):
+                    best = _stronger(best, "touched")
             elif is_retraction_void(a) and a.value[VOID] == event_id:
-                return "retracted"
-    return "touched" if touched else None
+                best = "retracted"
+    return best

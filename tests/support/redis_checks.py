@@ -55,6 +55,10 @@ class RedisCase:
     def make_store(self) -> Store:
         return self.redis_store()
 
+    def layout_1_only(self, why: str) -> None:
+        if self.store_class.layout != 1:
+            pytest.skip(f"layout 1 only: {why}")
+
     def redis_store(self, namespace: str | None = None) -> RedisStore:
         store = self.store_class(self.client, namespace=namespace or f"t{uuid.uuid4().hex[:12]}", owns_client=False)
         self._stores.append(store)
@@ -99,16 +103,24 @@ def random_batches(seed: int, n: int = 120) -> list[tuple[list[Write], str | Non
     return out
 
 
+def same_keys(s: Store, keys: list[Key], expected: list[Key]) -> bool:
+    """Store.keys promises a stable order, the backend's own: layout 1 keeps the memory store's (creation
+    order), layout 2 its own (an entity's timelines, then the relations naming it, sorted); compare as such."""
+    return keys == expected if getattr(s, "layout", 1) == 1 else sorted(keys) == sorted(expected)
+
+
 def assert_same_graph(m: MemoryStore, s: Store, tenant: str) -> None:
     assert digest(s, tenant) == digest(m, tenant)
     assert list(s.dump(tenant)) == list(m.dump(tenant))
     assert s.event_ids(tenant) == m.event_ids(tenant)
     assert list(s.search_entities(tenant)) == list(m.search_entities(tenant))
-    assert list(s.entity_indexes(tenant)) == list(m.entity_indexes(tenant))
+    mine, theirs = list(s.entity_indexes(tenant)), list(m.entity_indexes(tenant))
+    assert [(e, f) for e, f, _ in mine] == [(e, f) for e, f, _ in theirs]
+    assert all(same_keys(s, a[2], b[2]) for a, b in zip(mine, theirs))
     entities = sorted({e for key, _ in m.dump(tenant) for e in ((key[1], key[3]) if key[0] == "r" else (key[1],))})
     for e in entities:
         keys: list[Key] = m.keys(tenant, e)
-        assert s.keys(tenant, e) == keys
+        assert same_keys(s, s.keys(tenant, e), keys)
         assert s.entity_recorded_at(tenant, e) == m.entity_recorded_at(tenant, e)
         for known_at in (None, d(0), d(3.5), d(12), d(40)):
             assert s.versions_many(tenant, keys, known_at) == m.versions_many(tenant, keys, known_at), (e, known_at)
@@ -148,6 +160,7 @@ class RedisChecks(RedisCase):
         assert_same_graph(m, s, "acme")
 
     def test_relations_holding_only_links_are_read_from_their_first_link(self) -> None:
+        self.layout_1_only("the `re` set of relation timelines is layout 1's")
         """Relations linked again and again (late points, shared points), some later ended, voided or given
         an expiry, across steps: views equal the memory store's (a links-only relation is read from its first
         member), `re` names exactly the others, and a generation written before `re` was kept (no `re` field
@@ -277,6 +290,21 @@ class RedisChecks(RedisCase):
         assert s.applied_offset("t9", "p", 9) == 3
         assert s.tenants() == tenants
 
+    def test_a_step_of_thousands_of_events_and_entities_commits_whole(self) -> None:
+        """A worker's step can carry tens of thousands of ids, marks and entities: more values than one Lua
+        call can take (the scripts send them in chunks)."""
+        s, m = self.redis_store(), MemoryStore()
+        events = [(label_writes(f"thing:{i}", None, {"n": i}, valid_from=d(1), source="s", evidence=f"e{i}",
+                                recorded_at=d(1), by=None)
+                   + [relation_write(f"thing:{i}", "in", "box:1", d(1), False, source="s", evidence=f"e{i}",
+                                     recorded_at=d(1), by=None)], f"e{i}") for i in range(9000)]
+        s.commit_batch("acme", events, ("topic", 0, 8999))
+        for writes, event_id in events:
+            m.apply_writes("acme", writes, event_id)
+        assert len(s.event_ids("acme")) == 9000 and s.applied_offset("acme", "topic", 0) == 8999
+        assert digest(s, "acme") == digest(m, "acme")
+        assert len(s.relations("acme", "box:1", at=d(2))) == 9000
+
     def test_an_empty_batch_only_moves_the_offset(self) -> None:
         s = self.redis_store()
         s.commit_batch("acme", [], ("t", 2, 41))
@@ -319,7 +347,7 @@ class RedisChecks(RedisCase):
             store.link("acme", f"thing:{weird}", "rel|*", "other:x@y", d(1))
             store.link("acme", "other:x@y", "self", "other:x@y", d(2))
         assert_same_graph(m, s, "acme")
-        assert s.keys("acme", "other:x@y") == m.keys("acme", "other:x@y")
+        assert same_keys(s, s.keys("acme", "other:x@y"), m.keys("acme", "other:x@y"))
 
     def test_names_are_checked(self) -> None:
         s = self.redis_store()
@@ -462,16 +490,20 @@ class RedisChecks(RedisCase):
         assert loader.pending > 0
         loader.flush()
         assert loader.pending == 0
-        want = self.raw_generation(s, "acme", applied)
-        assert self.raw_generation(s, "acme", loaded) == want
-        assert {k.split(":")[0] for k in want} == {"ev", "m", "ents", "pv", "z", "x", "re"}
-        assert want["m"][1]["re"] == "1" and want["re"][1]          # relation ends kept, and some recorded
+        raw = self.store_class.layout == 1      # layout 2 loads through APPLY; where segments close may differ
+        if raw:
+            want = self.raw_generation(s, "acme", applied)
+            assert self.raw_generation(s, "acme", loaded) == want
+            assert {k.split(":")[0] for k in want} == {"ev", "m", "ents", "pv", "z", "x", "re"}
+            assert want["m"][1]["re"] == "1" and want["re"][1]          # relation ends kept, and some recorded
         assert digest(s.for_generation("acme", loaded), "acme") == digest(view, "acme")
         # APPLY goes on from a loaded generation as from its own
         more = random_batches(12, 60)
         view.commit_batch("acme", more, ("topic", 0, 400))
         s.for_generation("acme", loaded).commit_batch("acme", more, ("topic", 0, 400))
-        assert self.raw_generation(s, "acme", loaded) == self.raw_generation(s, "acme", applied)
+        if raw:
+            assert self.raw_generation(s, "acme", loaded) == self.raw_generation(s, "acme", applied)
+        assert digest(s.for_generation("acme", loaded), "acme") == digest(view, "acme")
         s.switch_generation("acme", loaded)
         m = MemoryStore()
         for events, _ in [*steps, (more, None)]:
@@ -503,6 +535,7 @@ class RedisChecks(RedisCase):
     @pytest.mark.parametrize("written", [False, True])
     def test_a_failed_flush_flushed_again_writes_each_step_once(self, written: bool,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+        self.layout_1_only("GenerationLoader is layout 1's bulk loader")
         s = self.redis_store()
         steps = self.bulk_steps()[:3]
         applied, loaded = s.new_generation("acme"), s.new_generation("acme")

@@ -35,6 +35,7 @@ class GenerationAdmin:
     _new_gen_script: Any
     _switch_script: Any
     _switch_if_script: Any
+    droppable_keys: Any
 
     def new_generation(self, tenant: str) -> int:
         """A generation number never handed out before for this tenant (empty, not current)."""
@@ -83,7 +84,7 @@ class GenerationAdmin:
         return self._drop_data(tenant, int(gen))
 
     def _drop_data(self, tenant: str, gen: int) -> int:
-        names = self.key_names(tenant, gen)
+        names = self.droppable_keys(tenant, gen)
         self._pv_len.pop(self._n(tenant).data(gen), None)
         with self._guard("drop_generation", tenant):
             pipe = self._client.pipeline(transaction=False)

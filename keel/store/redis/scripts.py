@@ -42,6 +42,20 @@ if nI > 0 then
 end
 """
 
+# `multi(cmd, key, items, from, to)`: cmd key items[from..to], in calls of at most 2000 items (Lua's unpack
+# stops at a few thousand values; a worker's step can carry tens of thousands of ids).
+_MULTI = """
+local function multi(cmd, key, items, from, to)
+  local i = from or 1
+  to = to or #items
+  while i <= to do
+    local j = math.min(i + 1999, to)
+    redis.call(cmd, key, unpack(items, i, j))
+    i = j + 1
+  end
+end
+"""
+
 # A commit step's event ids and marks (layouts 1 and 2 share this part of their ARGV): ARGV[8] nI, the ids from
 # ARGV[I], then nM and nM pairs (id, mark) from ARGV[Mk]; refused (_APPLIED_IDS) when an id was applied. Leaves
 # `a` at the argument after the marks.
@@ -120,16 +134,7 @@ end
 # A timeline is new when its owner's sorted set has no member starting with P; an owner with several
 # of the batch's timelines and a short index list answers that from its index list in one LRANGE
 # (the list holds P exactly when the sorted set holds members of P: both change only here).
-APPLY = _GEN_CHECK + """
-local function multi(cmd, key, items, from, to)
-  local i = from or 1
-  to = to or #items
-  while i <= to do
-    local j = math.min(i + 1999, to)
-    redis.call(cmd, key, unpack(items, i, j))
-    i = j + 1
-  end
-end
+APPLY = _GEN_CHECK + _MULTI + """
 local base = redis.call('LLEN', KEYS[5])
 if tostring(base) ~= ARGV[2] then return {2, base} end
 """ + _STEP_IDS + """

@@ -10,11 +10,14 @@ Per generation `d` (keys.py's prefix) layout 2 keeps `ev`, `eh`, `m` and `ents` 
     d sg               hash: escaped entity -> how many of its segments are closed
     d s:<e>            string: the entity's open segment (segments.py)
     d s:<e>|<n>        string: its closed segment n (0-based; `|` never occurs in an escaped name)
+    d v:<e>            sorted set (scores 0, by member): the valid-time index of its closed segments' deltas,
+                       `<P><least point9><greatest point9><n>` per timeline and segment, and the flags `<P>!`
+                       (ranges overlap) and `<P>#` (an end or an expiry): what a read at a past time looks up
     d i:<e>            set: `>` + escaped subject + `|` + P of each relation naming the entity as object
 """
 from __future__ import annotations
 
-from .scripts import _GEN_CHECK, _STEP_IDS, _STEP_META
+from .scripts import _GEN_CHECK, _MULTI, _STEP_IDS, _STEP_META
 
 # KEYS: 1 gen, 2 ids (set), 3 meta (hash), 4 entities (set), 5 first recorded_at (hash), 6 marks (hash), then
 #       per entity e (1-based): 5 + 2e its open segment, 6 + 2e its incoming relations (set).
@@ -25,7 +28,7 @@ from .scripts import _GEN_CHECK, _STEP_IDS, _STEP_META
 #       none), nX, nX elements to add to its incoming relations.
 # Answers {1, e...}: the entities (1-based) whose open segment is now larger than ARGV[2] (the writer closes
 # them); {3, id...} when ids were applied already (nothing written: the writer drops them and retries).
-APPLY = _GEN_CHECK + _STEP_IDS + """
+APPLY = _GEN_CHECK + _MULTI + _STEP_IDS + """
 local nE = tonumber(ARGV[a])
 a = a + 1
 local roll = tonumber(ARGV[2])
@@ -37,40 +40,52 @@ for e = 1, nE do
     if redis.call('APPEND', KEYS[5 + 2 * e], block) > roll then big[#big + 1] = e end
   end
   local nX = tonumber(ARGV[a + 3])
-  if nX > 0 then redis.call('SADD', KEYS[6 + 2 * e], unpack(ARGV, a + 4, a + 3 + nX)) end
+  if nX > 0 then multi('SADD', KEYS[6 + 2 * e], ARGV, a + 4, a + 3 + nX) end
   a = a + 4 + nX
 end
-if nE > 0 then
-  local cur = redis.call('HMGET', KEYS[5], unpack(names))
-  local set, fresh = {}, {}
-  for e = 1, nE do
-    if not cur[e] then
+local set, fresh = {}, {}
+for i = 1, nE, 2000 do
+  local j = math.min(i + 1999, nE)
+  local cur = redis.call('HMGET', KEYS[5], unpack(names, i, j))
+  for e = i, j do
+    local c = cur[e - i + 1]
+    if not c then
       fresh[#fresh + 1] = names[e]
       set[#set + 1] = names[e]; set[#set + 1] = mins[e]
-    elseif tonumber(mins[e]) < tonumber(cur[e]) then
+    elseif tonumber(mins[e]) < tonumber(c) then
       set[#set + 1] = names[e]; set[#set + 1] = mins[e]
     end
   end
-  if #fresh > 0 then redis.call('SADD', KEYS[4], unpack(fresh)) end
-  if #set > 0 then redis.call('HSET', KEYS[5], unpack(set)) end
 end
-if nI > 0 then redis.call('SADD', KEYS[2], unpack(ARGV, I, I + nI - 1)) end
-if nM > 0 then redis.call('HSET', KEYS[6], unpack(ARGV, Mk, Mk + 2 * nM - 1)) end
+multi('SADD', KEYS[4], fresh)
+multi('HSET', KEYS[5], set)
+multi('SADD', KEYS[2], ARGV, I, I + nI - 1)
+multi('HSET', KEYS[6], ARGV, Mk, Mk + 2 * nM - 1)
 """ + _STEP_META + """
 if nI > 0 or nE > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
 return big
 """
 
-# KEYS: 1 gen, 2 closed-segment counts (hash), 3 the entity's open segment.
+# KEYS: 1 gen, 2 closed-segment counts (hash), 3 the entity's open segment, 4 its valid-time index (sorted set).
 # ARGV: 1 expected gen, 2 escaped entity, 3 the open segment's length the restatement was computed from,
-#       4 the restatement block.
+#       4 the restatement block, then per timeline with delta rows in the segment: P, its least and greatest
+#       point (point9), "1" when a row is an end or expires.
 # Closes the open segment (renamed `<open segment>|<n>`) and opens one holding the restatement: {1}; {2} when
-# the segment changed since it was read (another writer appended: the next step reports it again).
+# the segment changed since it was read (another writer appended: the next step reports it again). Indexes the
+# closed segment's delta rows: member `<P><least><greatest><n>` per timeline; `<P>!` once a timeline's ranges
+# overlap (its past reads then decode every segment), `<P>#` once it has an end or an expiry.
 ROLL = _GEN_CHECK + """
 if redis.call('STRLEN', KEYS[3]) ~= tonumber(ARGV[3]) then return {2} end
-local n = redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
-redis.call('RENAME', KEYS[3], KEYS[3] .. '|' .. (n - 1))
+local n = redis.call('HINCRBY', KEYS[2], ARGV[2], 1) - 1
+redis.call('RENAME', KEYS[3], KEYS[3] .. '|' .. n)
 redis.call('SET', KEYS[3], ARGV[4])
+for i = 5, #ARGV, 4 do
+  local P, lo, hi = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local last = redis.call('ZREVRANGEBYLEX', KEYS[4], '(' .. P .. '~', '[' .. P .. '-', 'LIMIT', 0, 1)[1]
+  if last and lo <= string.sub(last, #P + 10, #P + 18) then redis.call('ZADD', KEYS[4], 0, P .. '!') end
+  if ARGV[i + 3] == '1' then redis.call('ZADD', KEYS[4], 0, P .. '#') end
+  redis.call('ZADD', KEYS[4], 0, P .. lo .. hi .. n)
+end
 return {1}
 """
 
@@ -111,4 +126,47 @@ for i = 3, #ARGV do
   out[i - 2] = table.concat(parts)
 end
 return {1, out}
+"""
+
+# KEYS: 1 gen. ARGV: 1 expected gen, 2 the prefix of segment keys ("<data prefix>s:"), 3 the prefix of index keys
+#       ("<data prefix>v:"), 4 t (point9), 5 nO, nO escaped entities, then triples (the entity's position among
+#       them, P, "r" for a relation else "").
+# For a read at t of each timeline from its closed segments: the segment with the greatest least point <= t
+# (the winner's: the index is in order, else flagged) and the one with the least least point > t (the next
+# point's), and for a relation the one with its first point (its run starts there: it has no end, else
+# flagged). Answers {1, {per triple: "" or "*" when the timeline must be read from every segment}, {per entity:
+# {open segment, n, closed segment n, ... (by n)}}}.
+PAST = _GEN_CHECK + """
+local t, nO = ARGV[4], tonumber(ARGV[5])
+local verdicts, wanted = {}, {}
+for x = 1, nO do wanted[x] = {} end
+local function want(x, member, P)
+  if member then wanted[x][tonumber(string.sub(member, #P + 19))] = true end
+end
+for i = 6 + nO, #ARGV, 3 do
+  local x, P, rel = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2] == 'r'
+  local v = ARGV[3] .. ARGV[5 + x]
+  if redis.call('ZSCORE', v, P .. '!') or (rel and redis.call('ZSCORE', v, P .. '#')) then
+    verdicts[#verdicts + 1] = '*'
+  else
+    verdicts[#verdicts + 1] = ''
+    want(x, redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, 1)[1], P)
+    want(x, redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, 1)[1], P)
+    if rel then want(x, redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, 1)[1], P) end
+  end
+end
+local out = {}
+for x = 1, nO do
+  local e = ARGV[5 + x]
+  local got = {redis.call('GET', ARGV[2] .. e) or ''}
+  local ns = {}
+  for n in pairs(wanted[x]) do ns[#ns + 1] = n end
+  table.sort(ns)
+  for _, n in ipairs(ns) do
+    got[#got + 1] = n
+    got[#got + 1] = redis.call('GET', ARGV[2] .. e .. '|' .. n) or ''
+  end
+  out[x] = got
+end
+return {1, verdicts, out}
 """

@@ -17,10 +17,10 @@ from ...times import Micros, now_micros
 from ..base import BatchStep, EntityView, EventWrites, Key, Position, ViewRequest, entity_view, select_keys
 from . import segment_scripts
 from .batch import PendingStep, latest_of
-from .codec import freshness_of
+from .codec import clamped_point, freshness_of
 from .generations import CHUNK, RETRIES, chunks
 from .keys import MARKS, escape, index_key, key_of, prefix_of, unescape
-from .segments import ROLL_BYTES, Fold, StepBlocks, decode, encode_step, restate
+from .segments import ROLL_BYTES, Fold, StepBlocks, decode, delta_ranges, encode_step, past_timelines, restate
 from .store import GenerationChanged, RedisStore
 from .transport import eval_many, pipelined
 
@@ -51,6 +51,7 @@ class SegmentStore(RedisStore):
         self._seg_roll = client.register_script(segment_scripts.ROLL)
         self._seg_view = client.register_script(segment_scripts.VIEW)
         self._seg_full = client.register_script(segment_scripts.FULL)
+        self._seg_past = client.register_script(segment_scripts.PAST)
         self._added: set[str] = set()       # `<data prefix><entity>\n<element>` known to be in an incoming set
 
     # ---- writes --------------------------------------------------------------------------------
@@ -135,14 +136,16 @@ class SegmentStore(RedisStore):
         for (tenant, d, name), seg in zip(rolls, segs):
             if not isinstance(seg, str) or not seg:
                 continue
-            fold = Fold(decode(seg), whole=False)
+            blocks = decode(seg)
+            fold = Fold(blocks, whole=False)
             if not fold.serves(now):
                 gen = int(d.rsplit(":g", 1)[1][:-1])
                 fold = self._folds(tenant, [name], gen)[name]
             e = escape(name)
-            names = self._n(tenant)
-            calls.append(([names.gen, d + "sg", d + "s:" + e],
-                          ["", e, len(seg.encode()), restate(fold.timelines, now, fold.anchors)]))
+            index = [x for p, (lo, hi, ends) in delta_ranges(blocks).items()
+                     for x in (p, clamped_point(lo), clamped_point(hi), "1" if ends else "")]
+            calls.append(([self._n(tenant).gen, d + "sg", d + "s:" + e, d + "v:" + e],
+                          ["", e, len(seg.encode()), restate(fold.timelines, now, fold.anchors), *index]))
         if calls:
             eval_many(self._client, self._seg_roll, calls)
 
@@ -197,8 +200,9 @@ class SegmentStore(RedisStore):
 
     def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
         """Each view from one VIEW call (the entity's open segment and those of the subjects of relations naming
-        it), all in one round trip; a view those segments cannot answer exactly (known_at, an earlier `at`, a
-        restatement made inexact) is read again from whole folds."""
+        it), all in one round trip. A view those segments do not serve (an earlier `at`, a restatement made
+        inexact) reads the closed segments the valid-time index names (PAST), and whole folds where the index
+        cannot bound the read (known_at, overlapping ranges, voids, relations with ends)."""
         if not requests:
             return []
 
@@ -220,11 +224,49 @@ class SegmentStore(RedisStore):
                 owner = unescape(el[1:el.index("|")])
                 if owner not in subjects:
                     subjects[owner] = Fold(decode(s), whole=False)
-            if known_at is not None or not own.serves(at) or not all(f.serves(at) for f in subjects.values()):
-                folds = self._folds(r.tenant, [r.entity, *subjects])
-                own, subjects = folds[r.entity], {o: folds[o] for o in subjects}
-            view = _view(r, own, elements, subjects, at, known_at)
+            timelines = {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}}
+            if known_at is not None:
+                timelines = self._whole(r.tenant, list(timelines))
+            elif not own.serves(at) or not all(f.serves(at) for f in subjects.values()):
+                timelines = self._past(r, own, elements, at)
+            view = _view(r, timelines, elements, at, known_at)
             out.append(view._replace(freshness=freshness_of(meta)))
+        return out
+
+    def _whole(self, tenant: str, entities: list[str]) -> dict[str, dict[str, Timeline]]:
+        return {e: f.timelines for e, f in self._folds(tenant, entities).items()}
+
+    def _past(self, r: ViewRequest, own: Fold, elements: list[str], at: Micros) -> dict[str, dict[str, Timeline]]:
+        """The timelines a view at a past `at` reads: per entity (the viewed one, the subjects of relations naming
+        it), from the closed segments the valid-time index names and the open segment, all read in one PAST call;
+        an entity the index cannot bound for one of them is folded whole."""
+        wanted: dict[str, list[str]] = {}
+        point_keys, rel_keys = select_keys((key_of(r.entity, p)[0] for p in own.timelines), r.scopes, r.parts)
+        wanted[r.entity] = [prefix_of(k) for k in (*point_keys, *rel_keys)]
+        if "r" in r.parts:
+            for el in elements:
+                wanted.setdefault(unescape(el[1:el.index("|")]), []).append(el[el.index("|") + 1:])
+        entities = list(wanted)
+        triples = [x for i, (e, ps) in enumerate(wanted.items(), 1) for p in ps for x in (i, p, "r" if p[0] == "r" else "")]
+        opens = [escape(e) for e in entities]
+        t9 = clamped_point(at)
+        with self._guard("view", r.tenant):
+            [result] = self._script_many(self._seg_past, [(r.tenant, lambda d: (
+                [], [d + "s:", d + "v:", t9, len(opens), *opens, *triples]))])
+        _, verdicts, segments = result
+        out: dict[str, dict[str, Timeline]] = {}
+        whole: list[str] = []
+        verdict = iter(verdicts)
+        for e, got in zip(entities, segments):
+            ps = wanted[e]
+            flagged = [bool(next(verdict)) for _ in ps]
+            tls = None if any(flagged) else past_timelines([*got[2::2], got[0]], ps)
+            if tls is None:
+                whole.append(e)
+            else:
+                out[e] = tls
+        if whole:
+            out.update(self._whole(r.tenant, whole))
         return out
 
     def assertions_many(self, tenant: str, keys: list[Key]) -> list[list[Assertion]]:
@@ -277,10 +319,11 @@ class SegmentStore(RedisStore):
             if found[1]:
                 closed = {k: int(v) for k, v in self._client.hgetall(d + "sg").items()}
         out = [d + k for k in DATA_KEYS] + [k for k, n in zip(extra, found) if n]
-        for e in entities:
-            x = escape(e)
-            out += (d + "s:" + x, d + "i:" + x)
-            out += (f"{d}s:{x}|{j}" for j in range(closed.get(x, 0)))
+        per_entity = [d + p + escape(e) for e in entities for p in ("s:", "i:", "v:")]
+        for chunk in chunks(per_entity):
+            with self._guard("key_names", tenant):
+                out += (k for k, n in zip(chunk, pipelined(self._client, [("EXISTS", k) for k in chunk])) if n)
+        out += (f"{d}s:{x}|{j}" for x, n in closed.items() for j in range(n))
         return out
 
     def load_generation(self, tenant: str, gen: int) -> Any:
@@ -293,18 +336,19 @@ class SegmentStore(RedisStore):
         return view        # type(self): a subclass's settings stay
 
 
-def _view(r: ViewRequest, own: Fold, elements: list[str], subjects: dict[str, Fold], at: Micros,
+def _view(r: ViewRequest, timelines: dict[str, dict[str, Timeline]], elements: list[str], at: Micros,
           known_at: Micros | None) -> EntityView:
-    """The view of one entity from its fold and the folds of the subjects of relations naming it."""
-    timelines: dict[Key, Timeline] = {key_of(r.entity, p)[0]: tl for p, tl in own.timelines.items()}
+    """The view of one entity from its timelines and those of the subjects of relations naming it (by entity,
+    then P)."""
+    keyed: dict[Key, Timeline] = {key_of(r.entity, p)[0]: tl for p, tl in timelines[r.entity].items()}
     for el in elements:
         key = index_key(r.entity, el)
-        tl = subjects[key[1]].timelines.get(el[el.index("|") + 1:])
+        tl = timelines.get(key[1], {}).get(el[el.index("|") + 1:])
         if tl is not None:
-            timelines[key] = tl
-    point_keys, rel_keys = select_keys(timelines, r.scopes, r.parts)
-    return entity_view(r.entity, ((k, timelines[k].as_of(at, known_at)) for k in point_keys),
-                       ((k, covering(timelines[k].runs(known_at), at)) for k in rel_keys))
+            keyed[key] = tl
+    point_keys, rel_keys = select_keys(keyed, r.scopes, r.parts)
+    return entity_view(r.entity, ((k, keyed[k].as_of(at, known_at)) for k in point_keys),
+                       ((k, covering(keyed[k].runs(known_at), at)) for k in rel_keys))
 
 
 __all__ = ["CHUNK", "LAYOUT", "SegmentStore"]

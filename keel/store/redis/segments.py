@@ -25,6 +25,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from ...errors import UsageError
 from ...timeline import Assertion, Timeline, covering, is_void, new_assertion
 from ...times import Micros
 from ..base import EventWrites, Key
@@ -35,6 +36,7 @@ ROLL_BYTES = 24_000          # an open segment larger than this is closed and re
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _encode = _JSON.encode
 _loads = json.loads
+_LIMIT = 2 ** 53             # points as layout 1 keeps them (a namespace can move between layouts)
 _PARTS: dict[Any, str] = {}  # key without its owner -> P
 _CACHE = 100_000
 
@@ -88,6 +90,8 @@ def encode_step(events: Sequence[EventWrites]) -> StepBlocks:
             point, value, closed, source, evidence, rec, by, expires = a
             if rec.__class__ is not int:
                 rec = int(rec)
+            if not -_LIMIT < point < _LIMIT:
+                raise UsageError(f"time {point} (micros) is outside the range the Redis store keeps (±2**53)")
             owner = key[1]
             i = ents.get(owner)
             if i is None:
@@ -284,3 +288,45 @@ def _first_at(entries: list[Assertion], point: Micros) -> int:
         else:
             hi = mid
     return lo
+
+
+def delta_ranges(blocks: Iterable[list[Any]]) -> dict[str, tuple[Micros, Micros, bool]]:
+    """Per timeline of a segment's deltas (restatements skipped): its least and greatest point and whether a
+    row is an end or expires; what the valid-time index keeps of a closed segment."""
+    out: dict[str, tuple[Micros, Micros, bool]] = {}
+    for block in blocks:
+        if block[0] != DELTA:
+            continue
+        for p, rows in block[2].items():
+            lo = min(row[0] for row in rows)
+            hi = max(row[0] for row in rows)
+            ends = any(len(row) > 3 and (row[3] or row[4] is not None) for row in rows)
+            got = out.get(p)
+            out[p] = (lo, hi, ends) if got is None else (min(lo, got[0]), max(hi, got[1]), ends or got[2])
+    return out
+
+
+def past_timelines(segments: Iterable[str], wanted: Iterable[str]) -> dict[str, Timeline] | None:
+    """The wanted timelines from the deltas of some segments (in log order: closed ones by number, then the open
+    one), for a read at a past time the valid-time index chose them for; None when a row among them is a void
+    or a relation's end or expiry (such a read can look past the segments chosen: read every segment)."""
+    keep = set(wanted)
+    tls: dict[str, Timeline] = {}
+    for segment in segments:
+        for block in decode(segment):
+            if block[0] != DELTA:
+                continue
+            provs = block[1]
+            for p, rows in block[2].items():
+                if p not in keep:
+                    continue
+                for row in rows:
+                    if len(row) > 3 and ((row[3] and (p[0] == "r" or type(row[2]) is dict))
+                                         or (p[0] == "r" and row[4] is not None)):
+                        return None
+                tl = tls.get(p)
+                if tl is None:
+                    tl = tls[p] = Timeline()
+                for a in _assertions(provs, rows):
+                    tl.add(a)
+    return tls

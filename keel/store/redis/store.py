@@ -47,12 +47,22 @@ from .keys import (
     prefix_of,
     registry_key,
 )
-from .layout import check_layout
+from .layout import LAYOUT_VERSION, LAYOUTS, check_layout
 from .starts import TenantStarts
 from .transport import Client, eval_many, guard
 from .walks import TenantWalks
 
 Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
+
+
+def layout_class(layout: int) -> type[RedisStore]:
+    """The store class reading and writing a key layout (1: this module's, 2: segment_store.SegmentStore)."""
+    if layout == 2:
+        from .segment_store import SegmentStore  # imported here: segment_store builds on this module
+        return SegmentStore
+    if layout != 1:
+        raise UsageError(f"bad Redis key layout {layout!r}: this Keel writes layouts {', '.join(map(str, LAYOUTS))}")
+    return RedisStore
 
 
 class GenerationChanged(StoreUnavailable):
@@ -93,11 +103,12 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
     @classmethod
     def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None,
                  strict_generations: bool = False, upgrading_layout: bool = False, layout: int | None = None,
-                 **options: Any) -> RedisStore:
+                 convert_to: int | None = None, **options: Any) -> RedisStore:
         """Connect to `redis://…`; `cluster=None` asks the server (`INFO cluster`) whether it is a Cluster node.
         With `cluster=None` (what every process uses) it also reads the namespace's key layout (layout.py: a new
         namespace is stamped with `layout`, default 1; a replay is `upgrading_layout`) and opens the store class
-        of that layout; with `cluster` given it connects lazily, in this class's layout."""
+        of that layout, or of `convert_to` (`keel replay --all --layout N` rewriting every tenant in layout N);
+        with `cluster` given it connects lazily, in this class's layout."""
         options.setdefault("socket_connect_timeout", 5)
         options.setdefault("socket_timeout", 30)
         probed = cluster is None
@@ -117,11 +128,7 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
             if probed:                       # a process opening its store: connected now, check the layout
                 found = check_layout(client, check_name("namespace", namespace), upgrading=upgrading_layout,
                                      default=layout or cls.layout)
-                if found == 2:
-                    from .segment_store import SegmentStore  # the two layouts import each other's module
-                    store_class = SegmentStore
-                elif found == 1 or upgrading_layout:
-                    store_class = RedisStore
+                store_class = layout_class(convert_to or (found if found in LAYOUTS else LAYOUT_VERSION))
         except RedisError as e:
             raise StoreUnavailable(f"cannot connect to Redis at {url}: {type(e).__name__}: {e}") from e
         return store_class(client, namespace=namespace, strict_generations=strict_generations)
@@ -466,6 +473,14 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
             gen = int(self._client.get(self._n(tenant).gen) or 1)
         self._gens[tenant] = gen
         return gen
+
+    def droppable_keys(self, tenant: str, gen: int) -> list[str]:
+        """The keys a drop of one generation deletes: those of both layouts (a generation replaced while
+        `keel replay --all --layout N` converts a namespace is in the other layout)."""
+        other = layout_class(2 if self.layout == 1 else 1)
+        names = self.key_names(tenant, gen)
+        mine = set(names)
+        return names + [k for k in other.key_names(self, tenant, gen) if k not in mine]
 
     def for_generation(self, tenant: str, gen: int) -> RedisStore:
         """A view sharing this connection whose reads and writes of `tenant` go to generation `gen`."""
