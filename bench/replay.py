@@ -1,7 +1,7 @@
 """Replay benchmark: rebuild one big tenant with `keel replay` while a worker ingests other tenants live.
 
     .venv/bin/python bench/replay.py [--events 500000] [--others 20] [--other-events 100000] [--batch 5000]
-        [--rounds N] [--private-redis] [--layout {1,2}] [--worker-batch N]
+        [--rounds N] [--private-redis] [--layout {1,2}] [--worker-batch N] [--commandstats]
     (quick run: --events 50000 --other-events 20000)
 
 Needs KEEL_KAFKA_BOOTSTRAP and KEEL_REDIS_URL (or --kafka/--redis). On a fresh cartridge name (fresh topic and
@@ -11,9 +11,10 @@ replay rate (events applied per second of the replay, goal >= 20,000 events/s) a
 rate during the replay (records its group committed per second over the replay's duration). `--rounds N` replays
 the tenant N times in turn (the others are published during the first round only; `--other-events 0` publishes
 none) and prints the median; `--private-redis` uses a redis-server of this run only (configured like
-deploy/local/services), so that its CPU per event (printed) is the replay's alone. `--layout 2` writes the fresh
-namespace in Redis key layout 2 (segments; KEEL_REDIS_LAYOUT of the worker, which stamps it, and of the replay,
-which then follows the stamp); the stamp is printed after the run.
+deploy/local/services), so that its CPU per event (printed) is the replay's alone; with it, `--commandstats`
+prints the Redis commands of the last round per replayed event (INFO commandstats, reset before each round).
+`--layout 2` writes the fresh namespace in Redis key layout 2 (segments; KEEL_REDIS_LAYOUT of the worker, which
+stamps it, and of the replay, which then follows the stamp); the stamp is printed after the run.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import redis
 from common import finance_events
-from peers.compare import private_redis
+from peers.compare import print_commandstats, private_redis
 
 from keel.cartridge import load_cartridge
 from keel.config import resolve
@@ -82,10 +83,14 @@ def main() -> int:
     ap.add_argument("--layout", type=int, choices=(1, 2), default=1, help="the Redis key layout of the fresh "
                     "namespace (KEEL_REDIS_LAYOUT; default 1)")
     ap.add_argument("--worker-batch", type=int, help="the live worker's --batch (default: the worker's)")
+    ap.add_argument("--commandstats", action="store_true", help="with --private-redis: the Redis commands of the "
+                    "last round per replayed event")
     ap.add_argument("--keep", action="store_true", help="keep the Redis namespace afterwards")
     args = ap.parse_args()
     if not args.kafka or not (args.redis or args.private_redis):
         ap.error("needs --kafka and --redis (or KEEL_KAFKA_BOOTSTRAP / KEEL_REDIS_URL, or --private-redis)")
+    if args.commandstats and not args.private_redis:
+        ap.error("--commandstats resets the server's statistics: use it with --private-redis")
     work = Path(tempfile.mkdtemp(prefix="keel-bench-replay-"))
     redis_proc = None
     if args.private_redis:
@@ -105,6 +110,13 @@ def redis_cpu(url: str) -> float:
     info = client.info("cpu")
     client.close()
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def reset_commandstats(url: str) -> None:
+    """Zero INFO commandstats, so that the next print counts one round only."""
+    client = redis.Redis.from_url(url)
+    client.config_resetstat()
+    client.close()
 
 
 def run(args: argparse.Namespace, work: Path) -> int:
@@ -142,6 +154,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
             if args.other_events else None
         rates, cpus = [], []
         for i in range(args.rounds):
+            if args.commandstats:
+                reset_commandstats(args.redis)
             started, cpu0, rcpu0 = time.monotonic(), time.process_time(), redis_cpu(args.redis)
             result = replay(cartridge, settings, tenants=[BIG], options=ReplayOptions(batch=args.batch),
                             progress=Progress(f"replay {BIG}"))
@@ -160,6 +174,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
             if i == 0:
                 print(f"live ingest during the replay: {live:,} records of {args.others} other tenants in "
                       f"{seconds:.1f}s = {live / seconds:,.0f} records/s")
+        if args.commandstats:
+            print_commandstats(args.redis, max(1, result.applied))
         if publisher is not None:
             publisher.wait(600)
     finally:
