@@ -27,7 +27,6 @@ from .transport import eval_many, pipelined
 LAYOUT = 2
 DATA_KEYS = ("ev", "m", "ents", "fr")       # present exactly when the generation holds data
 OPTIONAL_KEYS = (MARKS, "sg")
-_SEEN_CAP = 200_000                         # incoming-relation elements remembered as added, per store
 
 
 class _Step(PendingStep):
@@ -52,7 +51,6 @@ class SegmentStore(RedisStore):
         self._seg_view = client.register_script(segment_scripts.VIEW)
         self._seg_full = client.register_script(segment_scripts.FULL)
         self._seg_past = client.register_script(segment_scripts.PAST)
-        self._added: set[str] = set()       # `<data prefix><entity>\n<element>` known to be in an incoming set
 
     # ---- writes --------------------------------------------------------------------------------
 
@@ -64,17 +62,14 @@ class SegmentStore(RedisStore):
         with self._guard(what, pending[0].tenant if len(pending) == 1 else None):
             self._register_all(p.tenant for p in pending)
             for _ in range(RETRIES):
-                tries: list[tuple[str, list[str]]] = []
+                tries: list[str] = []
                 calls = (self._encode(p, tries) for p in pending)
                 results = eval_many(self._client, self._seg_apply, list(calls) if len(pending) == 1 else calls)
                 left: list[_Step] = []
                 rolls: list[tuple[str, str, str]] = []
-                for p, (d, added), result in zip(pending, tries, results):
+                for p, d, result in zip(pending, tries, results):
                     code = int(result[0])
                     if code == 1:
-                        if len(self._added) > _SEEN_CAP:
-                            self._added.clear()
-                        self._added.update(added)
                         names = list(p.blocks.entities) if p.blocks is not None else []
                         rolls += ((p.tenant, d, names[int(e) - 1]) for e in result[1:])
                         continue
@@ -96,9 +91,10 @@ class SegmentStore(RedisStore):
         raise StoreUnavailable(f"could not apply a batch of tenant {pending[0].tenant!r}: it kept conflicting "
                                f"with other writers", tenant=pending[0].tenant)
 
-    def _encode(self, p: _Step, tries: list[tuple[str, list[str]]]) -> tuple[list[str], list[Any]]:
-        """The APPLY keys and arguments of a step for the current generation guess; (data prefix, incoming
-        elements it adds) go to `tries`."""
+    def _encode(self, p: _Step, tries: list[str]) -> tuple[list[str], list[Any]]:
+        """The APPLY keys and arguments of a step for the current generation guess; its data prefix goes to
+        `tries`. Every relation naming an entity as object is sent with each step (SADD: once in the set), not
+        remembered here: a store that remembered would miss a set deleted behind its back."""
         names = self._n(p.tenant)
         gen, expected = self._gen_guess(p.tenant)
         d = names.data(gen)
@@ -110,20 +106,15 @@ class SegmentStore(RedisStore):
         keys = [names.gen, d + "ev", d + "m", d + "ents", d + "fr", d + MARKS]
         args: list[Any] = [expected, self.roll_bytes, p.field, p.offset, p.latest, p.lag, latest_of(ids),
                            len(ids), *ids, len(marks) // 2, *marks, len(sb.entities)]
-        added: list[str] = []
-        seen = self._added
         for name, i in sb.entities.items():
             e = escape(name)
             keys += (d + "s:" + e, d + "i:" + e)
             incoming = sb.incoming[i]
             if incoming:
-                base = f"{d}{e}\n"
-                incoming = [el for el in incoming if base + el not in seen]
-                added += (base + el for el in incoming)
                 args += (name, sb.min_recorded[i], sb.blocks[i] or "", len(incoming), *incoming)
             else:
                 args += (name, sb.min_recorded[i], sb.blocks[i] or "", 0)
-        tries.append((d, added))
+        tries.append(d)
         return keys, args
 
     def _roll(self, rolls: list[tuple[str, str, str]]) -> None:
