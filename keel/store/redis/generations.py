@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...errors import UsageError
-from .keys import DATA_KEYS, MARKS, RELATION_ENDS, escape, offset_field
+from .keys import DATA_KEYS, MARKS, RELATION_ENDS, escape, layout_key, offset_field
 from .loader import GenerationLoader
 from .transport import Client
 
@@ -36,6 +36,7 @@ class GenerationAdmin:
     _switch_script: Any
     _switch_if_script: Any
     droppable_keys: Any
+    namespace: str
 
     def new_generation(self, tenant: str) -> int:
         """A generation number never handed out before for this tenant (empty, not current)."""
@@ -119,10 +120,11 @@ class GenerationAdmin:
         return deleted
 
     def drop_namespace(self) -> int:
-        """Delete every tenant of the namespace (a cartridge's whole graph); returns keys deleted."""
+        """Delete every tenant of the namespace (a cartridge's whole graph) and its layout stamp; returns keys
+        deleted."""
         with self._guard("drop_namespace"):
             tenants = sorted(self._client.smembers(self._registry))
         deleted = sum(self.drop_tenant(t) for t in tenants)
-        with self._guard("drop_namespace"):
-            deleted += int(self._client.unlink(self._registry))
+        with self._guard("drop_namespace"):             # and its layout stamp: a namespace made again is new
+            deleted += int(self._client.unlink(self._registry, layout_key(self.namespace)))
         return deleted
