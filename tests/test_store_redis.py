@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 from support.batch_contract import BatchContract
-from support.redis_checks import RedisCase, RedisChecks, d
+from support.redis_checks import RedisCase, RedisChecks, assert_same_graph, d
 from support.services import service_env
 from support.store_contract import StoreContract
 
@@ -181,6 +181,48 @@ class TestSegmentReads(RedisCase):
                 store.open_fact("acme", "debt:d1", "balance", 1000 - i, valid_from=d(i), evidence=f"s{i}")
         self.views(s, m, 160)
         assert s.whole_reads > 0
+
+
+@pytest.mark.usefixtures("single_node")
+class TestSegmentLoader(RedisChecks):
+    """Layout 2's bulk loader: steps flushed without waiting run in the loader's thread; a failed flush queues
+    its steps again, and the next flush writes each step once."""
+    store_class = SegmentStore
+
+    @pytest.mark.parametrize("fail_after", [0, 3])
+    def test_a_failed_flush_flushed_again_writes_each_step_once(self, fail_after: int) -> None:
+        s = self.redis_store()
+        steps = self.bulk_steps()
+        gen = s.new_generation("acme")
+        loader = s.load_generation("acme", gen)
+        real = loader.view.commit_many
+        calls: list[int] = []
+
+        def failing(batch: Any) -> None:
+            calls.append(len(batch))
+            real(batch[:fail_after])           # part of the steps written, then the connection "fails"
+            raise StoreUnavailable("lost the connection")
+        for events, position in steps[:6]:
+            loader.add(events, position)
+        loader.view.commit_many = failing       # type: ignore[method-assign]
+        loader.flush(wait=False)                # handed to the thread: its error comes with the next flush
+        with pytest.raises(StoreUnavailable):
+            loader.flush()
+        assert calls == [6] and loader.pending == 6 - fail_after      # the write counter tells which ran
+        loader.view.commit_many = real          # type: ignore[method-assign]
+        for events, position in steps[6:]:
+            loader.add(events, position)
+        loader.flush(wait=False)
+        loader.flush()
+        assert loader.pending == 0
+        loader.close()
+        m = MemoryStore()
+        for events, _ in steps:
+            for writes, event_id in events:
+                m.apply_writes("acme", writes, event_id)
+        s.switch_generation("acme", gen)
+        assert_same_graph(m, s, "acme")
+        assert s.applied_offset("acme", "topic", 0) == 300 and s.applied_offset("acme", "topic", 1) == 5
 
 
 class _RollingSegmentStore(SegmentStore):
