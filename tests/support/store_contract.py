@@ -137,6 +137,17 @@ class StoreContract:
                        "p6": [1, "x"]}
         assert isinstance(got["p1"], int) and isinstance(got["p0"], float)
 
+    def test_times_given_as_instants_are_kept_as_micros(self) -> None:
+        """Envelope times reach handlers as keel.envelope.Instant (an int subclass): points, recorded_at and
+        expiries given so are stored and read back as plain micros."""
+        s = self.make_store()
+        at, rec, exp = (Instant(parse_time(day(n))) for n in (1, 2, 9))
+        s.open_fact(T, E, "p", 5, valid_from=at, recorded_at=rec, evidence="e1", expires_at=exp)
+        s.link(T, E, "r", "thing:o", Instant(parse_time(day(1))), recorded_at=rec, evidence="e1")
+        [f] = s.facts(T, E, at=day(3))
+        assert (f["value"], f["valid_from"], f["valid_to"]) == (5, day(1), day(9))
+        assert [r["object"] for r in s.relations(T, E, at=day(3))] == ["thing:o"]
+
     # ---- entities and labels ---------------------------------------------------------------
 
     def test_labels_are_kept_per_valid_time(self) -> None:

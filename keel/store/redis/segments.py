@@ -38,7 +38,17 @@ ROLL_BYTES = 12_000          # an open segment larger than this is closed and re
 #                              decodes it: about 0.2 ms at this size)
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _encode = _JSON.encode
-_fast_encode = msgspec.json.Encoder().encode   # blocks: 10x json's per-call cost (a step encodes one per entity)
+
+
+def _plain(obj: Any) -> Any:
+    """msgspec's hook for subclasses of JSON's types (keel.times.Instant is an int): their plain value."""
+    for kind in (int, float, str):
+        if isinstance(obj, kind):
+            return kind(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON")
+
+
+_fast_encode = msgspec.json.Encoder(enc_hook=_plain).encode   # blocks: 10x json's per-call cost
 _loads = msgspec.json.Decoder().decode
 _LIMIT = 2 ** 53             # points as layout 1 keeps them (a namespace can move between layouts)
 _PARTS: dict[Any, str] = {}  # key without its owner -> P
