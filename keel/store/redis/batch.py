@@ -247,3 +247,10 @@ def _prefix(part: Any, key: Key) -> str:
     p = _PARTS[part] = prefix_of(key)
     return p
 
+
+def cached_prefix(key: Key) -> str:
+    """P of a key, from the process-wide cache encode_writes fills inline (layout 2's writer uses it too)."""
+    part = key[:1] + key[2:] if len(key) > 2 else f"{key[0]}{len(key)}"
+    p = _PARTS.get(part)
+    return _prefix(part, key) if p is None else p
+

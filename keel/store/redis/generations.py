@@ -35,7 +35,6 @@ class GenerationAdmin:
     _new_gen_script: Any
     _switch_script: Any
     _switch_if_script: Any
-    droppable_keys: Any
     namespace: str
 
     def new_generation(self, tenant: str) -> int:
@@ -92,6 +91,23 @@ class GenerationAdmin:
             for chunk in reversed(list(chunks(names))):    # the index keys (first chunk) go last
                 pipe.execute_command("UNLINK", *chunk)   # (a cluster pipeline's unlink() takes one key)
             return sum(int(n) for n in pipe.execute())
+
+    def droppable_keys(self, tenant: str, gen: int) -> list[str]:
+        """The keys a drop of one generation unlinks: every name either layout may have given its data (a
+        generation replaced while `keel replay --all --layout N` converts a namespace is in the other layout),
+        from its entity set and closed-segment counts, without asking which exist (UNLINK skips the others).
+        The fixed keys come first: the entity set, which names the rest, goes last."""
+        d = self._n(tenant).data(int(gen))
+        with self._guard("drop_generation", tenant):
+            entities = sorted(self._client.smembers(d + "ents"))
+            closed = self._client.hgetall(d + "sg")
+        fixed = dict.fromkeys([d + k for k in DATA_KEYS] + [d + k for k in (MARKS, RELATION_ENDS, "fr", "sg")])
+        names = list(fixed)
+        for e in entities:
+            x = escape(e)
+            names += (d + "z:" + x, d + "x:" + x, d + "s:" + x, d + "i:" + x, d + "v:" + x)
+        names += (f"{d}s:{x}|{j}" for x, n in closed.items() for j in range(int(n)))
+        return names
 
     def key_names(self, tenant: str, gen: int | None = None) -> list[str]:
         """Every Redis key of one generation of a tenant (default: the current one), from its index."""

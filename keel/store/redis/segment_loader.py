@@ -17,12 +17,12 @@ from redis.exceptions import RedisError
 from ...errors import UsageError
 from ..base import BatchStep, EventWrites, Position
 from .keys import MARKS
+from .segment_scripts import DATA_KEYS
 from .transport import guard
 
 if TYPE_CHECKING:
     from .segment_store import SegmentStore
 
-DATA_KEYS = ("ev", "m", "ents", "fr")
 
 
 class SegmentLoader:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from .scripts import _GEN_CHECK, _MULTI, _STEP_IDS, _STEP_META
 
+DATA_KEYS = ("ev", "m", "ents", "fr")       # a layout-2 generation's fixed keys: present exactly when it holds data
+
 # KEYS: 1 gen, 2 ids (set), 3 meta (hash), 4 entities (set), 5 first recorded_at (hash), 6 marks (hash), then
 #       per entity e (1-based): 5 + 2e its open segment, 6 + 2e its incoming relations (set).
 # ARGV (3 to 9 as layout 1's APPLY): 1 expected gen, 2 the size past which a segment is reported, 3 offset field

@@ -20,12 +20,12 @@ from .batch import PendingStep, latest_of
 from .codec import clamped_point, freshness_of
 from .generations import CHUNK, RETRIES, chunks
 from .keys import MARKS, escape, index_key, key_of, prefix_of, unescape
+from .segment_scripts import DATA_KEYS
 from .segments import ROLL_BYTES, Fold, StepBlocks, decode, delta_ranges, encode_step, past_timelines, restate
 from .store import GenerationChanged, RedisStore
 from .transport import eval_many, pipelined
 
 LAYOUT = 2
-DATA_KEYS = ("ev", "m", "ents", "fr")       # present exactly when the generation holds data
 OPTIONAL_KEYS = (MARKS, "sg")
 
 
@@ -62,16 +62,16 @@ class SegmentStore(RedisStore):
         with self._guard(what, pending[0].tenant if len(pending) == 1 else None):
             self._register_all(p.tenant for p in pending)
             for _ in range(RETRIES):
-                tries: list[str] = []
+                tries: list[tuple[str, int]] = []
                 calls = (self._encode(p, tries) for p in pending)
                 results = eval_many(self._client, self._seg_apply, list(calls) if len(pending) == 1 else calls)
                 left: list[_Step] = []
-                rolls: list[tuple[str, str, str]] = []
-                for p, d, result in zip(pending, tries, results):
+                rolls: list[tuple[str, str, int, str]] = []
+                for p, (d, gen), result in zip(pending, tries, results):
                     code = int(result[0])
                     if code == 1:
                         names = list(p.blocks.entities) if p.blocks is not None else []
-                        rolls += ((p.tenant, d, names[int(e) - 1]) for e in result[1:])
+                        rolls += ((p.tenant, d, gen, names[int(e) - 1]) for e in result[1:])
                         continue
                     if code == 0:
                         old = self._gens.get(p.tenant, 1)
@@ -91,9 +91,9 @@ class SegmentStore(RedisStore):
         raise StoreUnavailable(f"could not apply a batch of tenant {pending[0].tenant!r}: it kept conflicting "
                                f"with other writers", tenant=pending[0].tenant)
 
-    def _encode(self, p: _Step, tries: list[str]) -> tuple[list[str], list[Any]]:
-        """The APPLY keys and arguments of a step for the current generation guess; its data prefix goes to
-        `tries`. Every relation naming an entity as object is sent with each step (SADD: once in the set), not
+    def _encode(self, p: _Step, tries: list[tuple[str, int]]) -> tuple[list[str], list[Any]]:
+        """The APPLY keys and arguments of a step for the current generation guess; (its data prefix, that
+        generation) go to `tries`. Every relation naming an entity as object is sent with each step (SADD: once in the set), not
         remembered here: a store that remembered would miss a set deleted behind its back."""
         names = self._n(p.tenant)
         gen, expected = self._gen_guess(p.tenant)
@@ -114,23 +114,22 @@ class SegmentStore(RedisStore):
                 args += (name, sb.min_recorded[i], sb.blocks[i] or "", len(incoming), *incoming)
             else:
                 args += (name, sb.min_recorded[i], sb.blocks[i] or "", 0)
-        tries.append(d)
+        tries.append((d, gen))
         return keys, args
 
-    def _roll(self, rolls: list[tuple[str, str, str]]) -> None:
+    def _roll(self, rolls: list[tuple[str, str, int, str]]) -> None:
         """Close the open segments the APPLY answers reported, each with a restatement of its fold (a whole
         fold when the segment's own is not exact now). A segment appended to meanwhile is left for the next
         step that reports it."""
-        segs = pipelined(self._client, [("GET", d + "s:" + escape(name)) for _, d, name in rolls])
+        segs = pipelined(self._client, [("GET", d + "s:" + escape(name)) for _, d, _, name in rolls])
         now = now_micros()
         calls = []
-        for (tenant, d, name), seg in zip(rolls, segs):
+        for (tenant, d, gen, name), seg in zip(rolls, segs):
             if not isinstance(seg, str) or not seg:
                 continue
             blocks = decode(seg)
             fold = Fold(blocks, whole=False)
             if not fold.serves(now):
-                gen = int(d.rsplit(":g", 1)[1][:-1])
                 fold = self._folds(tenant, [name], gen)[name]
             e = escape(name)
             index = [x for p, (lo, hi, ends) in delta_ranges(blocks).items()

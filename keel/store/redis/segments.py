@@ -28,10 +28,12 @@ from typing import Any
 import msgspec
 
 from ...errors import UsageError
-from ...timeline import Assertion, Timeline, covering, is_void, new_assertion
+from ...timeline import Assertion, Timeline, covering, insert, is_void, new_assertion
 from ...times import Micros
 from ..base import EventWrites, Key
-from .keys import escape, key_of, prefix_of
+from .batch import cached_prefix
+from .codec import json_text
+from .keys import escape, key_of
 
 DELTA, RESTATEMENT = 0, 1
 ROLL_BYTES = 12_000          # an open segment larger than this is closed and restated by the writer (a read now
@@ -51,21 +53,8 @@ def _plain(obj: Any) -> Any:
 _fast_encode = msgspec.json.Encoder(enc_hook=_plain).encode   # blocks: 10x json's per-call cost
 _loads = msgspec.json.Decoder().decode
 _LIMIT = 2 ** 53             # points as layout 1 keeps them (a namespace can move between layouts)
-_PARTS: dict[Any, str] = {}  # key without its owner -> P
-_CACHE = 100_000
 
 __all__ = ["DELTA", "RESTATEMENT", "ROLL_BYTES", "Fold", "StepBlocks", "decode", "encode_step", "restate"]
-
-
-def prefix(key: Key) -> str:
-    """P of a key (cached: the writer's hot path)."""
-    part = key[:1] + key[2:] if len(key) > 2 else f"{key[0]}{len(key)}"
-    p = _PARTS.get(part)
-    if p is None:
-        if len(_PARTS) > _CACHE:
-            _PARTS.clear()
-        p = _PARTS[part] = prefix_of(key)
-    return p
 
 
 class StepBlocks:
@@ -81,11 +70,15 @@ class StepBlocks:
         self.incoming: list[dict[str, None] | None] = []   # per entity: index elements, in order
         self.latest: int | None = None           # the greatest recorded_at of the step's writes
 
-    def add(self, entity: str, recorded_at: int) -> int:
-        """A new entity of the step, met at a write recorded at `recorded_at`; returns its index."""
-        i = self.entities[entity] = len(self.min_recorded)
-        self.min_recorded.append(recorded_at)
-        self.incoming.append(None)
+    def note(self, entity: str, recorded_at: int) -> int:
+        """An entity met at a write recorded at `recorded_at` (its least so far kept); returns its index."""
+        i = self.entities.get(entity)
+        if i is None:
+            i = self.entities[entity] = len(self.min_recorded)
+            self.min_recorded.append(recorded_at)
+            self.incoming.append(None)
+        elif recorded_at < self.min_recorded[i]:
+            self.min_recorded[i] = recorded_at
         return i
 
 
@@ -93,7 +86,7 @@ def encode_step(events: Sequence[EventWrites]) -> StepBlocks:
     """The blocks of one step: per entity one delta with the provenance entries its rows use."""
     out = StepBlocks()
     ents = out.entities
-    mins = out.min_recorded
+    note = out.note
     incoming = out.incoming
     parts: dict[str, tuple[list[Any], dict[Any, int], dict[str, list[Any]]]] = {}   # owner -> (provs, index, tls)
     latest = None
@@ -107,11 +100,7 @@ def encode_step(events: Sequence[EventWrites]) -> StepBlocks:
             if not -_LIMIT < point < _LIMIT:
                 raise UsageError(f"time {point} (micros) is outside the range the Redis store keeps (±2**53)")
             owner = key[1]
-            i = ents.get(owner)
-            if i is None:
-                i = out.add(owner, rec)
-            elif rec < mins[i]:
-                mins[i] = rec
+            note(owner, rec)
             if latest is None or rec > latest:
                 latest = rec
             part = parts.get(owner)
@@ -129,7 +118,7 @@ def encode_step(events: Sequence[EventWrites]) -> StepBlocks:
                     k = part[1][prov] = len(part[0])
                     part[0].append([source, evidence, rec] if by is None else [source, evidence, rec, by])
                 last_k[owner] = k
-            p = prefix(key)
+            p = cached_prefix(key)
             tv = value.__class__
             if tv is not str and tv is not int and value is not None and tv is not bool:
                 _check_json(value)
@@ -140,27 +129,22 @@ def encode_step(events: Sequence[EventWrites]) -> StepBlocks:
             else:
                 rows.append(row)
             if key[0] == "r" and key[3] != owner:
-                obj = key[3]
-                j = ents.get(obj)
-                if j is None:
-                    j = out.add(obj, rec)
-                elif rec < mins[j]:
-                    mins[j] = rec
+                j = note(key[3], rec)
                 got = incoming[j]
                 if got is None:
                     got = incoming[j] = {}
                 got[f">{escape(owner)}|{p}"] = None          # a dict: thousands of subjects may name one object
     out.latest = latest
-    out.blocks = [None] * len(mins)
+    out.blocks = [None] * len(out.min_recorded)
     for owner, (provs, _, tls) in parts.items():
         out.blocks[ents[owner]] = _fast_encode([DELTA, provs, tls]).decode() + "\n"
     return out
 
 
 def _check_json(value: Any) -> None:
-    """msgspec writes NaN and infinities as null: refuse them (and anything not JSON) as layout 1 does, with
-    json's ValueError or TypeError (the projector refuses such values before any store sees them)."""
-    _JSON.encode(value)
+    """msgspec writes NaN and infinities as null: refuse them (and anything not JSON) as layout 1's encoder does,
+    with its ValueError or TypeError (the projector refuses such values before any store sees them)."""
+    json_text(value)
 
 
 def _assertions(provs: list[list[Any]], rows: list[list[Any]]) -> Iterator[Assertion]:
@@ -209,10 +193,7 @@ class Fold:
                     tl = tls[p] = Timeline()
                 entries = tl.entries
                 for a in _assertions(provs, rows):
-                    if not entries or entries[-1].point <= a.point:
-                        entries.append(a)
-                    else:
-                        tl.add(a)
+                    insert(entries, a)
 
     def _check(self, tls: dict[str, list[Any]]) -> None:
         """Whether rows of a delta after the restatement could make a restated cut inexact."""

@@ -36,7 +36,6 @@ from .batch import ApplyBatch, PendingStep
 from .codec import ProvenanceCache, clamped_point, decode_view, freshness_of, timeline_of
 from .generations import RETRIES, GenerationAdmin, chunks
 from .keys import (
-    DATA_KEYS,
     LATEST,
     MARKS,
     RELATION_ENDS,
@@ -474,23 +473,6 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
             gen = int(self._client.get(self._n(tenant).gen) or 1)
         self._gens[tenant] = gen
         return gen
-
-    def droppable_keys(self, tenant: str, gen: int) -> list[str]:
-        """The keys a drop of one generation unlinks: every name either layout may have given its data (a
-        generation replaced while `keel replay --all --layout N` converts a namespace is in the other layout),
-        from its entity set and closed-segment counts, without asking which exist (UNLINK skips the others).
-        The fixed keys come first: the entity set, which names the rest, goes last."""
-        d = self._n(tenant).data(int(gen))
-        with self._guard("drop_generation", tenant):
-            entities = sorted(self._client.smembers(d + "ents"))
-            closed = self._client.hgetall(d + "sg")
-        fixed = dict.fromkeys([d + k for k in DATA_KEYS] + [d + k for k in (MARKS, RELATION_ENDS, "fr", "sg")])
-        names = list(fixed)
-        for e in entities:
-            x = escape(e)
-            names += (d + "z:" + x, d + "x:" + x, d + "s:" + x, d + "i:" + x, d + "v:" + x)
-        names += (f"{d}s:{x}|{j}" for x, n in closed.items() for j in range(int(n)))
-        return names
 
     def for_generation(self, tenant: str, gen: int) -> RedisStore:
         """A view sharing this connection whose reads and writes of `tenant` go to generation `gen`."""
