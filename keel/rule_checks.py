@@ -44,11 +44,13 @@ def stream_problems(cartridge: Cartridge, store: Store, at: Micros) -> list[str]
         for rule in (r for r in cartridge.rules.values() if r.program is not None):
             reasons: set[str] = set()
             of_type = [e for e in entities if e.partition(":")[0] == rule.applies_to][:MAX_ENTITIES]
+            declared = cartridge.relations_of(rule.applies_to)
             for entity in of_type:
                 view = store.view(tenant, entity, at=at)
                 if view is None:
                     continue
-                reason = verdict(rule, view.facts, view.info.labels, view.relations, entity, at).get("reason")
+                reason = verdict(rule, view.facts, view.info.labels, view.relations, entity, at,
+                                 declared).get("reason")
                 if reason and reason not in reasons:
                     reasons.add(reason)
                     problems.append(f"rules.{rule.name}.when: on {entity} (tenant {tenant}): {reason}")

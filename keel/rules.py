@@ -9,7 +9,9 @@ Variables of an expression (nothing else is visible; there is no I/O and no cloc
                (notes are agent memory and never feed a verdict)
     labels     label -> value, as of the same times
     params     the rule's parameters (its keys besides applies_to, definition and when)
-    relations  relation name -> sorted ids of the entities at the other end, valid at `at`
+    relations  relation name -> sorted ids of the entities at the other end, valid at `at`; every relation
+               the cartridge declares with the rule's entity type at either end is present (an empty list
+               when no link holds at that `at`/`known_at`)
     at         the question's world time, a timestamp
 
 Values are given to CEL as JSON gives them, with two normalisations: every number is a double (JSON
@@ -176,9 +178,12 @@ def check_names(rule: Rule, known: Mapping[str, Iterable[str]], origin: str = "o
 
 
 def verdict(rule: Rule, facts: Iterable[Mapping[str, Any]], labels: Mapping[str, Any],
-            relations: Iterable[Mapping[str, Any]], entity: str, at: Micros) -> dict[str, Any]:
+            relations: Iterable[Mapping[str, Any]], entity: str, at: Micros,
+            declared: Iterable[str] = ()) -> dict[str, Any]:
     """`{holds, because}` (plus `missing` or `reason` when holds is null) of a rule with `when:` for one
-    entity's view: `facts` are fact results (domain facts only are used), `relations` relation results."""
+    entity's view: `facts` are fact results (domain facts only are used), `relations` relation results,
+    `declared` the relation names of the entity's type (Cartridge.relations_of): each is in `relations`,
+    an empty list when no link holds, so `size(relations.x) == 0` answers instead of failing."""
     assert rule.program is not None and rule.names is not None
     domain = {f["predicate"]: f for f in facts if f.get("scope") is None}
     read = rule.names.selected["facts"]
@@ -197,7 +202,7 @@ def verdict(rule: Rule, facts: Iterable[Mapping[str, Any]], labels: Mapping[str,
         if "params" in names.used:
             variables["params"] = rule.cel_params
         if "relations" in names.used:
-            variables["relations"] = _relation_ids(relations, entity)
+            variables["relations"] = _relation_ids(relations, entity, declared)
         if "at" in names.used:
             variables["at"] = _timestamp(at)
         result = rule.program.execute(variables)
@@ -243,8 +248,9 @@ def _timestamp(micros: Micros) -> datetime:
     return _EPOCH + timedelta(microseconds=micros)
 
 
-def _relation_ids(relations: Iterable[Mapping[str, Any]], entity: str) -> dict[str, list[str]]:
-    out: dict[str, set[str]] = {}
+def _relation_ids(relations: Iterable[Mapping[str, Any]], entity: str,
+                  declared: Iterable[str] = ()) -> dict[str, list[str]]:
+    out: dict[str, set[str]] = {name: set() for name in declared}
     for r in relations:
         other = r["object"] if r["subject"] == entity else r["subject"]
         out.setdefault(r["relation"], set()).add(other)

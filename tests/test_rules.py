@@ -168,3 +168,42 @@ def test_names_used_ignores_strings_fields_and_bound_variables() -> None:
     assert n.selected["facts"] == {"a", "b"} and n.selected["params"] == {"p"}
     assert n.free == {"x", "q"} and not n.whole
     assert names_used("'a' in facts").whole == {"facts"}
+
+
+def test_a_declared_relation_without_a_link_is_an_empty_list(tmp_path: Path) -> None:
+    """Issue 21: `size(relations.x) == 0` gave `KeyError: 'x'` for an entity with no link (never linked, or
+    unlinked); every relation the cartridge declares for the rule's type is in `relations`."""
+    unlinked = {"applies_to": "tank", "definition": "No site.", "when": "size(relations.at_site) == 0"}
+    events = [*EVENTS,
+              {"id": "r4", "tenant": "t1", "type": "tank.read", "subject": "tank:c", "occurred_at": "2026-03-01",
+               "payload": {"site": "east", "level_l": 1, "grade": "A", "inspected_on": "2026-02-25"}},
+              {"id": "r5", "tenant": "t1", "type": "keel.retracted", "subject": "tank:c",
+               "occurred_at": "2026-03-02", "payload": {"event": "r4"}}]
+    folder = write_cartridge(tmp_path / "tanks", {"unlinked": unlinked}, events)
+    cartridge = load_cartridge(folder)
+    projector, report = build_embedded(cartridge, folder / "events.jsonl")
+    assert not report.rejected
+    t = Tools(cartridge, projector.store, "t1", clock=lambda: NOW)
+    assert rules(t, "tank:a")["unlinked"]["holds"] is False
+    assert rules(t, "tank:a", at="2026-02-01", known_at="2026-03-20")["unlinked"] == {   # no link yet: []
+        **{k: v for k, v in rules(t, "tank:a")["unlinked"].items() if k not in ("holds", "because")},
+        "holds": True, "because": []}
+    assert rules(t, "tank:c")["unlinked"]["holds"] is True                          # its link was retracted
+    run = subprocess.run([sys.executable, "-m", "keel.cli", "validate", str(folder), "--events",
+                          str(folder / "events.jsonl")], check=False, capture_output=True, text=True)
+    assert run.returncode == 0 and "KeyError" not in run.stderr, run.stderr
+
+
+def test_the_finance_due_without_payment_answers(tmp_path: Path) -> None:
+    """The issue's reproduction on the shipped finance cartridge: a due never paid has no `paid_from` link."""
+    import shutil
+    folder = tmp_path / "finance"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "cartridges" / "finance", folder)
+    text = (folder / "cartridge.yaml").read_text()
+    (folder / "cartridge.yaml").write_text(text.replace("memory:", '  due_unpaid: {applies_to: due, definition: x, '
+                                                                   'when: "size(relations.paid_from) == 0"}\nmemory:'))
+    cartridge = load_cartridge(folder)
+    projector, _ = build_embedded(cartridge, folder / "events.jsonl")
+    t = Tools(cartridge, projector.store, "hogar-demo")
+    assert t.context("due:visa-2026-11")["rules"]["due_unpaid"]["holds"] is True
+    assert t.context("due:visa-2026-09")["rules"]["due_unpaid"]["holds"] is False
