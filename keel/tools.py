@@ -55,8 +55,9 @@ class Tools:
             raise self._unknown(entity)
         info = view.info
         facts = view.facts + self.policy.global_notes(notes)
+        declared = self.cartridge.relations_of(entity_type)
         verdicts = {r.name: r.describe() if r.program is None else
-                    {**r.describe(), **verdict(r, view.facts, info.labels, view.relations, entity, when)}
+                    {**r.describe(), **verdict(r, view.facts, info.labels, view.relations, entity, when, declared)}
                     for r in rules}
         return self._fresh({"entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels,
                             "at": format_time(t), "known_at": format_time(k), "facts": facts,
