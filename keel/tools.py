@@ -10,6 +10,7 @@ from .cartridge import Cartridge
 from .envelope import ANNOTATED, ENTITY, TENANT
 from .errors import UnknownEntity, UnknownTenant, UsageError, WriteTimeout
 from .eventlog import EventLog
+from .limits import ValueRefused, check_value
 from .notes import NotePolicy, anonymous, note_id
 from .rules import verdict
 from .search import SearchIndex
@@ -126,7 +127,7 @@ class Tools:
         predicate = _opt_text(predicate, "predicate") or ""
         evidence = _opt_text(evidence, "evidence")
         task = self.task
-        _check_note_value(value)
+        _check_note_value(value, self.cartridge.spec.limits.value_bytes)
         if self.log is None:
             raise UsageError("this Tools instance has no event log to write notes to")
         self._require_tenant()
@@ -207,14 +208,22 @@ def _entity_arg(entity: object) -> str:
     return entity
 
 
-def _check_note_value(value: Any) -> None:
-    """A note's value: any JSON, at most MAX_TEXT characters once serialized."""
+def _check_note_value(value: Any, limit: int) -> None:
+    """A note's value: any JSON of at most `limit` bytes (the cartridge's limits.value_bytes) in UTF-8, the
+    check the projector makes when the note is applied (keel.limits.check_value), so a note this passes is
+    never refused for its size after it reached the log (events file or Kafka topic)."""
     try:
-        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         raise UsageError("value: give text, a number or a JSON object") from None
-    if size > MAX_TEXT:
-        raise UsageError(f"value: at most {MAX_TEXT} characters of JSON (got {size}); keep notes short")
+    try:
+        check_value(value, limit, "value")
+    except ValueRefused as e:       # measured as check_value measures: a string's text, else its JSON
+        size = len((value if isinstance(value, str) else text).encode("utf-8", "surrogatepass"))
+        if size <= limit:
+            raise UsageError(str(e)) from None
+        raise UsageError(f"value: at most {limit} bytes of JSON in UTF-8 (got {size}; a character outside ASCII "
+                         f"takes 2 to 4); keep notes short, and put a document behind a pointer") from None
 
 
 def _clip(value: object, limit: int = 60) -> str:

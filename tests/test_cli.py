@@ -139,3 +139,16 @@ def test_demo_tells_the_story() -> None:
     assert "at 2026-11-05: holds=false" in done.stdout and "at 2026-11-06: holds=true" in done.stdout
     assert "annotate -> next_step (scope task" in done.stdout
     assert EVENTS.read_text().count("keel.annotated") == 0   # the demo never touches the sample stream
+
+
+def test_a_refused_note_leaves_the_events_file_as_it_was(tmp_path: Path, capsys) -> None:
+    """Issue 21's reproduction: a multibyte note over the byte limit was appended, then refused (exit 1), and
+    `validate --events` exited 2 from then on."""
+    events = tmp_path / "events.jsonl"
+    shutil.copyfile(EVENTS, events)
+    before = events.read_bytes()
+    code, _, err = run(capsys, "annotate", FINANCE, events, "debt:visa", "memo", "東" * 1400, "--scope", "task",
+                       "--task", "t")
+    assert code == 2 and "4096 bytes" in err
+    assert events.read_bytes() == before
+    assert run(capsys, "validate", FINANCE, "--events", events)[0] == 0

@@ -242,3 +242,42 @@ def test_a_note_in_the_log_but_not_applied_yet_is_a_success_with_applied_false(e
     result = t.annotate("debt:visa", "next_step", "call", "agent")
     assert result["applied"] is False and result["event_id"] == sent[0]["id"] and "fact" not in result
     assert "will be applied" in result["message"] and "not applied within 10s" in result["message"]
+
+
+def test_a_note_is_measured_in_bytes_before_anything_is_written(env) -> None:
+    """Issue 21: the tool counted characters (4,096), the graph bytes (limits.value_bytes): a note of 1,400 CJK
+    characters (4,200 bytes) passed the tool, was appended to the events file, then refused by the graph, and
+    every later command reported that line. One check, in bytes, before the log: nothing reaches any log."""
+    make, _, events = env
+    before = events.read_bytes()
+    t = make()
+    sent: list[dict] = []
+
+    class RecordingLog:
+        def append(self, envelope: dict) -> None:
+            sent.append(envelope)
+    with pytest.raises(UsageError, match=r"at most 4096 bytes .*got 4200"):
+        t.annotate("debt:visa", "memo", "東" * 1400, "task")
+    t.log = RecordingLog()          # the same check precedes a Kafka log (MCP and CLI call this method)
+    with pytest.raises(UsageError, match="bytes"):
+        t.annotate("debt:visa", "memo", {"text": "é" * 2100}, "task")
+    assert sent == [] and events.read_bytes() == before
+    t = make()
+    assert t.annotate("debt:visa", "memo", "東" * 1365, "task")["applied"]    # 4,095 bytes: within the limit
+    _, report = build_embedded(load_cartridge(FINANCE), events)
+    assert not report.rejected
+
+
+def test_the_file_log_keeps_no_line_the_graph_refuses(env) -> None:
+    """Whatever refuses an event after its line was written (here a value over the limit sent past the
+    tool), the events file is left as it was."""
+    make, _, events = env
+    before = events.read_bytes()
+    log = make().log
+    envelope = {"id": "n-big", "tenant": "hogar-demo", "type": "keel.annotated", "subject": "debt:visa",
+                "occurred_at": "2026-11-30T12:00:00Z", "source": "keel.annotate",
+                "payload": {"predicate": "memo", "value": "東" * 1400, "scope": "tenant",
+                            "evidence": "snap-visa-2026-10"}}
+    with pytest.raises(Exception, match="4096-byte limit"):
+        log.append(envelope)
+    assert events.read_bytes() == before
