@@ -17,7 +17,15 @@ from typing import Any, Self
 
 from . import render
 from .cartridge import load_cartridge
-from .commandline import COMMANDS_GROUP, KeelArgumentParser, emit, pick_tenant, settings_of
+from .commandline import (
+    COMMANDS_GROUP,
+    KeelArgumentParser,
+    add_events_arguments,
+    emit,
+    events_of,
+    pick_tenant,
+    settings_of,
+)
 from .connect import open_graph
 from .digest import digest
 from .echo import printable
@@ -58,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Check cartridge.yaml and handlers.py; exit 0 when valid, 2 otherwise "
                                    "(one line per problem).")
     p.add_argument("cartridge", help="cartridge folder")
-    p.add_argument("--events", metavar="FILE", help="also check every line of this events file")
+    add_events_arguments(p, "also check every line of this events file")
     p.set_defaults(run=cmd_validate)
 
     common = KeelArgumentParser(add_help=False)
@@ -68,15 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="print the tool's result object as JSON")
     common.add_argument("--redis", metavar="URL", help="query the Redis graph instead of an events file "
                         "(then omit the events file)")
+    common.add_argument("--events", metavar="FILE", help="the events file, when not given as the first ARG")
     common.add_argument("--allow-global-notes", action="store_true", default=None,
                         help="operator switch: allow notes in global scope (env KEEL_ALLOW_GLOBAL_NOTES)")
 
     def query(name: str, run: Callable[..., int], usage_tail: str) -> argparse.ArgumentParser:
         q = sub.add_parser(name, parents=[common], help=QUERY_HELP[name], description=QUERY_HELP[name],
-                           usage=f"keel {name} CARTRIDGE (EVENTS.jsonl | --redis URL) {usage_tail} [options]")
+                           usage=f"keel {name} CARTRIDGE (EVENTS.jsonl | --events FILE | --redis URL) {usage_tail} "
+                                 f"[options]")
         q.add_argument("cartridge", help="cartridge folder")
-        q.add_argument("args", nargs="+", metavar="ARG", help="the events file (unless --redis), then "
-                       + usage_tail)
+        q.add_argument("args", nargs="+", metavar="ARG", help="the events file (unless --events or --redis), "
+                       "then " + usage_tail)
         q.set_defaults(run=run)
         return q
 
@@ -102,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("digest", help="hash of one tenant's graph (equal graphs, equal digests)",
                        description="Print sha256:<hex> over a canonical serialization of a tenant's graph.")
     p.add_argument("cartridge", help="cartridge folder")
+    add_events_arguments(p, "build from this events file")
     p.add_argument("--tenant", help="tenant (default: the only tenant in the file)")
-    p.add_argument("--events", metavar="FILE", help="build from this events file")
     p.add_argument("--redis", metavar="URL", help="read the Redis graph")
     p.set_defaults(run=cmd_digest)
 
@@ -134,7 +144,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"keel: {e}", file=sys.stderr)
         return EXIT_USAGE
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "args", None), list) and not any(x.startswith("-") for x in extra):
+        args.args += extra          # a query's words after an option (`related F ENTITY --events E RELATION`)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "run", None):
         parser.print_help()
         return EXIT_USAGE
@@ -167,15 +181,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 class Session:
     """A cartridge, its opened graph (keel.connect) and the tenant a query command works on.
 
-    The events file is the first argument unless `--redis URL` is given; without `--redis`, when KEEL_REDIS_URL
-    is set and the first argument is neither a file nor a `.jsonl` path, the command reads that Redis graph."""
+    The events file is `--events FILE`, else the first argument unless `--redis URL` is given; without either,
+    when KEEL_REDIS_URL is set and the first argument is neither a file nor a `.jsonl` path, the command reads
+    that Redis graph."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.cartridge = load_cartridge(args.cartridge)
         settings = settings_of(args)
         rest = list(args.args)
-        events = None
-        if not args.redis:
+        events = args.events
+        if events and args.redis:
+            raise UsageError("give one of --events FILE or --redis URL")
+        if not args.redis and not events:
             if not rest:
                 raise UsageError("give the events file (or --redis URL)")
             if not settings.redis_url or Path(rest[0]).exists() or rest[0].endswith(".jsonl"):
@@ -206,17 +223,18 @@ def take(rest: list[str], names: str, optional: int = 0) -> list[str | None]:
 def cmd_validate(args: argparse.Namespace) -> int:
     cartridge = load_cartridge(args.cartridge)
     spec = cartridge.spec
-    if args.events:
+    events = events_of(args)
+    if events:
         projector = Projector(cartridge, MemoryStore(), allow_global_notes=True)
-        report = replay_file(projector, args.events, on_reject=print_reject(args.events))
+        report = replay_file(projector, events, on_reject=print_reject(events))
         for warning in report.clamped:
-            print(printable(f"{args.events}:line {warning.line}: event {warning.event_id}: warning: "
+            print(printable(f"{events}:line {warning.line}: event {warning.event_id}: warning: "
                             f"{warning.reason}"), file=sys.stderr)
         if report.rejected:
-            print(f"{args.events}: {len(report.rejected)} bad line(s) of {report.applied + len(report.rejected)}",
+            print(f"{events}: {len(report.rejected)} bad line(s) of {report.applied + len(report.rejected)}",
                   file=sys.stderr)
             return 2
-        print(f"{args.events}: {report.applied} events ok ({report.duplicates} duplicates ignored)")
+        print(f"{events}: {report.applied} events ok ({report.duplicates} duplicates ignored)")
         problems = stream_problems(cartridge, projector.store, now_micros())
         if problems:
             for line in problems:
@@ -272,9 +290,10 @@ def parse_value(text: str | None) -> Any:
 
 def cmd_digest(args: argparse.Namespace) -> int:
     cartridge = load_cartridge(args.cartridge)
-    if args.events and args.redis:
-        raise UsageError("give exactly one of --events FILE or --redis URL")
-    with open_graph(cartridge, settings_of(args), args.events) as graph:
+    events = events_of(args)
+    if events and args.redis:
+        raise UsageError("give exactly one of an events file or --redis URL")
+    with open_graph(cartridge, settings_of(args), events) as graph:
         tenant = pick_tenant(args.tenant, graph.tenants)
         if not graph.store.has_tenant(tenant):
             raise UnknownTenant(tenant)

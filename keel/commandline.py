@@ -39,6 +39,22 @@ def positive_int(text: str) -> int:
     return value
 
 
+def add_events_arguments(parser: argparse.ArgumentParser, help: str) -> None:
+    """An events file a command reads, in either spelling: an optional argument after the cartridge, or
+    `--events FILE` (read them with `events_of`). Every command that reads an events file takes both."""
+    parser.add_argument("events_file", nargs="?", metavar="EVENTS", help=f"{help} (or --events FILE)")
+    parser.add_argument("--events", metavar="FILE", help=help)
+
+
+def events_of(args: argparse.Namespace) -> str | None:
+    """The events file of a command given `add_events_arguments`, or of `--events` alone (None: none given)."""
+    given = {x for x in (getattr(args, "events_file", None), getattr(args, "events", None)) if x}
+    if len(given) > 1:
+        raise UsageError(f"two events files given ({', '.join(sorted(given))}); give one, as an argument or "
+                         f"with --events")
+    return given.pop() if given else None
+
+
 def settings_of(args: argparse.Namespace) -> Settings:
     """The settings of a command: its flags, then KEEL_* variables, then defaults."""
     return resolve(vars(args))

@@ -152,3 +152,21 @@ def test_a_refused_note_leaves_the_events_file_as_it_was(tmp_path: Path, capsys)
     assert code == 2 and "4096 bytes" in err
     assert events.read_bytes() == before
     assert run(capsys, "validate", FINANCE, "--events", events)[0] == 0
+
+
+def test_every_command_takes_the_events_file_both_ways(capsys) -> None:
+    """Issue 21: the query commands took the events file as an argument, validate and digest only as --events."""
+    assert run(capsys, "validate", FINANCE, EVENTS)[:2] == run(capsys, "validate", FINANCE, "--events", EVENTS)[:2]
+    assert run(capsys, "validate", FINANCE, EVENTS)[0] == 0
+    digests = {run(capsys, "digest", FINANCE, EVENTS)[1], run(capsys, "digest", FINANCE, "--events", EVENTS)[1]}
+    assert len(digests) == 1 and digests.pop().startswith("sha256:")
+    for argv in (["context", FINANCE, "{}", "debt:visa"], ["history", FINANCE, "{}", "debt:visa"],
+                 ["search", FINANCE, "{}", "visa"], ["related", FINANCE, "{}", "debt:visa", "owed_by"]):
+        positional = run(capsys, *[str(EVENTS) if a == "{}" else a for a in argv], "--json")
+        flag = run(capsys, *[a for a in argv if a != "{}"], "--events", EVENTS, "--json")
+        assert positional[0] == flag[0] == 0 and positional[1] == flag[1], argv
+    assert run(capsys, "related", FINANCE, "debt:visa", "--events", EVENTS, "owed_by")[0] == 0  # words after it
+    code, _, err = run(capsys, "validate", FINANCE, EVENTS, "--events", "other.jsonl")
+    assert code == 2 and "two events files" in err
+    code, _, err = run(capsys, "context", FINANCE, "--events", EVENTS, "--redis", "redis://127.0.0.1:1/0", "debt:visa")
+    assert code == 2 and "--events FILE or --redis URL" in err
