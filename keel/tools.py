@@ -43,7 +43,7 @@ class Tools:
 
     def context(self, entity: str, at: str | None = None, known_at: str | None = None) -> dict[str, Any]:
         """An entity as of `at` (world time) and `known_at` (Keel's knowledge): labels, facts, relations, rules."""
-        entity = _entity_arg(entity)
+        entity = self._entity_arg(entity)
         t, k = _time_arg(at, "at"), _time_arg(known_at, "known_at")
         entity_type = entity.partition(":")[0]
         rules = self.cartridge.rules_of(entity_type)
@@ -66,7 +66,7 @@ class Tools:
 
     def history(self, entity: str, predicate: str | None = None, known_at: str | None = None) -> dict[str, Any]:
         """Every version of an entity's facts, closed and corrected ones included, by predicate then valid_from."""
-        entity = _entity_arg(entity)
+        entity = self._entity_arg(entity)
         k = _time_arg(known_at, "known_at")
         predicate = _opt_text(predicate, "predicate")
         self._require(entity, k)
@@ -107,7 +107,7 @@ class Tools:
     def related(self, entity: str, relation: str | None = None, at: str | None = None,
                 known_at: str | None = None) -> dict[str, Any]:
         """Relations valid at `at` with the entity at either end, as known at `known_at`."""
-        entity = _entity_arg(entity)
+        entity = self._entity_arg(entity)
         relation = _opt_text(relation, "relation")
         if relation is not None:
             self._name_arg("relation", "a relation", relation, self.cartridge.spec.relations)
@@ -123,7 +123,7 @@ class Tools:
                  evidence: str | None = None) -> dict[str, Any]:
         """Write a note (agent memory) as a keel.annotated event; returns the fact as the graph shows it.
         Its task and agent are the caller's binding, never an argument."""
-        entity = _entity_arg(entity)
+        entity = self._entity_arg(entity, notes_on=scope == "global")
         predicate = _opt_text(predicate, "predicate") or ""
         evidence = _opt_text(evidence, "evidence")
         task = self.task
@@ -187,6 +187,20 @@ class Tools:
     def _unknown(self, entity: str) -> UnknownEntity | UnknownTenant:
         """What a missing entity means: an unknown tenant when the tenant has nothing at all."""
         return UnknownEntity(self.tenant, entity) if self.store.has_tenant(self.tenant) else UnknownTenant(self.tenant)
+
+    def _entity_arg(self, entity: object, notes_on: bool = False) -> str:
+        """An entity argument: `<type>:<id>` of an entity type of the cartridge, else a usage error listing the
+        types (the same for every tool). `notes_on`: global notes also attach to type:<t> and rule:<r>, which
+        the memory policy checks."""
+        entity = _entity_arg(entity)
+        kind = entity.partition(":")[0]
+        types = self.cartridge.spec.entities
+        if kind not in types and not (notes_on and kind in ("type", "rule")):
+            where = " (global notes attach to type:<entity type> or rule:<rule name>)" if kind in ("type", "rule") \
+                else ""
+            raise UsageError(f"entity {_clip(entity)}: {_clip(kind)} is not an entity type of the cartridge; use "
+                             f"one of {', '.join(sorted(types))}{where}")
+        return entity
 
     @staticmethod
     def _name_arg(arg: str, what: str, name: object, names: Iterable[str]) -> None:

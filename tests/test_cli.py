@@ -65,6 +65,9 @@ def test_exit_codes(capsys) -> None:
     code, _, err = run(capsys, "context", FINANCE, EVENTS, "debt:nope")
     assert code == 1 and "debt:nope" in err and "hogar-demo" in err
     assert run(capsys, "context", FINANCE, EVENTS, "not-an-entity")[0] == 2
+    for command in ("context", "history", "related"):       # a type the cartridge lacks: usage, types listed
+        code, _, err = run(capsys, command, FINANCE, EVENTS, "truck:V-1")
+        assert code == 2 and "use one of account, debt, due, household" in err
     assert run(capsys, "context", FINANCE, EVENTS, "debt:visa", "--at", "soon")[0] == 2
     assert run(capsys, "context", FINANCE, "missing.jsonl", "debt:visa")[0] == 2
     assert run(capsys, "history", FINANCE, EVENTS)[0] == 2

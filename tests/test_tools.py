@@ -281,3 +281,22 @@ def test_the_file_log_keeps_no_line_the_graph_refuses(env) -> None:
     with pytest.raises(Exception, match="4096-byte limit"):
         log.append(envelope)
     assert events.read_bytes() == before
+
+
+def test_an_entity_of_an_unknown_type_is_a_usage_error_listing_the_types(env) -> None:
+    """Issue 21: `context truck:V-1` said "unknown entity" (exit 1); README lists unknown types under exit 2.
+    One rule in every tool: a usage error naming the cartridge's types."""
+    make, _, events = env
+    t = make()
+    before = events.read_bytes()
+    calls = [lambda: t.context("truck:V-1"), lambda: t.history("truck:V-1"), lambda: t.related("truck:V-1"),
+             lambda: t.annotate("truck:V-1", "memo", "x", "task"), lambda: t.search("visa", type="truck")]
+    for call in calls:
+        with pytest.raises(UsageError, match="'truck' is not an entity type of the cartridge; use one of "
+                                             "account, debt, due, household"):
+            call()
+    with pytest.raises(UsageError, match="global notes attach to type:"):
+        t.annotate("type:debt", "memo", "x", "task")
+    assert events.read_bytes() == before
+    with pytest.raises(UnknownEntity):          # a declared type without that id stays a negative answer
+        t.context("debt:nope")
