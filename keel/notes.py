@@ -3,18 +3,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 
 from .cartridge import Cartridge
 from .envelope import ENTITY
-from .errors import NoteRefused
+from .errors import NoteRefused, UsageError
 from .store.base import GLOBAL_TENANT, EntityView, Store, ViewRequest, Write
 from .store.provenance import evidence_standing
 from .times import Micros
 
 SCOPES = ("global", "tenant", "task", "agent")
+# A note's name (its predicate), as the keel.annotated payload check in keel.envelope accepts it.
+NOTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
+NOTE_NAME_RULE = ("1 to 128 characters: ASCII letters, digits, _ . and -, starting with a letter or _ "
+                  "(e.g. next_step, risk.level)")
 GLOBAL_SOURCE = "global"
 ANONYMOUS = {"source": GLOBAL_SOURCE, "evidence": None, "by": None}
+
+
+class NoteNameError(UsageError):
+    """A note name (annotate's `predicate`) that is not one; the message says what a name may contain."""
 
 
 class NotePolicy:
@@ -105,6 +114,25 @@ class NotePolicy:
         """The notes (fact objects) of the views `global_note_views` asked for, attributed as global: they are
         read in every tenant, so they carry nothing of the tenant that wrote them (event id, agent, source)."""
         return [anonymous(fact) for view in views if view is not None for fact in view.facts]
+
+
+def check_note_name(name: object) -> str:
+    """A note's name, or a NoteNameError saying what is wrong with it and what a name may contain."""
+    if name is None or name == "":
+        raise NoteNameError(f"predicate: required, the note's name: {NOTE_NAME_RULE}")
+    if not isinstance(name, str):
+        raise NoteNameError(f"predicate: expected text, got {type(name).__name__}; a note name has {NOTE_NAME_RULE}")
+    if NOTE_NAME.fullmatch(name):
+        return name
+    shown = name if len(name) <= 60 else name[:60] + "…"
+    if len(name) > 128:
+        what = f"is {len(name)} characters long"
+    elif not (name[0].isascii() and (name[0].isalpha() or name[0] == "_")):
+        what = f"starts with {name[0]!r}"
+    else:
+        bad = sorted({c for c in name if not NOTE_NAME.fullmatch("a" + c)})
+        what = f"holds {', '.join(repr(c) for c in bad)}"
+    raise NoteNameError(f"predicate: {shown!r} is not a note name: it {what}; a note name has {NOTE_NAME_RULE}")
 
 
 def anonymous(fact: dict) -> dict:

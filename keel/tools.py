@@ -11,7 +11,7 @@ from .envelope import ANNOTATED, ENTITY, TENANT
 from .errors import UnknownEntity, UnknownTenant, UsageError, WriteTimeout
 from .eventlog import EventLog
 from .limits import ValueRefused, check_value
-from .notes import NotePolicy, anonymous, note_id
+from .notes import NotePolicy, anonymous, check_note_name, note_id
 from .rules import verdict
 from .search import SearchIndex
 from .store.base import GLOBAL_TENANT, Freshness, Store, ViewRequest, of_relation, scope_key
@@ -124,7 +124,7 @@ class Tools:
         """Write a note (agent memory) as a keel.annotated event; returns the fact as the graph shows it.
         Its task and agent are the caller's binding, never an argument."""
         entity = self._entity_arg(entity, notes_on=scope == "global")
-        predicate = _opt_text(predicate, "predicate") or ""
+        predicate = check_note_name(predicate)
         evidence = _opt_text(evidence, "evidence")
         task = self.task
         _check_note_value(value, self.cartridge.spec.limits.value_bytes)

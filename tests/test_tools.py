@@ -300,3 +300,32 @@ def test_an_entity_of_an_unknown_type_is_a_usage_error_listing_the_types(env) ->
     assert events.read_bytes() == before
     with pytest.raises(UnknownEntity):          # a declared type without that id stays a negative answer
         t.context("debt:nope")
+
+
+@pytest.mark.parametrize(("name", "says"), [("bad name", "holds ' '"), ("1st", "starts with '1'"),
+                                            ("né", "holds 'é'"), ("x" * 129, "129 characters"),
+                                            ("", "required"), (None, "required")])
+def test_a_malformed_note_name_says_what_is_wrong_and_what_a_name_may_hold(env, name, says) -> None:
+    """Issue 21: a malformed name was refused as `payload.predicate: required` although one was given."""
+    make, _, events = env
+    before = events.read_bytes()
+    with pytest.raises(UsageError, match="predicate") as e:
+        make().annotate("debt:visa", name, "x", "task")
+    assert says in str(e.value) and "ASCII letters, digits, _ . and -" in str(e.value)
+    assert "payload" not in str(e.value) and events.read_bytes() == before
+
+
+def test_the_tool_accepts_exactly_the_note_names_the_envelope_accepts(env) -> None:
+    from keel.errors import EnvelopeRejected
+    from keel.notes import NOTE_NAME
+    cartridge = load_cartridge(FINANCE)
+    projector, _ = build_embedded(cartridge, FINANCE / "events.jsonl")
+    for name in ("next_step", "_x", "risk.level", "a-b", "A9", "x" * 128, "x" * 129, "9a", "a b", "é", ".a", "a/b"):
+        envelope = {"id": "n1", "tenant": "hogar-demo", "type": "keel.annotated", "subject": "debt:visa",
+                    "occurred_at": "2026-11-30", "payload": {"predicate": name, "value": 1, "scope": "tenant"}}
+        try:
+            projector.parse(envelope)
+            accepted = True
+        except EnvelopeRejected:
+            accepted = False
+        assert bool(NOTE_NAME.fullmatch(name)) == accepted, name
