@@ -40,7 +40,7 @@ from keel.wire import events_topic, group_id
 from .collector import gc_young_threshold
 from .replay_build import PartitionBuild
 from .replay_progress import Progress
-from .replay_scan import PartitionScan, partition_count, tenant_partition
+from .replay_scan import PartitionScan, end_offsets, partition_count, tenant_partition
 from .replay_state import ReplayState
 
 T = TypeVar("T")
@@ -82,6 +82,7 @@ class ReplayReport:
     results: list[TenantResult] = field(default_factory=list)
     scanned: int = 0
     seconds: float = 0.0
+    every: bool = False             # every tenant of the topic (--all): no line per tenant
 
     @property
     def applied(self) -> int:
@@ -92,11 +93,14 @@ class ReplayReport:
         return sum(r.skipped for r in self.results)
 
     def summary(self) -> str:
-        rate = self.applied / self.seconds if self.seconds > 0 else 0.0
-        head = (f"replayed {len(self.results)} tenant(s) of {self.cartridge} from {self.topic}: "
+        """One line (tenants, records, seconds, records/s, events); with named tenants, one more per tenant."""
+        rate = self.scanned / self.seconds if self.seconds > 0 else 0.0
+        head = (f"replayed {self.cartridge} from {self.topic}: {len(self.results):,} tenant(s) switched, "
+                f"{self.scanned:,} record(s) scanned in {self.seconds:.1f}s, {rate:,.0f} records/s; "
                 f"{self.applied:,} event(s) applied, {self.skipped:,} skipped (rejected or handler failed; "
-                f"already dead-lettered), {sum(r.duplicates for r in self.results):,} duplicate(s); "
-                f"{self.scanned:,} record(s) scanned in {self.seconds:.1f}s, {rate:,.0f} events/s")
+                f"already dead-lettered), {sum(r.duplicates for r in self.results):,} duplicate(s)")
+        if self.every:
+            return head
         lines = [head]
         for r in self.results[:20]:
             lines.append(f"  {r.tenant}: partition {r.partition}, generation {r.old_gen} -> {r.new_gen}"
@@ -160,10 +164,12 @@ class Replayer:
         self._beat = ThreadPoolExecutor(1, thread_name_prefix="keel-replay-heartbeat")
         self._beating: Future[None] | None = None
         self._heartbeat = 0.0
-        self._total = 0
+        self._total = 0                                      # records of the partitions to read (the bar's total)
+        self._planned: dict[int, int] = {}                   # their end offsets when the run began
 
     async def run(self, tenants: list[str] | None) -> ReplayReport:
         started = time.monotonic()
+        self.report.every = tenants is None
         bootstrap = self.settings.kafka_bootstrap
         partitions = await self._retry("read topic metadata", partition_count, bootstrap, self.topic)
         if tenants is None:
@@ -174,12 +180,15 @@ class Replayer:
                 wanted = plan.setdefault(tenant_partition(t, partitions), set())
                 assert wanted is not None
                 wanted.add(t)
+        self._planned = await self._retry("read the end offsets", end_offsets, bootstrap, self.topic, sorted(plan))
+        self._total = sum(self._planned.values())
         threshold = gc.get_threshold()
         # the mirror grows by millions of objects, all long-lived (frozen after each fetch); a fetch's records
         # live until projected, so a young collection waits for a fetch's worth (as the worker's batch)
         gc.set_threshold(gc_young_threshold(self.options.fetch), 50, 1000)
         try:
-            for partition in sorted(plan):
+            for rank, partition in enumerate(sorted(plan), 1):
+                self.progress.partition = (partition, rank, len(plan))
                 await self._partition(partition, plan[partition])
         finally:
             self.report.seconds = time.monotonic() - started
@@ -207,7 +216,7 @@ class Replayer:
 
     async def _scan(self, scan: PartitionScan, build: PartitionBuild, partition: int, *, explicit: bool) -> None:
         end = await self._retry("read the end offset", scan.end)
-        self._total += end
+        self._total += end - self._planned.pop(partition, 0)
         position: int | None = None             # last offset scanned
         committed: int | None = None            # last offset committed to the shadows
         writing: list[asyncio.Future[None]] = []     # loads submitted to the writer thread, oldest first
@@ -234,10 +243,9 @@ class Replayer:
                 continue
             while writing:
                 await writing.pop(0)
-            if tries == 0:
+            if tries == 0 and explicit:         # (with --all the progress line says which partition)
                 self.progress.note(f"partition {partition}: loaded into the shadow up to offset {end:,} "
                                    f"({time.monotonic() - self.progress.started:.1f}s); cutting over")
-            if explicit and tries == 0:
                 self._check_found(build, partition)
             if await self._run(self._writer, self._switch_all, build, partition):
                 return
@@ -348,8 +356,9 @@ class Replayer:
             r.dropped_keys = self._retry_sync("drop the old generation", self.store.drop_generation, tenant,
                                               r.old_gen)
             self.state.clear(tenant)
-            self.progress.note(f"{tenant}: switched generation {r.old_gen} -> {r.new_gen} "
-                               f"({r.applied:,} events); old generation dropped")
+            self.progress.switched(None if self.report.every else
+                                   f"{tenant}: switched generation {r.old_gen} -> {r.new_gen} "
+                                   f"({r.applied:,} events); old generation dropped")
 
     def _abandon(self) -> None:
         """After an error or Ctrl-C: drop the shadows not switched (the served generations never changed)."""

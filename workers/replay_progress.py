@@ -1,5 +1,7 @@
-"""Progress of a replay on stderr: a bar (drawn by rich) with events/s and ETA on a terminal, plain lines
-otherwise. The ETA is computed here (smoothed scan rate, see _rate), rich only draws it."""
+"""Progress of a replay on stderr: a bar (drawn by rich) with records scanned, tenants switched, events/s and
+ETA when stderr is a terminal; otherwise one plain line every `every_s` seconds (5 by default), so a log file
+gets a few lines and never one per tenant. The ETA is computed here (smoothed scan rate, see _rate), rich only
+draws it."""
 from __future__ import annotations
 
 import sys
@@ -12,10 +14,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TaskProgressCol
 from rich.progress import Progress as Bar
 
 SMOOTHING = 0.3        # weight of the latest interval's rate in the ETA's rate (as tqdm's `smoothing`)
+EVERY_S_TTY = 0.2      # redraws of the bar
+EVERY_S_LOG = 5.0      # plain lines when stderr is not a terminal
 
 
 class Progress:
-    """Records scanned out of the partitions' end offsets, and events applied."""
+    """Records scanned out of the partitions' end offsets, events applied, tenants switched."""
 
     def __init__(self, label: str, *, stream: TextIO | None = None, tty: bool | None = None,
                  every_s: float | None = None, quiet: bool = False,
@@ -23,21 +27,25 @@ class Progress:
         self.label = label
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
-        self.every_s = every_s if every_s is not None else (0.2 if self.tty else 5.0)
+        self.every_s = every_s if every_s is not None else (EVERY_S_TTY if self.tty else EVERY_S_LOG)
         self.quiet = quiet
         self.clock = clock
         self.started = clock()
-        self._last = 0.0
+        self.tenants = 0                                # switched so far
+        self.partition: tuple[int, int, int] | None = None  # (partition being read, its rank 1.., partitions to read)
+        self._last: float | None = None
+        self._state = (0, 0, 0)                         # the latest (scanned, total, applied)
         self._bar: Bar | None = None
         self._task: TaskID | None = None
         self._seen: tuple[float, int] | None = None     # (time, scanned) of the previous update
         self._scan_rate = 0.0                           # records/s, smoothed over the updates since scanning began
 
     def update(self, scanned: int, total: int, applied: int, *, force: bool = False) -> None:
+        self._state = (scanned, total, applied)
         if self.quiet:
             return
         now = self.clock()
-        if not force and now - self._last < self.every_s:
+        if not force and self._last is not None and now - self._last < self.every_s:
             return
         self._last = now
         elapsed = max(now - self.started, 1e-6)
@@ -45,12 +53,24 @@ class Progress:
         left = max(total - scanned, 0)
         scan_rate = self._rate(now, scanned)
         eta = f"{left / scan_rate:,.0f}s" if scan_rate > 0 else "?"
+        where = "partition {} ({}/{})".format(*self.partition) if self.partition else ""
         if self.tty:
-            self._draw(scanned, total, f"{rate:,.0f} events/s  ETA {eta}")
+            self._draw(scanned, total, f"{self.tenants:,} tenants switched  {rate:,.0f} events/s  ETA {eta}"
+                                       + (f"  {where}" if where else ""))
             return
-        self.stream.write(f"{self.label}: {scanned:,}/{total:,} records scanned, {applied:,} events applied, "
+        self.stream.write(f"{self.label}: {where + ', ' if where else ''}{scanned:,}/{total:,} records scanned, "
+                          f"{applied:,} events applied, {self.tenants:,} tenants switched, "
                           f"{rate:,.0f} events/s, ETA {eta}\n")
         self.stream.flush()
+
+    def switched(self, line: str | None = None) -> None:
+        """A tenant was cut over: counted on the bar or the next progress line. `line` (a replay of named
+        tenants, a few) is also said on its own; a replay of every tenant passes none."""
+        self.tenants += 1
+        if line is not None:
+            self.note(line)
+        elif self._bar is not None:
+            self.update(*self._state)
 
     def _draw(self, scanned: int, total: int, text: str) -> None:
         if self._bar is None:
@@ -77,7 +97,7 @@ class Progress:
         return self._scan_rate
 
     def note(self, text: str) -> None:
-        """A line of its own (a switch, a retry), not overwritten by the bar."""
+        """A line of its own (a switch of a named tenant, a retry), not overwritten by the bar."""
         if self.quiet:
             return
         if self._bar is not None:               # above the bar, which stays at the bottom
@@ -87,6 +107,8 @@ class Progress:
         self.stream.flush()
 
     def end(self) -> None:
+        """The bar drawn one last time (complete) and left on the screen; nothing more on a log."""
         if self._bar is not None:
+            self.update(*self._state, force=True)
             self._bar.stop()
             self._bar = None

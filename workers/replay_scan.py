@@ -20,6 +20,21 @@ async def partition_count(bootstrap: str, topic: str) -> int:
     return len(described["partitions"])
 
 
+async def end_offsets(bootstrap: str, topic: str, partitions: list[int]) -> dict[int, int]:
+    """The end offset (last stable offset) of each partition now: the records a replay has ahead of it, for the
+    progress bar's total before the first partition is read."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_list(bootstrap), group_id=None, client_id="keel-replay",
+                                enable_auto_commit=False, isolation_level="read_committed")
+    tps = [TopicPartition(topic, p) for p in partitions]
+    async with kafka_guard("read end offsets", bootstrap):
+        await consumer.start()
+        try:
+            ends = await consumer.end_offsets(tps)
+        finally:
+            await consumer.stop()
+    return {tp.partition: ends[tp] for tp in tps}
+
+
 def tenant_partition(tenant: str, partitions: int) -> int:
     """The partition holding a tenant's records (Kafka's default partitioner on key = tenant)."""
     return partition_for(tenant, partitions)
