@@ -49,7 +49,7 @@ from .tools import Tools
 
 QUERY_HELP = {
     "context": "an entity as of a world time and a knowledge time: labels, facts, relations, rules",
-    "history": "every version of an entity's facts, closed and corrected ones included",
+    "history": "every version of an entity's labels, facts, notes and relations, superseded ones included",
     "search": "find entities by words of their ids, types, labels and visible notes, any script (BM25)",
     "related": "relations of an entity, either direction",
     "annotate": "write a note (agent memory) on an entity; appended to the events file",
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--at", help="world time (RFC 3339 or YYYY-MM-DD; default now)")
     q.add_argument("--known-at", help="knowledge time: what Keel believed then (default now)")
     q = query("history", cmd_history, "ENTITY")
-    q.add_argument("--predicate", help="only this predicate")
+    q.add_argument("--predicate", help="only the timelines of this name: a fact predicate, a label or a relation")
     q.add_argument("--known-at", help="knowledge time (default now)")
     q = query("search", cmd_search, "QUERY")
     q.add_argument("--type", help="only entities of this type")

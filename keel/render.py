@@ -16,21 +16,29 @@ def value(v: Any) -> str:
 
 
 def fact_line(f: dict[str, Any]) -> str:
-    line = f"{f['predicate']}={value(f['value'])} valid {day(f['valid_from'])} -> {day(f['valid_to'])}"
+    """A fact, note or label version (a label's name is under `label`) with its provenance."""
+    name = f["predicate"] if "predicate" in f else f["label"]
+    return f"{name}={value(f['value'])} valid {day(f['valid_from'])} -> {day(f['valid_to'])}  ({provenance(f)})"
+
+
+def provenance(f: dict[str, Any]) -> str:
+    """Where a version comes from: when recorded, its evidence and source, scope, who, expiry, corrections."""
     extras = [f"recorded {day(f['recorded_at'])}", f"evidence {f['evidence']}"]
     if f["source"]:
         extras.append(f"source {f['source']}")
-    if f["scope"]:
+    if f.get("scope"):
         extras.append(f"scope {f['scope']}")
+    if f.get("attached_to"):
+        extras.append(f"on {f['attached_to']}")
     if f["by"]:
         extras.append(f"by {f['by']}")
-    if f["expires_at"]:
+    if f.get("expires_at"):
         extras.append(f"expires {day(f['expires_at'])}")
     if f["corrected_by"]:
         extras.append(f"corrected by {f['corrected_by']}")
     if f.get("superseded_at"):
         extras.append(f"superseded {day(f['superseded_at'])} by {f['superseded_by']}")
-    return f"{line}  ({', '.join(extras)})"
+    return ", ".join(extras)
 
 
 def relation_line(r: dict[str, Any]) -> str:
@@ -81,9 +89,19 @@ def verdict(rule: dict[str, Any]) -> str:
 
 
 def history(h: dict[str, Any]) -> str:
-    if not h["versions"]:
-        return f"{h['entity']}: no fact versions"
-    return "\n".join([f"{h['entity']}:"] + [f"  {fact_line(f)}" for f in h["versions"]] + [fresh(h)])
+    """Every timeline of the entity by kind (labels, facts, notes, relations), each version on its line."""
+    facts = [f for f in h["versions"] if not f["scope"]]
+    notes = [f for f in h["versions"] if f["scope"]]
+    labels, relations = h.get("labels", []), h.get("relations", [])
+    lines = [f"{h['entity']}:"]
+    for kind, versions in (("labels", labels), ("facts", facts), ("notes", notes)):
+        if versions:
+            lines += [f"{kind}:", *(f"  {fact_line(v)}" for v in versions)]
+    if relations:
+        lines += ["relations:", *(f"  {relation_line(r)}  ({provenance(r)})" for r in relations)]
+    if len(lines) == 1:
+        lines[0] += " no versions"
+    return "\n".join([*lines, fresh(h)])
 
 
 def search(s: dict[str, Any]) -> str:

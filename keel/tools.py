@@ -15,6 +15,7 @@ from .notes import NotePolicy, anonymous, check_note_name, note_id
 from .rules import verdict
 from .search import SearchIndex
 from .store.base import GLOBAL_TENANT, Freshness, Store, ViewRequest, of_relation, scope_key
+from .timeline import Assertion, Version
 from .times import Micros, format_time, now_micros, parse_time
 
 MAX_LIMIT = 100
@@ -65,19 +66,33 @@ class Tools:
                             "relations": view.relations, "rules": verdicts}, view.freshness)
 
     def history(self, entity: str, predicate: str | None = None, known_at: str | None = None) -> dict[str, Any]:
-        """Every version of an entity's facts, closed and corrected ones included, by predicate then valid_from."""
+        """Every version ever recorded (by `known_at`, when given) of each of an entity's timelines, closed and
+        superseded ones included, each with its evidence and what superseded it: `versions` (facts and the
+        notes the caller may see, by predicate then valid_from), `labels` (by label, `ref` included) and
+        `relations` (either direction, by relation, subject, object). `predicate` keeps the timelines of
+        that name (a fact predicate, a label or a relation)."""
         entity = self._entity_arg(entity)
         k = _time_arg(known_at, "known_at")
         predicate = _opt_text(predicate, "predicate")
         self._require(entity, k)
         scopes = self.policy.visible_scopes(task=self.task, agent=self.agent)
         versions = self.store.history(self.tenant, entity, predicate=predicate, known_at=k, scopes=scopes)
-        if predicate is not None and not versions:
-            names = sorted({v["predicate"] for v in self.store.history(self.tenant, entity, known_at=k,
-                                                                        scopes=scopes)})
-            raise UsageError(f"predicate: {_clip(predicate)} is not a predicate of {entity}; use one of "
-                             f"{', '.join(names) or '(none: it has no facts)'}")
-        return self._fresh({"entity": entity, "versions": versions})
+        keys = self.store.keys(self.tenant, entity)
+        labels = sorted(key for key in keys if key[0] == "l" and predicate in (None, key[2]))
+        relations = sorted((key for key in keys if key[0] == "r" and predicate in (None, key[2])),
+                           key=lambda key: (key[2], key[1], key[3]))
+        found = self.store.recorded_versions_many(self.tenant, labels + relations, k) if labels or relations else []
+        label_versions = [{"label": key[2], "value": v.assertion.value, **_version(v, by)}
+                          for key, recorded in zip(labels, found) for v, by in recorded]
+        relation_versions = [{"subject": key[1], "relation": key[2], "object": key[3], **_version(v, by)}
+                             for key, recorded in zip(relations, found[len(labels):]) for v, by in recorded]
+        if predicate is not None and not (versions or label_versions or relation_versions):
+            facts = {v["predicate"] for v in self.store.history(self.tenant, entity, known_at=k, scopes=scopes)}
+            names = sorted(facts | {key[2] for key in keys if key[0] in "lr"})
+            raise UsageError(f"predicate: {_clip(predicate)} is not a fact, label or relation of {entity}; use one "
+                             f"of {', '.join(names) or '(none)'}")
+        return self._fresh({"entity": entity, "versions": versions, "labels": label_versions,
+                            "relations": relation_versions})
 
     def search(self, query: str, type: str | None = None, limit: int = 10, at: str | None = None,
                known_at: str | None = None) -> dict[str, Any]:
@@ -214,6 +229,16 @@ class Tools:
         if self._index is None or version is None or self._index[0] != version:
             self._index = (version, SearchIndex(self.store.search_entities(self.tenant)))
         return self._index[1]
+
+
+def _version(v: Version, by: Assertion | None) -> dict[str, Any]:
+    """A label or relation version of `history`: its validity, provenance and what superseded it (the fields
+    of a fact version there, without value, scope and expiry)."""
+    a = v.assertion
+    return {"valid_from": format_time(a.point), "valid_to": format_time(v.valid_to),
+            "recorded_at": format_time(a.recorded_at), "source": a.source, "evidence": a.evidence, "by": a.by,
+            "corrected_by": v.corrected_by, "superseded_at": format_time(None if by is None else by.recorded_at),
+            "superseded_by": None if by is None else by.evidence}
 
 
 def _entity_arg(entity: object) -> str:

@@ -329,3 +329,51 @@ def test_the_tool_accepts_exactly_the_note_names_the_envelope_accepts(env) -> No
         except EnvelopeRejected:
             accepted = False
         assert bool(NOTE_NAME.fullmatch(name)) == accepted, name
+
+
+def test_history_shows_every_kind_of_timeline_with_evidence_and_supersession(tmp_path: Path) -> None:
+    """Issue 21: `history` covered facts only; a label rename and a retracted link showed only through
+    context/related at chosen times. Now labels, facts, notes and relations, each version with its evidence
+    and what superseded it."""
+    events = tmp_path / "events.jsonl"
+    extra = [{"id": "snap-visa-2026-11", "tenant": "hogar-demo", "type": "debt.snapshot", "subject": "debt:visa",
+              "occurred_at": "2026-11-01", "recorded_at": "2026-11-20T00:00:00Z",
+              "payload": {"creditor": "Banco Andino", "product": "Visa Oro", "balance_cop": 3500000,
+                          "rate_ea_pct": 29.22, "installment_cop": 380000, "month": "2026-11"}},
+             {"id": "retract-pay-visa-2026-10", "tenant": "hogar-demo", "type": "keel.retracted",
+              "subject": "due:visa-2026-10", "occurred_at": "2026-11-21", "recorded_at": "2026-11-21T00:00:00Z",
+              "by": "human:ana", "payload": {"event": "pay-visa-2026-10", "reason": "bounced"}}]
+    events.write_text((FINANCE / "events.jsonl").read_text() + "".join(json.dumps(e) + "\n" for e in extra))
+    cartridge = load_cartridge(FINANCE)
+    projector, report = build_embedded(cartridge, events)
+    assert not report.rejected
+    t = Tools(cartridge, projector.store, "hogar-demo", agent="a1", task="t1", log=FileLog(projector, events),
+              clock=lambda: T0)
+    t.annotate("debt:visa", "next_step", "call", "task")
+    h = t.history("debt:visa")
+    assert list(h) == ["entity", "versions", "labels", "relations", "known_through"]
+    products = [(v["value"], v["valid_from"][:10], v["evidence"]) for v in h["labels"] if v["label"] == "product"]
+    assert products[-2:] == [("Visa", "2026-10-01", "snap-visa-2026-10"), ("Visa Oro", "2026-11-01", "snap-visa-2026-11")]
+    assert list(h["labels"][0]) == ["label", "value", "valid_from", "valid_to", "recorded_at", "source", "evidence",
+                                    "by", "corrected_by", "superseded_at", "superseded_by"]
+    assert {(r["subject"], r["relation"]) for r in h["relations"]} >= {("debt:visa", "owed_by"),
+                                                                       ("due:visa-2026-09", "for_debt")}
+    assert [v["value"] for v in h["versions"] if v["scope"] == "task"] == ["call"]         # notes too
+    [paid] = [r for r in t.history("due:visa-2026-10")["relations"] if r["relation"] == "paid_from"]
+    assert (paid["object"], paid["evidence"], paid["superseded_at"], paid["superseded_by"]) == (
+        "account:ahorros", "pay-visa-2026-10", "2026-11-21T00:00:00Z", "retract-pay-visa-2026-10")
+    [then] = [r for r in t.history("due:visa-2026-10", known_at="2026-11-01")["relations"]
+              if r["relation"] == "paid_from"]
+    assert then["superseded_by"] is None                                  # believed then
+    assert t.related("due:visa-2026-10", "paid_from")["relations"] == []  # and withdrawn now
+    only = t.history("debt:visa", predicate="product")                   # a label's name narrows too
+    assert only["versions"] == [] and only["relations"] == [] and {v["label"] for v in only["labels"]} == {"product"}
+    assert [r["relation"] for r in t.history("debt:visa", predicate="owed_by")["relations"]] == ["owed_by"] * 3
+    with pytest.raises(UsageError, match="not a fact, label or relation of debt:visa; use one of .*creditor"):
+        t.history("debt:visa", predicate="colour")
+    from keel import render
+    text = render.history(h)
+    assert ["labels:", "facts:", "notes:", "relations:"] == [x for x in text.splitlines() if x.endswith(":")
+                                                             and not x.startswith(" ")][1:]
+    assert "product=Visa Oro valid 2026-11-01 -> open" in text
+    assert "superseded 2026-11-21 by retract-pay-visa-2026-10" in render.history(t.history("due:visa-2026-10"))

@@ -86,7 +86,7 @@ SPECS: tuple[ToolSpec, ...] = (
         _READER),
     ToolSpec(
         "history",
-        "Every version of an entity's facts, superseded ones too. Use it to explain why a value changed.",
+        "Every version of an entity's labels, facts, notes, relations, superseded too. Use it to explain a change.",
         _input({"entity": _ENTITY, "predicate": _arg("Only this predicate"), "known_at": _KNOWN_AT}, ["entity"]),
         _result({"entity": _S, "versions": _array({**_FACT, "properties": {
             **_FACT["properties"], "superseded_at": _SN, "superseded_by": _SN}})}),
