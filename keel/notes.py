@@ -112,8 +112,11 @@ class NotePolicy:
     @staticmethod
     def global_notes(views: list[EntityView | None]) -> list[dict]:
         """The notes (fact objects) of the views `global_note_views` asked for, attributed as global: they are
-        read in every tenant, so they carry nothing of the tenant that wrote them (event id, agent, source)."""
-        return [anonymous(fact) for view in views if view is not None for fact in view.facts]
+        read in every tenant, so they carry nothing of the tenant that wrote them (event id, agent, source).
+        Each says what it is attached to (`attached_to`: `type:<entity type>` or `rule:<rule name>`), since it
+        is shown among the facts of an entity it was not written on."""
+        return [{**anonymous(fact), "attached_to": view.info.entity}
+                for view in views if view is not None for fact in view.facts]
 
 
 def check_note_name(name: object) -> str:

@@ -166,6 +166,13 @@ def test_global_notes_need_the_operator_and_show_on_every_entity_of_the_type(env
         assert sorted(notes(make("zz", None).context(entity))) == [
             ("tip", "check the rate first", "global"), ("why", "usury cap is ~ 25%", "global")]
     assert notes(make().context("due:visa-2026-11")) == []
+    # issue 21: shown among an entity's facts, a global note says what it is attached to
+    shown = {f["predicate"]: f for f in make("zz", None).context("debt:visa")["facts"] if f["scope"] == "global"}
+    assert (shown["tip"]["attached_to"], shown["why"]["attached_to"]) == ("type:debt", "rule:debt_expensive")
+    assert all("attached_to" not in f for f in make().context("debt:visa")["facts"] if f["scope"] != "global")
+    from keel import render
+    text = render.context(make("zz", None).context("debt:visa"))
+    assert "scope global, on rule:debt_expensive" in text and "scope global, on type:debt" in text
 
 
 def test_annotated_events_survive_a_rebuild(env) -> None:
