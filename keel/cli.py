@@ -231,8 +231,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(printable(f"{events}:line {warning.line}: event {warning.event_id}: warning: "
                             f"{warning.reason}"), file=sys.stderr)
         if report.rejected:
-            print(f"{events}: {len(report.rejected)} bad line(s) of {report.applied + len(report.rejected)}",
-                  file=sys.stderr)
+            print(f"{events}: {len(report.rejected)} bad line(s) of {report.lines}", file=sys.stderr)
             return 2
         print(f"{events}: {report.applied} events ok ({report.duplicates} duplicates ignored)")
         problems = stream_problems(cartridge, projector.store, now_micros())

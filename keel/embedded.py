@@ -35,6 +35,7 @@ class ReplayReport:
     rejected: list[Rejected] = field(default_factory=list)
     clamped: list[Rejected] = field(default_factory=list)    # applied, recorded_at raised to the tenant's latest
     tenants: set[str] = field(default_factory=set)
+    lines: int = 0          # lines of the file read (blank ones and duplicates included), as `wc -l` counts
 
 
 BOM = b"\xef\xbb\xbf"
@@ -82,6 +83,7 @@ def replay_file(projector: Projector, path: str | Path, *,
     report = ReplayReport()
     with open_events(path) as f, bulk_allocation():
         for number, raw in enumerate(f, 1):
+            report.lines = number
             if number == 1 and raw.startswith(BOM):     # a UTF-8 byte-order mark some editors write
                 raw = raw[len(BOM):]
             if raw.isspace() or not raw:     # a blank line

@@ -173,3 +173,12 @@ def test_every_command_takes_the_events_file_both_ways(capsys) -> None:
     assert code == 2 and "two events files" in err
     code, _, err = run(capsys, "context", FINANCE, "--events", EVENTS, "--redis", "redis://127.0.0.1:1/0", "debt:visa")
     assert code == 2 and "--events FILE or --redis URL" in err
+
+
+def test_validate_counts_the_files_lines(tmp_path: Path, capsys) -> None:
+    """Issue 21: "10 bad line(s) of 57" counted distinct envelopes (applied + rejected) of a 59-line file."""
+    events = tmp_path / "events.jsonl"
+    lines = EVENTS.read_text().splitlines()
+    events.write_text("\n".join([*lines, lines[0], "", '{"id": "broken"', lines[1]]) + "\n")   # 17 + 4 lines
+    code, _, err = run(capsys, "validate", FINANCE, events)
+    assert code == 2 and f"{events}: 1 bad line(s) of 21" in err
