@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from functools import partial
 
@@ -61,7 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tenant", required=True, help="the tenant the token may read and write")
     p.add_argument("--agent", help="the agent id of the token's holder")
     p.add_argument("--task", help="the task id of the token's holder")
-    p.add_argument("--tokens", metavar="FILE", help="append the line to this tokens file (created 0600)")
+    p.add_argument("--tokens", metavar="FILE", help="append the line to this tokens file (created mode 0644: "
+                                                    "it holds only sha256 digests, and the server's container "
+                                                    "user must read it)")
     p.add_argument("--stdin", action="store_true", help="hash a token read from stdin instead of making one")
     p.set_defaults(run=cmd_token)
 
@@ -169,7 +170,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from .tokens import new_token, token_entry
+    from .tokens import append_entry, new_token, token_entry
 
     identity = Identity(args.tenant, args.agent, args.task)
     if args.stdin:
@@ -178,16 +179,15 @@ def cmd_token(args: argparse.Namespace) -> int:
             raise UsageError("--stdin: no token on stdin")
     else:
         token = new_token()
-    line = json.dumps(token_entry(token, identity), separators=(",", ":"))
     if args.tokens:
-        fd = os.open(args.tokens, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        warning = append_entry(args.tokens, token_entry(token, identity))
         if not args.stdin:
             print(token)
         print(f"keel token: added a token of tenant {identity.tenant!r} to {args.tokens}", file=sys.stderr)
+        if warning:
+            print(f"keel token: warning: {warning}", file=sys.stderr)
     else:
         if not args.stdin:
             print(token)
-        print(line)
+        print(json.dumps(token_entry(token, identity), separators=(",", ":")))
     return 0

@@ -157,17 +157,18 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The cartridge, events and tokens file the containers read (world-readable: they run as uid 10001)."""
+    """The cartridge, events and tokens file the containers read (they run as uid 10001): the tokens file as
+    `keel token --tokens` made it, under a strict umask, as the docs say to make it."""
     work = tmp_path_factory.mktemp("deploy-work")
     shutil.copytree(ROOT / "cartridges" / "finance", work / "finance")
     more = [{**e, "recorded_at": e["occurred_at"]} for e in finance_events(1500, 12, seed=5)]
     write_jsonl(work / "more.jsonl", more)
-    token = subprocess.run([sys.executable, "-m", "keel.cli", "token", "--tenant", TENANT, "--agent", "deploy",
-                            "--tokens", str(work / "tokens.jsonl")], check=True, capture_output=True, text=True,
-                           cwd=ROOT).stdout.strip()
-    (work / "token").write_text(token)
     for p in [work, *work.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
+    token = subprocess.run([sys.executable, "-m", "keel.cli", "token", "--tenant", TENANT, "--agent", "deploy",
+                            "--tokens", str(work / "tokens.jsonl")], check=True, capture_output=True, text=True,
+                           cwd=ROOT, umask=0o077).stdout.strip()
+    (work / "token").write_text(token)
     return work
 
 
