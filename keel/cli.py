@@ -42,7 +42,7 @@ from .errors import (
 )
 from .logs import install as install_log_limit
 from .projector import Projector
-from .rule_checks import stream_problems
+from .rule_checks import stream_problems, unmet_rules
 from .store.memory import MemoryStore
 from .times import now_micros
 from .tools import Tools
@@ -234,6 +234,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"{events}: {len(report.rejected)} bad line(s) of {report.lines}", file=sys.stderr)
             return 2
         print(f"{events}: {report.applied} events ok ({report.duplicates} duplicates ignored)")
+        for line in unmet_rules(cartridge, projector.store):
+            print(f"{args.cartridge}: {line}")
         problems = stream_problems(cartridge, projector.store, now_micros())
         if problems:
             for line in problems:

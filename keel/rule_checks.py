@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from .cartridge import Cartridge
 from .rules import check_names, verdict
-from .store.base import REF_LABEL, Key, Store
+from .store.base import REF_LABEL, Key, Store, entities_of
 from .times import Micros
 
 MAX_ENTITIES = 1000     # entities of a rule's type evaluated per tenant: enough to meet every shape of a sample
@@ -30,15 +30,31 @@ def names_by_type(keys: Iterable[Key]) -> dict[str, dict[str, set[str]]]:
     return out
 
 
+def types_present(store: Store) -> set[str]:
+    """The entity types of every entity any timeline of `store` involves."""
+    return {e.partition(":")[0] for tenant in store.tenants() for key, _ in store.dump(tenant)
+            for e in entities_of(key)}
+
+
+def unmet_rules(cartridge: Cartridge, store: Store) -> list[str]:
+    """`rules.<name>: …` for each rule whose entity type has no entity in `store`: nothing to check it on."""
+    present = types_present(store)
+    return [f"rules.{r.name}: not checked against the stream: it holds no {r.applies_to} entity"
+            for r in cartridge.rules.values() if r.applies_to not in present]
+
+
 def stream_problems(cartridge: Cartridge, store: Store, at: Micros) -> list[str]:
     """Names rules read that no entity of their type has in `store`, and evaluations that fail on its
-    entities as of `at` (the first failing entity per rule and reason), one line per problem."""
+    entities as of `at` (the first failing entity per rule and reason), one line per problem. A rule whose
+    type has no entity in the stream is no problem (a sample need not hold every type; see unmet_rules)."""
     keys = [key for tenant in store.tenants() for key, _ in store.dump(tenant)]
     seen = names_by_type(keys)
+    present = {e.partition(":")[0] for key in keys for e in entities_of(key)}
     problems: list[str] = []
     for rule in cartridge.rules.values():
-        problems += check_names(rule, seen.get(rule.applies_to, {"facts": set(), "labels": set()}),
-                                "met on the stream's")
+        if rule.applies_to in present:
+            problems += check_names(rule, seen.get(rule.applies_to, {"facts": set(), "labels": set()}),
+                                    "met on the stream's")
     for tenant in store.tenants():
         entities = sorted({key[1] for key, _ in store.dump(tenant)})
         for rule in (r for r in cartridge.rules.values() if r.program is not None):

@@ -207,3 +207,19 @@ def test_the_finance_due_without_payment_answers(tmp_path: Path) -> None:
     t = Tools(cartridge, projector.store, "hogar-demo")
     assert t.context("due:visa-2026-11")["rules"]["due_unpaid"]["holds"] is True
     assert t.context("due:visa-2026-09")["rules"]["due_unpaid"]["holds"] is False
+
+
+def test_validate_does_not_fail_a_rule_whose_type_the_sample_lacks(tmp_path: Path) -> None:
+    """Issue 21: a rule over an entity type with no entity in the stream failed with "known: none"."""
+    folder = write_cartridge(tmp_path / "tanks", {})
+    catalog = {**CATALOG, "entities": {**CATALOG["entities"], "pump": {}}}
+    (folder / "cartridge.yaml").write_text(json.dumps({**catalog, "rules": {
+        "pump_hot": {"applies_to": "pump", "definition": "Runs hot.", "when": "facts.temp_c > 80.0"},
+        "site_busy": {"applies_to": "site", "definition": "d", "when": "facts.visits > 3.0"}}}))
+    run = subprocess.run([sys.executable, "-m", "keel.cli", "validate", str(folder), str(folder / "events.jsonl")],
+                         check=False, capture_output=True, text=True)
+    assert "rules.pump_hot" not in run.stderr and "rules.pump_hot: not checked against the stream: it holds no " \
+        "pump entity" in run.stdout
+    # a type the stream has (sites are relation ends) is still checked: its entities lack the fact
+    assert run.returncode == 2 and "rules.site_busy.when: facts.visits is not a fact met on the stream's site " \
+        "entities (known: none)" in run.stderr
