@@ -106,6 +106,21 @@ class StoreUnavailable(ServiceUnavailable):
         self.tenant = tenant
 
 
+class StateBehind(StoreUnavailable):
+    """The store holds less of a partition than a writer saw it hold: Redis lost acknowledged writes (a
+    failover to a replica that lagged, a restart from an old backup). Nothing of the refused write was
+    applied; the writer must resume that partition from what the store holds (`stored`), not from where it
+    was. `held` is the offset the writer saw applied, `stored` what the store holds now (None: nothing)."""
+
+    def __init__(self, what: str, *, topic: str, partition: int, held: int, stored: int | None,
+                 tenant: str | None = None) -> None:
+        super().__init__(what, tenant=tenant)
+        self.topic = topic
+        self.partition = partition
+        self.held = held
+        self.stored = stored
+
+
 class KafkaUnavailable(ServiceUnavailable):
     """Kafka could not be reached, refused a request, or did not acknowledge records in time."""
     service = "Kafka"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from redis.cluster import RedisCluster
-from support.batch_contract import BatchContract
+from support.batch_contract import BatchContract, StateBehindContract
 from support.redis_checks import RedisChecks, d
 from support.store_contract import StoreContract
 
@@ -83,7 +83,7 @@ def cluster_node(request: pytest.FixtureRequest, redis_cluster_url: str) -> Iter
 
 
 @pytest.mark.usefixtures("cluster_node")
-class TestRedisClusterStore(RedisChecks, StoreContract, BatchContract):
+class TestRedisClusterStore(RedisChecks, StoreContract, BatchContract, StateBehindContract):
     """The contract suite and the Redis checks on Redis Cluster."""
 
     def make_store(self) -> Store:
@@ -132,7 +132,7 @@ class _RollingSegmentStore(SegmentStore):
 
 
 @pytest.mark.usefixtures("cluster_node")
-class TestRedisClusterSegmentStore(RedisChecks, StoreContract, BatchContract):
+class TestRedisClusterSegmentStore(RedisChecks, StoreContract, BatchContract, StateBehindContract):
     """The contract suites and the Redis checks on layout 2 on a 3-master Cluster, a segment closed after every
     step (so ROLL's RENAME, the valid-time index and the reads of subjects' and closed segments, keys built in
     the scripts, run on every node)."""

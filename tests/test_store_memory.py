@@ -1,5 +1,5 @@
 """The store and batch contracts against the embedded MemoryStore and the worker's RecordingStore."""
-from support.batch_contract import BatchContract
+from support.batch_contract import BatchContract, StateBehindContract
 from support.store_contract import StoreContract
 
 from keel.store.base import Store
@@ -7,7 +7,7 @@ from keel.store.memory import MemoryStore
 from workers.mirror import RecordingStore
 
 
-class TestMemoryStore(StoreContract, BatchContract):
+class TestMemoryStore(StoreContract, BatchContract, StateBehindContract):
     def make_store(self) -> Store:
         return MemoryStore()
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from support.batch_contract import BatchContract
+from support.batch_contract import BatchContract, StateBehindContract
 from support.redis_checks import RedisCase, RedisChecks, assert_same_graph, d
 from support.services import service_env
 from support.store_contract import StoreContract
@@ -40,7 +40,7 @@ def single_node(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("single_node")
-class TestRedisStore(RedisChecks, StoreContract, BatchContract):
+class TestRedisStore(RedisChecks, StoreContract, BatchContract, StateBehindContract):
     """The contract suites and the Redis checks on a single redis-server."""
 
     def make_store(self) -> Store:
@@ -122,7 +122,7 @@ def test_assertion_encoding_round_trips() -> None:
 
 
 @pytest.mark.usefixtures("single_node")
-class TestSegmentStore(RedisChecks, StoreContract, BatchContract):
+class TestSegmentStore(RedisChecks, StoreContract, BatchContract, StateBehindContract):
     """The contract suites on layout 2 (segments appended per step), single redis-server."""
     store_class = SegmentStore
 

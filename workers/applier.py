@@ -61,6 +61,7 @@ class BatchPlan:
     tag: int = 0                 # the mirrors' tag of its writes (RecordingStore.begin)
     offsets: dict[tuple[str, str, int], int | None] = field(default_factory=dict)    # applied, as planning began
     log_ends: dict[tuple[str, int], int] = field(default_factory=dict)   # (topic, partition) -> log end at fetch
+    through: dict[tuple[str, int], int] = field(default_factory=dict)    # (topic, partition) -> last offset planned
 
     def batch_of(self, tenant: str, record: Record) -> TenantBatch:
         key = (tenant, record.topic, record.partition)
@@ -81,6 +82,9 @@ class BatchApplier:
         self.mirrors = Mirrors(durable, max_tenants=max_mirrored_tenants)
         self.recorder = self.mirrors.memory
         self.projector = Projector(cartridge, self.recorder, allow_global_notes=allow_global_notes)
+        # (topic, partition) -> the applied watermark this worker last saw stored (set where the partition was
+        # positioned, moved by each write): Redis holding less means it lost acknowledged writes (StateBehind)
+        self.watermarks: dict[tuple[str, int], int | None] = {}
 
     # ---- planning -------------------------------------------------------------------------------
 
@@ -90,9 +94,11 @@ class BatchApplier:
         plan = BatchPlan(tag=self.recorder.begin())
         try:
             self.mirrors.prefetch(_tenants_by_key(records))
+            through = plan.through
             for record in records:
                 plan.records += 1
                 self._plan_record(plan, record)
+                through[(record.topic, record.partition)] = record.offset
         except BaseException:
             self.mirrors.drop(plan.touched)
             raise
@@ -149,7 +155,8 @@ class BatchApplier:
             position = b.position
             if position is not None:
                 end = plan.log_ends.get((b.topic, b.partition))     # the store keeps the lag it implies
-                steps.append((b.tenant, b.events, position if end is None else (*position, end)))
+                held = plan.offsets.get((b.tenant, b.topic, b.partition))   # as the mirror saw it stored
+                steps.append((b.tenant, b.events, (*position, end, held)))
         return steps
 
     def write(self, plan: BatchPlan) -> None:
@@ -161,6 +168,16 @@ class BatchApplier:
             for i in range(0, len(steps), COMMIT_CHUNK):
                 chunk = steps[i:i + COMMIT_CHUNK]
                 self.writer.commit_many(chunk)
+            self.advance(plan.through)
+
+    def advance(self, through: dict[tuple[str, int], int]) -> None:
+        """Every record of the partitions up to `through` is in the durable store: move their watermarks (where a
+        worker resumes), checking that the store still holds what this worker saw (StateBehind otherwise)."""
+        if through:
+            held = {tp: self.watermarks.get(tp) for tp in through}
+            self.writer.advance_partitions(through, held)
+            for tp, offset in through.items():
+                self.watermarks[tp] = max(offset, held[tp] if held[tp] is not None else -1)
 
     def settle(self, plan: BatchPlan) -> None:
         """After `write`: the mirrors' applied offsets follow what the durable store now holds, and they

@@ -61,6 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="tenants kept in the in-process mirror (least recently used are dropped; default 100000)")
     p.add_argument("--allow-global-notes", action="store_true", default=None,
                    help="apply global-scope notes (env KEEL_ALLOW_GLOBAL_NOTES)")
+    p.add_argument("--unready-after", type=float, default=30.0, metavar="SECONDS",
+                   help="/readyz answers 503, naming the cause (Redis refusing writes, read-only or unreachable; "
+                        "Kafka unreachable), when no batch was committed and the partitions were not found caught "
+                        "up for this long (default 30)")
     p.add_argument("-l", "--loglevel", choices=LOG_LEVELS, default="info", help="log level (default info)")
     p.add_argument("--quiet", action="store_true", help="no startup banner")
     add_log_arguments(p)
@@ -196,7 +200,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise UsageError("the worker writes to Redis: pass --redis URL or set KEEL_REDIS_URL")
     options = WorkerOptions(batch=args.batch or DEFAULT_BATCH, within_s=args.within,
                             topics=TopicSpec(args.partitions, args.replication_factor),
-                            max_mirrored_tenants=args.max_mirrored_tenants)
+                            max_mirrored_tenants=args.max_mirrored_tenants, unready_after_s=args.unready_after)
     process = ProcessOptions(loglevel=args.loglevel, quiet=args.quiet, log_format=log_format(args.log_format),
                              metrics_port=metrics_port(args.metrics_port), stall_after_s=args.stall_after)
     return run_worker(cartridges, settings, options, process)

@@ -52,9 +52,10 @@ from mode import Service
 from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.connect import open_redis_store
-from keel.errors import StoreUnavailable, UsageError
+from keel.errors import StateBehind, StoreUnavailable, UsageError
 from keel.health import Health
 from keel.kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_consumer, new_producer
+from keel.store.base import went_back
 from keel.store.redis import GenerationChanged, RedisStore
 from keel.wire import dlq_topic, events_topic, group_id
 
@@ -63,6 +64,7 @@ from .dlq import DeadLetterCounts, DeadLetterQueue
 from .metrics import CartridgeMetrics
 from .pipeline import BatchPipeline
 from .records import Record
+from .resume import Resume, decide
 from .status import commit_metadata
 
 PROGRESS_EVERY_S = 10.0
@@ -70,6 +72,9 @@ LAG_EVERY_S = 5.0             # how often an idle worker asks the broker for its
 SHUTDOWN_BUDGET_S = 10.0      # SIGTERM: time for the batch being written before the loop is cancelled
 CLOSE_TIMEOUT_S = 2.0         # each client's close (leave group, flush) after that
 COMMIT_TIMEOUT_S = 10.0       # an offset commit that takes longer is given up (Redis offsets make that safe)
+END_OFFSETS_TIMEOUT_S = 5.0   # the idle lag request: a broker that does not answer in time counts as unreachable
+POSITION_RETRY_S = 1.0        # a partition whose resume point could not be read is tried again after this
+DEFAULT_UNREADY_AFTER_S = 30.0    # /readyz fails when no batch was committed (nor the partitions found caught up) for this long
 DEFAULT_BATCH = 20_000        # records per batch: per-batch and per-step costs spread over more events (docs/performance.md)
 
 
@@ -81,6 +86,7 @@ class WorkerOptions:
     topics: TopicSpec = field(default_factory=TopicSpec)
     max_mirrored_tenants: int = 100_000
     shutdown_timeout_s: float = SHUTDOWN_BUDGET_S   # how long SIGTERM waits for the batch being written
+    unready_after_s: float = DEFAULT_UNREADY_AFTER_S  # no progress for this long: /readyz 503 with the cause
 
 
 @dataclass
@@ -122,6 +128,12 @@ class CartridgeIngest(Service):
         self.assigned_count = 0               # readiness: partitions the group gave this worker
         self._kafka_failing: str | None = None    # readiness: why the last fetch failed (None: it worked)
         self._lag_at = 0.0                        # monotonic time the idle lag was last measured
+        self._progress_at = time.monotonic()      # last commit, or last time the partitions were found caught up
+        self._last_outage: str | None = None      # why the last write, fetch or lag request failed (readiness)
+        self._stalled = False                     # an outage line was logged: log one when ingestion resumes
+        self._unpositioned: set[TopicPartition] = set()   # assigned, paused until their resume point is set
+        self._behind: dict[TopicPartition, int] = {}      # partition -> offset Redis must reach to be repaired
+        self._went_back: StateBehind | None = None        # the idle check found Redis holding less than written
         self._epoch = 0                       # bumped by every revocation
         self._revoked: set[TopicPartition] = set()     # revoked, mirrors not forgotten yet
         self._loop_task: asyncio.Task | None = None
@@ -166,6 +178,9 @@ class CartridgeIngest(Service):
                           lambda: None if self.assigned_count else "no partition assigned: waiting for the group, "
                                                                    "or more workers than partitions")
         self.health.check(f"redis {self.cartridge.name}", self._redis_reachable)
+        self.health.check(f"progress {self.cartridge.name}", self._progressing)
+        self.metrics.ready.set_function(lambda: 1.0 if self.health.readiness()[0] else 0.0)
+        self.metrics.since_commit.set_function(lambda: time.monotonic() - self._progress_at)
         self.log.info("%s: consuming %s as group %s into Redis namespace %r", self.label, self.topic,
                       group_id(self.cartridge.name), self.cartridge.name)
 
@@ -179,19 +194,29 @@ class CartridgeIngest(Service):
         try:
             while not self.should_stop:
                 self.health.beat(self.beat_name)
+                if self._unpositioned:
+                    await self._position()
                 fetched = await self._fetch()
                 epoch = self._epoch              # the fetch returns records of the current assignment only
                 if self.should_stop:
                     break
                 pending = await self._after_rebalance(pending)
+                if self._went_back is not None:   # the idle check: Redis lost writes
+                    await self._rewind(self._went_back, pending)
+                    pending = None
+                    continue
                 if epoch != self._epoch:          # revoked meanwhile: fetched again from the committed offsets
                     continue
-                if not fetched:                   # nothing new: write what is planned
-                    if pending is not None:
-                        await self._write_alone(pending)
-                        pending = None
-                    continue
-                pending = await self._step(pending, self._records(fetched), fetched, epoch)
+                try:
+                    if not fetched:               # nothing new: write what is planned
+                        if pending is not None:
+                            await self._write_alone(pending)
+                            pending = None
+                        continue
+                    pending = await self._step(pending, self._records(fetched), fetched, epoch)
+                except StateBehind as e:          # a write found Redis holding less than this worker wrote
+                    await self._rewind(e, None)
+                    pending = None
             pending = await self._after_rebalance(pending)
             if pending is not None and self.pipeline is not None:
                 self.log.info("%s: stopping; a planned batch of %d record(s) is left to be redelivered",
@@ -233,6 +258,7 @@ class CartridgeIngest(Service):
         except KafkaError as e:
             self.metrics.kafka_errors.inc()
             self._kafka_failing = f"fetch failed: {type(e).__name__}: {e}"
+            self._note_outage(f"Kafka: {self._kafka_failing}")
             self.log.warning("%s: fetch failed, retrying: %s: %s", self.label, type(e).__name__, e)
             await asyncio.sleep(1.0)
             return {}
@@ -253,18 +279,72 @@ class CartridgeIngest(Service):
             return
         self._lag_at = now
         try:
-            ends = await self.consumer.end_offsets(list(assigned))
-            for tp, end in ends.items():
-                self.metrics.lag(tp.partition, end - await self.consumer.position(tp))
-        except (KafkaError, AssertionError):    # assignment changed meanwhile: next time
+            ends = await asyncio.wait_for(self.consumer.end_offsets(list(assigned)), END_OFFSETS_TIMEOUT_S)
+            lags = {tp: end - await self.consumer.position(tp) for tp, end in ends.items()}
+        except (KafkaError, TimeoutError) as e:      # the broker does not answer: no progress to report
+            self.metrics.kafka_errors.inc()
+            self._note_outage(f"Kafka: cannot read the partitions' log ends ({type(e).__name__})")
             return
+        except AssertionError:                       # assignment changed meanwhile: next time
+            return
+        for tp, lag in lags.items():
+            self.metrics.lag(tp.partition, lag)
+        if not any(lags.values()):
+            await self._check_state(assigned)
+
+    async def _check_state(self, assigned: set[TopicPartition]) -> None:
+        """Caught up: Redis still holds what this worker wrote? (A failover to a lagging replica while idle.)
+        Found holding less: the loop rewinds. Else this counts as progress (readiness)."""
+        held = self.pipeline.applier.watermarks if self.pipeline is not None else {}
+        mine = sorted(tp.partition for tp in assigned if held.get((tp.topic, tp.partition)) is not None)
+        try:
+            stored = await asyncio.to_thread(self.stores[0].partitions_applied, self.topic, mine) if mine else {}
+        except StoreUnavailable as e:
+            self.metrics.redis_errors.inc()
+            self._note_outage(f"Redis: {e}")
+            return
+        for p, value in stored.items():
+            h = held.get((self.topic, p))
+            if went_back(value, h):
+                self._went_back = StateBehind(f"Redis holds {self.topic} partition {p} applied up to {value}, less "
+                                              f"than the {h} this worker wrote", topic=self.topic, partition=p,
+                                              held=int(h or 0), stored=value)
+                return
+        self._progressed()
 
     def _outage(self, error: BaseException) -> None:
-        """A retried outage in the pipeline: count it; the retrying loop is alive."""
+        """A retried outage in the pipeline: count it and keep its cause for readiness; the loop is alive."""
         if isinstance(error, GenerationChanged):
             return
-        (self.metrics.redis_errors if isinstance(error, StoreUnavailable) else self.metrics.kafka_errors).inc()
+        redis = isinstance(error, StoreUnavailable)
+        (self.metrics.redis_errors if redis else self.metrics.kafka_errors).inc()
+        self._note_outage(f"{'Redis' if redis else 'Kafka'}: {error}")
         self.health.beat(self.beat_name)
+
+    def _note_outage(self, cause: str) -> None:
+        """An outage stops ingestion: keep the cause (readiness says it); the first one after progress is logged
+        here or by the retrying pipeline, and the next progress logs one line saying ingestion resumed."""
+        self._last_outage = cause
+        self._stalled = True
+
+    def _progressed(self) -> None:
+        """A batch was committed, or every partition was found caught up and Redis holding what was written."""
+        now = time.monotonic()
+        if self._stalled:
+            self.log.info("%s: ingestion resumed after %.0fs without progress (last cause: %s)", self.label,
+                          now - self._progress_at, self._last_outage)
+        self._progress_at = now
+        self._stalled = False
+        self._last_outage = None
+
+    def _progressing(self) -> str | None:
+        """Readiness: not ready when nothing was committed (nor found caught up) for `unready_after_s`."""
+        idle = time.monotonic() - self._progress_at
+        if idle <= self.options.unready_after_s:
+            return None
+        cause = self._last_outage or (f"{len(self._unpositioned)} partition(s) waiting for their resume point"
+                                      if self._unpositioned else "no outage seen: a batch may be slow")
+        return f"no batch committed for {idle:.0f}s: {cause}"
 
     def _redis_reachable(self) -> str | None:
         if not self.stores:
@@ -339,6 +419,8 @@ class CartridgeIngest(Service):
             self.log.warning("%s: %d dead letter(s) in a batch of %d, e.g. partition %d offset %d: %s", self.label,
                              len(plan.dead_letters), len(batch.records), first.record.partition,
                              first.record.offset, first.reason)
+        self._progressed()
+        self._repaired(plan)
         metadata = commit_metadata(self.client_id)        # `keel status` tells a stalled owner by it
         offsets = {tp: OffsetAndMetadata(recs[-1].offset + 1, metadata) for tp, recs in batch.fetched.items()}
         if batch.epoch != self._epoch:       # their owner now commits them (or skips them by Redis's offsets)
@@ -363,6 +445,87 @@ class CartridgeIngest(Service):
                          self.label, e)
             await self.pipeline.forget({(tp.topic, tp.partition) for tp in offsets})
 
+    def _repaired(self, plan: BatchPlan) -> None:
+        """Partitions found behind at their positioning: once Redis holds what the commit said, say so."""
+        for (topic, partition), offset in plan.through.items():
+            tp = TopicPartition(topic, partition)
+            target = self._behind.get(tp)
+            if target is not None and offset + 1 >= target:
+                del self._behind[tp]
+                self.metrics.redis_behind(partition, 0)
+                self.log.info("%s: partition %d repaired: Redis holds the log again through offset %d", self.label,
+                              partition, offset)
+
+    async def _position(self) -> None:
+        """Seek each newly assigned (or rewound) partition to where Redis's state ends (workers/resume.py), then
+        let it be fetched. When Redis or Kafka cannot answer, the partitions stay paused and are tried again."""
+        assert self.consumer is not None and self.pipeline is not None
+        tps = sorted(self._unpositioned & self.consumer.assignment(), key=lambda tp: tp.partition)
+        self._unpositioned &= self.consumer.assignment()
+        if not tps:
+            return
+        try:
+            store = self.stores[0]
+            applied = await asyncio.to_thread(store.partitions_applied, self.topic, [tp.partition for tp in tps])
+            async with kafka_guard("read committed offsets", self.settings.kafka_bootstrap):
+                committed = {tp: await self.consumer.committed(tp) for tp in tps}
+            holds = None
+            if any(applied[tp.partition] is None and committed[tp] is not None for tp in tps):
+                holds = await asyncio.to_thread(store.holds_data)
+        except (StoreUnavailable, KafkaUnavailable) as e:
+            self._outage(e)
+            self.log.warning("%s: cannot read where partitions %s resume, retrying in %.0fs: %s", self.label,
+                             [tp.partition for tp in tps], POSITION_RETRY_S, e)
+            await asyncio.sleep(POSITION_RETRY_S)
+            return
+        for tp in tps:
+            self._seek(tp, decide(tp.partition, applied[tp.partition], committed[tp], bool(holds)))
+        self._unpositioned -= set(tps)
+        self.consumer.resume(*tps)
+
+    def _seek(self, tp: TopicPartition, r: Resume) -> None:
+        assert self.consumer is not None and self.pipeline is not None
+        watermarks = self.pipeline.applier.watermarks
+        watermarks[(tp.topic, tp.partition)] = None if r.start is None or r.how != "state" else r.start - 1
+        if r.how == "state":
+            self.consumer.seek(tp, r.start)
+        elif r.how == "committed":
+            self.consumer.seek(tp, r.start)
+            self.log.info("%s: partition %d has no applied watermark in Redis yet (a namespace written before "
+                          "watermarks); resuming from the committed offset %d", self.label, tp.partition, r.start)
+        elif r.how == "beginning":
+            self.consumer.seek_to_beginning(tp)
+        if r.behind:
+            self._behind[tp] = r.behind + (r.start or 0)
+            self.metrics.redis_behind(tp.partition, r.behind)
+            where = ("Redis holds nothing of this namespace (restarted empty, or restored from before it): "
+                     "re-applying the partition from its beginning" if r.how == "beginning" else
+                     f"Redis holds it through offset {(r.start or 1) - 1} (a failover to a replica that lagged, or "
+                     f"an older backup): re-applying from offset {r.start}")
+            self.log.warning("%s: Redis is behind the log on partition %d by %d record(s): the group committed "
+                             "offset %d, %s", self.label, tp.partition, r.behind, r.behind + (r.start or 0), where)
+        else:
+            self.metrics.redis_behind(tp.partition, 0)
+
+    async def _rewind(self, error: StateBehind, pending: _Planned | None) -> None:
+        """Redis holds less than this worker wrote: every mirror and planned batch is dropped, and every assigned
+        partition is positioned again from what Redis holds (what it lost is applied again from the log)."""
+        assert self.consumer is not None and self.pipeline is not None
+        self._went_back = None
+        self.metrics.state_losses.inc()
+        self._note_outage(f"Redis lost acknowledged writes ({error})")
+        self.log.warning("%s: Redis lost acknowledged writes (%s): a failover to a replica that lagged, or a "
+                         "restart from an older backup; resuming every partition from what Redis holds",
+                         self.label, error)
+        if pending is not None:
+            await self.pipeline.discard(pending.plan)
+        await self.pipeline.forget(None)
+        assigned = self.consumer.assignment()
+        self.pipeline.applier.watermarks.clear()
+        if assigned:
+            self.consumer.pause(*assigned)
+        self._unpositioned |= assigned
+
     def _progress(self) -> None:
         now = time.monotonic()
         then, count = self._reported
@@ -378,6 +541,12 @@ class CartridgeIngest(Service):
             self._reported = (now, self.records)
 
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Rebalance (aiokafka's coordinator task): the new partitions are paused until the loop has read where
+        Redis's state of each ends and sought there (`_position`), so nothing is fetched from a commit that is
+        ahead of Redis."""
+        if assigned and self.consumer is not None:
+            self.consumer.pause(*assigned)
+            self._unpositioned |= assigned
         self.assigned_count = len(assigned)
         self.metrics.rebalances.inc()
         self.metrics.assigned.set(len(assigned))
@@ -389,8 +558,10 @@ class CartridgeIngest(Service):
         returns only after the rebalance."""
         self._epoch += 1
         self._revoked |= revoked
+        self._unpositioned -= revoked
         for tp in revoked:
             self.metrics.drop_lag(tp.partition)
+            self._behind.pop(tp, None)
 
     async def on_stop(self) -> None:
         """SIGTERM: the loop sees should_stop after its fetch or batch, finishes the write under way and

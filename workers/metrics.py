@@ -39,6 +39,19 @@ class WorkerMetrics:
         self.kafka_errors = Counter("keel_worker_kafka_errors", "Kafka operations that failed (fetch, dead "
                                     "letters, offset commit).", ["cartridge"], registry=registry)
 
+        self.ready = Gauge("keel_worker_ready", "1 while the worker's readiness checks pass (/readyz 200), else 0.",
+                           ["cartridge"], registry=registry)
+        self.redis_behind = Gauge("keel_worker_redis_behind_records", "Records the consumer group's committed offset "
+                                  "was ahead of what Redis holds when the partition was assigned or Redis was "
+                                  "found to have lost writes (a failover, an old backup); 0 once re-applied.",
+                                  ["cartridge", "partition"], registry=registry)
+        self.since_commit = Gauge("keel_worker_seconds_since_commit", "Seconds since the worker last committed a "
+                                  "batch or found its partitions caught up: grows while it cannot write (Redis "
+                                  "refusing writes, Kafka unreachable).", ["cartridge"], registry=registry)
+        self.state_losses = Counter("keel_worker_redis_state_losses", "Times Redis was found holding less than "
+                                    "this worker had written (lost acknowledged writes); each one rewinds the "
+                                    "partitions to what Redis holds.", ["cartridge"], registry=registry)
+
     def of(self, cartridge: str) -> CartridgeMetrics:
         return CartridgeMetrics(self, cartridge)
 
@@ -58,6 +71,12 @@ class CartridgeMetrics:
         self.rebalances = m.rebalances.labels(cartridge)
         self.redis_errors = m.redis_errors.labels(cartridge)
         self.kafka_errors = m.kafka_errors.labels(cartridge)
+        self.ready = m.ready.labels(cartridge)
+        self.since_commit = m.since_commit.labels(cartridge)
+        self.state_losses = m.state_losses.labels(cartridge)
+
+    def redis_behind(self, partition: int, records: int) -> None:
+        self.m.redis_behind.labels(self.cartridge, str(partition)).set(max(records, 0))
 
     def lag(self, partition: int, value: int) -> None:
         self.m.lag.labels(self.cartridge, str(partition)).set(max(value, 0))

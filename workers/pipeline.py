@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from keel.errors import StoreUnavailable
+from keel.errors import StateBehind, StoreUnavailable
 from keel.kafka import KafkaUnavailable
 from keel.store.redis import GenerationChanged
 
@@ -27,6 +27,8 @@ from .records import Record
 
 T = TypeVar("T")
 Outage = (StoreUnavailable, KafkaUnavailable)     # worth retrying; anything else is a bug
+# StateBehind (a StoreUnavailable) is not retried here: Redis lost acknowledged writes, so the records to write
+# again start before this batch; the caller (workers/ingest.py) resumes each partition from what Redis holds.
 
 
 class BatchPipeline:
@@ -118,6 +120,9 @@ class BatchPipeline:
                     return None
             try:
                 await self.write(plan)
+            except StateBehind:            # Redis lost writes: the caller resumes from what it holds
+                await self.discard(plan)
+                raise
             except Outage as e:
                 self.on_outage(e)
                 await self.discard(plan)
@@ -155,6 +160,9 @@ class BatchPipeline:
             raise
         try:
             await writing
+        except StateBehind:
+            await self.discard(prev_plan, plan)
+            raise
         except Outage as e:
             self.on_outage(e)
             self.log.warning("batch of %d records not written (%s); redoing it", len(prev_records), e)

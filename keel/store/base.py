@@ -38,8 +38,19 @@ GLOBAL_TENANT = "_global"   # where cross-tenant (global) notes live; not a vali
 
 # The batch contract's shapes (see Store.commit_batch):
 EventWrites = tuple[list[Write], str | None]   # one event's writes and its id (None: not idempotent)
-# (topic, partition, offset of the last record applied[, the partition's log end when known: the lag])
-Position = tuple[str, int, int] | tuple[str, int, int, int | None]
+# (topic, partition, offset of the last record applied[, the partition's log end when known: the lag
+#  [, held: the tenant's applied offset on that partition as the writer last saw it stored, or None]])
+# A step whose `held` is greater than what the store holds (absent counts as less) is refused whole with
+# keel.errors.StateBehind: the store lost writes the writer saw land (see Store.commit_batch).
+Position = (tuple[str, int, int] | tuple[str, int, int, int | None]
+            | tuple[str, int, int, int | None, int | None])
+PartitionOffsets = dict[tuple[str, int], int]    # (topic, partition) -> offset of the last record applied
+
+
+def went_back(stored: int | None, held: int | None) -> bool:
+    """Whether a store holding `stored` lost what a writer saw it hold (`held`; None: the writer saw nothing).
+    The rule of StateBehind in Python (the Lua one: keel/store/redis/scripts.py, _STEP_HELD and ADVANCE)."""
+    return held is not None and (stored is None or stored < held)
 BatchStep = tuple[str, Sequence[EventWrites], Position | None]   # (tenant, events, position)
 # What a worker's mirror reads of a tenant first: applied event ids (sorted), applied offsets of the asked
 # (topic, partition)s, event marks, latest recorded_at (see Store.tenant_starts).
@@ -296,9 +307,26 @@ class Store(ABC):
     def commit_batch(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
         """Apply several events, mark their ids and store the applied offset, in one atomic step.
 
-        `position` is (topic, partition, offset of the last record of the batch). Events whose id was
-        already applied (before, or earlier in this batch) are skipped whole, so committing a batch again
-        changes nothing. The stored offset only moves forward."""
+        `position` is (topic, partition, offset of the last record of the batch[, log end[, held]]). Events
+        whose id was already applied (before, or earlier in this batch) are skipped whole, so committing a
+        batch again changes nothing. The stored offset only moves forward. When `held` is given and the
+        stored offset is absent or below it, nothing is written and StateBehind is raised."""
+
+    @abstractmethod
+    def advance_partitions(self, through: PartitionOffsets, held: dict[tuple[str, int], int | None]) -> None:
+        """Record that every record of each (topic, partition) up to `through[tp]` is applied (the partition's
+        applied watermark: where a worker resumes). Only moves forward. Called after a batch's tenant steps
+        are all written. When `held[tp]` (the watermark this writer last saw stored) is above what the store
+        holds (absent counts as below), nothing is written and StateBehind is raised for that partition."""
+
+    @abstractmethod
+    def partitions_applied(self, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
+        """The applied watermark of each partition of `topic` (None: none stored)."""
+
+    @abstractmethod
+    def holds_data(self) -> bool:
+        """Whether the namespace holds anything at all (a tenant, a watermark): a worker that finds committed
+        Kafka offsets but a store holding nothing knows the store lost everything, and re-applies the log."""
 
     @abstractmethod
     def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:

@@ -1,11 +1,12 @@
 """The embedded store: the whole graph in process memory (demo, CLI, cartridge development, tests)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from ..errors import StateBehind
 from ..timeline import Assertion, Timeline, Version, insert
 from ..times import Micros
-from .base import EventWrites, Freshness, Key, Position, Store, Write
+from .base import EventWrites, Freshness, Key, PartitionOffsets, Position, Store, Write, went_back
 
 _NONE = -(1 << 62)      # below every time: known_through before any write
 
@@ -49,6 +50,7 @@ class MemoryStore(Store):
 
     def __init__(self) -> None:
         self._tenants: dict[str, _TenantGraph] = {}
+        self._watermarks: PartitionOffsets = {}     # (topic, partition) -> applied through (advance_partitions)
 
     def _graph(self, tenant: str) -> _TenantGraph:
         g = self._tenants.get(tenant)
@@ -125,12 +127,34 @@ class MemoryStore(Store):
     def commit_batch(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
         """The batch contract in process: each event as `apply_writes` (skipped when its id was applied), then
         the offset, which only moves forward. Atomic as far as one thread sees."""
+        if position is not None and len(position) > 4:
+            stored = self.applied_offset(tenant, position[0], position[1])
+            if went_back(stored, position[4]):
+                raise StateBehind(f"tenant {tenant!r} holds {position[0]} partition {position[1]} up to {stored}, "
+                                  f"less than the {position[4]} the writer saw", topic=position[0],
+                                  partition=int(position[1]), held=int(position[4] or 0), stored=stored, tenant=tenant)
         for writes, event_id in events:
             self.apply_writes(tenant, writes, event_id)
         if position is not None:
             offsets = self._graph(tenant).offsets
             where = (position[0], int(position[1]))
             offsets[where] = max(offsets.get(where, -1), int(position[2]))
+
+    def advance_partitions(self, through: PartitionOffsets, held: dict[tuple[str, int], int | None]) -> None:
+        for tp in through:
+            stored = self._watermarks.get(tp)
+            if went_back(stored, held.get(tp)):
+                raise StateBehind(f"{tp[0]} partition {tp[1]} is applied up to {stored}, less than the "
+                                  f"{held.get(tp)} the writer saw", topic=tp[0], partition=tp[1],
+                                  held=int(held.get(tp) or 0), stored=stored)
+        for tp, offset in through.items():
+            self._watermarks[tp] = max(self._watermarks.get(tp, -1), int(offset))
+
+    def partitions_applied(self, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
+        return {int(p): self._watermarks.get((topic, int(p))) for p in partitions}
+
+    def holds_data(self) -> bool:
+        return bool(self._tenants or self._watermarks)
 
     def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
         g = self._tenants.get(tenant)           # like has_event: never needs the timelines up to date

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from keel.digest import digest
+from keel.errors import StateBehind
 from keel.store.base import EventWrites, Store, Write, fact_write, relation_write
 from keel.store.memory import MemoryStore
 
@@ -98,3 +101,55 @@ class BatchContract:
         for tenant in (T, "beta"):
             assert digest(s, tenant) == digest(one, tenant)
         assert (s.applied_offset(T, TOPIC, 0), s.applied_offset("beta", TOPIC, 1)) == (4, 9)
+
+
+class StateBehindContract:
+    """Where a worker resumes, and how a store that lost acknowledged writes is noticed (keel.errors.StateBehind):
+    the partitions' applied watermarks and the `held` check of a commit step. Subclasses provide
+    make_batch_store()."""
+
+    def make_batch_store(self) -> Store:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def test_a_new_store_holds_nothing_and_no_watermark(self) -> None:
+        s = self.make_batch_store()
+        assert not s.holds_data()
+        assert s.partitions_applied(TOPIC, [0, 3]) == {0: None, 3: None}
+
+    def test_watermarks_only_move_forward(self) -> None:
+        s = self.make_batch_store()
+        s.advance_partitions({(TOPIC, 0): 41, (TOPIC, 3): 7}, {})
+        s.advance_partitions({(TOPIC, 0): 12}, {})          # a late writer's older batch: no step back
+        assert s.partitions_applied(TOPIC, [0, 1, 3]) == {0: 41, 1: None, 3: 7}
+        assert s.partitions_applied("keel.other.events", [0]) == {0: None}
+        assert s.holds_data()
+
+    def test_a_watermark_below_what_the_writer_saw_is_refused_whole(self) -> None:
+        s = self.make_batch_store()
+        s.advance_partitions({(TOPIC, 0): 41, (TOPIC, 1): 5}, {})
+        with pytest.raises(StateBehind) as caught:
+            s.advance_partitions({(TOPIC, 0): 60, (TOPIC, 1): 9}, {(TOPIC, 0): 41, (TOPIC, 1): 8})
+        assert (caught.value.topic, caught.value.partition, caught.value.held, caught.value.stored) == (TOPIC, 1, 8, 5)
+        assert s.partitions_applied(TOPIC, [0, 1]) == {0: 41, 1: 5}       # nothing written
+        with pytest.raises(StateBehind) as caught:
+            s.advance_partitions({(TOPIC, 2): 3}, {(TOPIC, 2): 1})
+        assert caught.value.stored is None
+        s.advance_partitions({(TOPIC, 0): 60, (TOPIC, 1): 9}, {(TOPIC, 0): 41, (TOPIC, 1): 5})
+        assert s.partitions_applied(TOPIC, [0, 1]) == {0: 60, 1: 9}
+
+    def test_a_step_whose_tenant_went_back_is_refused_whole(self) -> None:
+        s = self.make_batch_store()
+        s.commit_batch(T, [event(1)], (TOPIC, 0, 10, None, None))
+        before = digest(s, T)
+        with pytest.raises(StateBehind) as caught:
+            s.commit_batch(T, [event(2)], (TOPIC, 0, 20, None, 15))    # the writer saw 15 land; Redis has 10
+        e = caught.value
+        assert (e.tenant, e.topic, e.partition, e.held, e.stored) == (T, TOPIC, 0, 15, 10)
+        assert digest(s, T) == before and not s.has_event(T, "e2") and s.applied_offset(T, TOPIC, 0) == 10
+        with pytest.raises(StateBehind) as caught:                         # a tenant Redis does not hold at all
+            s.commit_batch("other", [event(3)], (TOPIC, 0, 20, 30, 4))
+        assert caught.value.stored is None and not s.has_event("other", "e3")
+        s.commit_batch(T, [event(2)], (TOPIC, 0, 20, 30, 10))             # what it holds: applied
+        assert s.has_event(T, "e2") and s.applied_offset(T, TOPIC, 0) == 20
+        s.commit_many([(T, [event(4)], (TOPIC, 0, 25, None, 20)), ("third", [event(5)], (TOPIC, 1, 3, None, None))])
+        assert s.has_event(T, "e4") and s.has_event("third", "e5")

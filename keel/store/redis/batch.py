@@ -6,10 +6,12 @@ checks the guessed provenance length (`base`); when it was wrong, the step is en
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
+from ...errors import StateBehind
 from ..base import EventWrites, Key, Position
 from .codec import STR as _STR
 from .codec import encode_body, encode_point, encode_provenance, json_text
@@ -18,8 +20,9 @@ from .keys import MARKS, RELATION_ENDS, ended_member, escape, offset_field, pref
 
 class PendingStep:
     """One tenant's apply step between tries: its events (repeated ids dropped), offset, the latest
-    recorded_at of its writes and the partition's lag after it (the position's log end, when given)."""
-    __slots__ = ("batch", "events", "field", "lag", "latest", "offset", "tenant")
+    recorded_at of its writes, the partition's lag after it (the position's log end, when given) and the offset the
+    writer saw the tenant hold (`held`, checked by the APPLY scripts: scripts._STEP_HELD)."""
+    __slots__ = ("batch", "events", "field", "held", "lag", "latest", "offset", "tenant")
 
     def __init__(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
         self.tenant = tenant
@@ -35,10 +38,25 @@ class PendingStep:
             (_offset_field(position[0], position[1]), str(int(position[2])))
         self.lag = "" if position is None or len(position) < 4 or position[3] is None else \
             str(max(0, int(position[3]) - int(position[2]) - 1))
+        self.held: int | None = None if position is None or len(position) < 5 else position[4]   # type: ignore[misc]
         latest = max((max(map(_RECORDED, map(_ASSERTION, writes))) for writes, _ in self.events if writes),
                      default=None)
         self.latest = "" if latest is None else int.__repr__(int(latest))   # digits, whatever int subclass
         self.batch: ApplyBatch | None = None
+
+    @property
+    def offset_arg(self) -> str:
+        """ARGV[4] of the APPLY scripts: the offset, and the held one when given (scripts._STEP_HELD)."""
+        return self.offset if self.held is None else f"{self.offset} {int(self.held)}"
+
+
+def state_behind(p: PendingStep, stored: str) -> StateBehind:
+    """The error of an APPLY answer {4, stored}: the tenant holds less of the partition than `p.held`."""
+    topic, partition = json.loads(p.field[1:])
+    return StateBehind(f"tenant {p.tenant!r} holds {topic} partition {partition} up to {stored or 'nothing'}, "
+                       f"less than the {p.held} the writer saw: Redis lost acknowledged writes",
+                       topic=topic, partition=int(partition), held=int(p.held or 0),
+                       stored=int(stored) if stored else None, tenant=p.tenant)
 
 
 class ApplyBatch:

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...errors import UsageError
-from .keys import DATA_KEYS, MARKS, RELATION_ENDS, escape, layout_key, offset_field
+from .keys import DATA_KEYS, MARKS, RELATION_ENDS, applied_key, escape, layout_key, offset_field
 from .loader import GenerationLoader
 from .transport import Client
 
@@ -136,11 +136,12 @@ class GenerationAdmin:
         return deleted
 
     def drop_namespace(self) -> int:
-        """Delete every tenant of the namespace (a cartridge's whole graph) and its layout stamp; returns keys
-        deleted."""
+        """Delete every tenant of the namespace (a cartridge's whole graph), its layout stamp and its partitions'
+        applied watermarks; returns keys deleted."""
         with self._guard("drop_namespace"):
             tenants = sorted(self._client.smembers(self._registry))
         deleted = sum(self.drop_tenant(t) for t in tenants)
         with self._guard("drop_namespace"):             # and its layout stamp: a namespace made again is new
-            deleted += int(self._client.unlink(self._registry, layout_key(self.namespace)))
+            deleted += int(self._client.unlink(self._registry, layout_key(self.namespace),
+                                               applied_key(self.namespace)))
         return deleted

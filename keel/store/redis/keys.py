@@ -7,6 +7,8 @@ one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
 
     keel:{<ns>}:tenants                    set: tenants ever written in the namespace (a registry)
     keel:{<ns>}:layout                     string: the layout version (layout.py), checked at start
+    keel:{<ns>}:applied                    hash: `o["<topic>",<partition>]` -> the offset through which every
+                                           record of the partition is applied (where a worker resumes)
     keel:{<ns>/<t>}:gen                    string: the current generation (absent = 1)
     keel:{<ns>/<t>}:gseq                   string: the highest generation handed out
     keel:{<ns>/<t>}:replay                 string: the marker of a replay in progress (workers/replay_state.py)
@@ -151,6 +153,11 @@ def registry_key(namespace: str) -> str:
 def layout_key(namespace: str) -> str:
     """The layout version the namespace was written with (layout.py)."""
     return f"keel:{{{namespace}}}:layout"
+
+
+def applied_key(namespace: str) -> str:
+    """The partitions' applied watermarks of a namespace (Store.advance_partitions), fields offset_field."""
+    return f"keel:{{{namespace}}}:applied"
 
 
 def dead_letter_keys(namespace: str) -> tuple[str, str]:

@@ -24,6 +24,19 @@ if gen ~= '' then
 end
 """
 
+# ARGV[4] is the step's offset, or `<offset> <held>`: held is the tenant's offset on the partition (field ARGV[3])
+# as the writer last saw it stored. Stored absent or below it means Redis lost writes the writer saw land (a
+# failover to a lagging replica, an old backup): nothing is written, the answer is {4, stored or ''} and the
+# writer resumes the partition from what Redis holds (keel.store.base.went_back is this rule in Python).
+# Leaves `offset` for _STEP_META.
+_STEP_HELD = """
+local offset, held = string.match(ARGV[4], '^(%d+) ?(%d*)$')
+if held ~= '' and ARGV[3] ~= '' then
+  local stored = redis.call('HGET', KEYS[3], ARGV[3])
+  if not stored or tonumber(stored) < tonumber(held) then return {4, stored or ''} end
+end
+"""
+
 # Refuses a step whose event ids (nI of them, ARGV[I] on; both locals set before) were applied already: answers
 # {3, id, ...} with those ids (KEYS[2] is the applied-ids set), so nothing is written.
 _APPLIED_IDS = """
@@ -70,7 +83,7 @@ a = Mk + 2 * nM
 """
 
 # The meta hash (KEYS[3]) after a commit step (both layouts): `rl` (ARGV[7], the latest recorded_at of the
-# ids), `kt` (ARGV[5], of the writes) and the offset (field ARGV[3], value ARGV[4]) only move forward; `lag`
+# ids), `kt` (ARGV[5], of the writes) and the offset (field ARGV[3], value `offset` of _STEP_HELD) only move forward; `lag`
 # (ARGV[6]) is set with the offset.
 _STEP_META = """
 local field, rl, kt, lag = ARGV[3], ARGV[7], ARGV[5], ARGV[6]
@@ -84,9 +97,9 @@ if kt ~= '' and (not cur[2] or tonumber(kt) > tonumber(cur[2])) then
   set[#set + 1] = 'kt'
   set[#set + 1] = kt
 end
-if field ~= '' and (not cur[3] or tonumber(ARGV[4]) > tonumber(cur[3])) then
+if field ~= '' and (not cur[3] or tonumber(offset) > tonumber(cur[3])) then
   set[#set + 1] = field
-  set[#set + 1] = ARGV[4]
+  set[#set + 1] = offset
   if lag ~= '' then
     set[#set + 1] = 'lag'
     set[#set + 1] = lag
@@ -111,7 +124,8 @@ end
 # KEYS: 1 gen, 2 event ids (set), 3 meta (hash), 4 entities (set), 5 provenance (list),
 #       then for entity i (1-based): 4 + 2i its sorted set, 5 + 2i its index list; then event marks (hash)
 #       and, last, the relation timelines with ends (set `re`).
-# ARGV: 1 expected gen, 2 expected provenance length, 3 offset field ("" = none), 4 offset, 5 the latest
+# ARGV: 1 expected gen, 2 expected provenance length, 3 offset field ("" = none), 4 offset (or `<offset> <held>`,
+#       _STEP_HELD), 5 the latest
 #       recorded_at of the writes ("" = none), 6 the partition's lag after this step ("" = unknown), 7 the
 #       latest recorded_at of the events ("" = none);
 #       nI, the event ids; nM, then nM pairs (event id, its mark) of the ids that carry one;
@@ -134,7 +148,7 @@ end
 # A timeline is new when its owner's sorted set has no member starting with P; an owner with several
 # of the batch's timelines and a short index list answers that from its index list in one LRANGE
 # (the list holds P exactly when the sorted set holds members of P: both change only here).
-APPLY = _GEN_CHECK + _MULTI + """
+APPLY = _GEN_CHECK + _STEP_HELD + _MULTI + """
 local base = redis.call('LLEN', KEYS[5])
 if tostring(base) ~= ARGV[2] then return {2, base} end
 """ + _STEP_IDS + """
@@ -229,6 +243,29 @@ if (nI > 0 or nR > 0) and redis.call('HINCRBY', KEYS[3], 'sv', 1) == 1 then
   redis.call('HSET', KEYS[3], 're', '1')    -- this generation's first write: `re` is kept from here on
 end
 return {1, base + nP}
+"""
+
+# The partitions' applied watermarks (KEYS[1], keys.applied_key): ARGV in triples (field, offset, held or "").
+# When a stored watermark is absent or below its held value, nothing is written and the answer is
+# {4, field, stored or '', ...} for each such field (Redis lost writes the writer saw land); else each
+# watermark moves forward to its offset and the answer is {1}.
+ADVANCE = """
+local behind = {4}
+for i = 1, #ARGV, 3 do
+  if ARGV[i + 2] ~= '' then
+    local stored = redis.call('HGET', KEYS[1], ARGV[i])
+    if not stored or tonumber(stored) < tonumber(ARGV[i + 2]) then
+      behind[#behind + 1] = ARGV[i]
+      behind[#behind + 1] = stored or ''
+    end
+  end
+end
+if #behind > 1 then return behind end
+for i = 1, #ARGV, 3 do
+  local stored = redis.call('HGET', KEYS[1], ARGV[i])
+  if not stored or tonumber(ARGV[i + 1]) > tonumber(stored) then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+end
+return {1}
 """
 
 # The winner at or before t of timeline P in sorted set z: nil when nothing is at or before t, else the

@@ -17,7 +17,7 @@ Per generation `d` (keys.py's prefix) layout 2 keeps `ev`, `eh`, `m` and `ents` 
 """
 from __future__ import annotations
 
-from .scripts import _GEN_CHECK, _MULTI, _STEP_IDS, _STEP_META
+from .scripts import _GEN_CHECK, _MULTI, _STEP_HELD, _STEP_IDS, _STEP_META
 
 DATA_KEYS = ("ev", "m", "ents", "fr")       # a layout-2 generation's fixed keys: present exactly when it holds data
 
@@ -29,8 +29,9 @@ DATA_KEYS = ("ev", "m", "ents", "fr")       # a layout-2 generation's fixed keys
 #       mark), nE, then per entity: name, least recorded_at of the writes involving it, its delta block ("" =
 #       none), nX, nX elements to add to its incoming relations.
 # Answers {1, e...}: the entities (1-based) whose open segment is now larger than ARGV[2] (the writer closes
-# them); {3, id...} when ids were applied already (nothing written: the writer drops them and retries).
-APPLY = _GEN_CHECK + _MULTI + _STEP_IDS + """
+# them); {3, id...} when ids were applied already (nothing written: the writer drops them and retries); {4, stored}
+# when the tenant's state went back (scripts._STEP_HELD).
+APPLY = _GEN_CHECK + _STEP_HELD + _MULTI + _STEP_IDS + """
 local nE = tonumber(ARGV[a])
 a = a + 1
 local roll = tonumber(ARGV[2])

@@ -16,7 +16,7 @@ from ...timeline import Assertion, Timeline, covering
 from ...times import Micros, now_micros
 from ..base import BatchStep, EntityView, EventWrites, Key, Position, ViewRequest, entity_view, select_keys
 from . import segment_scripts
-from .batch import PendingStep, latest_of
+from .batch import PendingStep, latest_of, state_behind
 from .codec import clamped_point, freshness_of
 from .generations import CHUNK, RETRIES, chunks
 from .keys import MARKS, escape, index_key, key_of, prefix_of, unescape
@@ -73,6 +73,8 @@ class SegmentStore(RedisStore):
                         names = list(p.blocks.entities) if p.blocks is not None else []
                         rolls += ((p.tenant, d, gen, names[int(e) - 1]) for e in result[1:])
                         continue
+                    if code == 4:
+                        raise state_behind(p, result[1])
                     if code == 0:
                         old = self._gens.get(p.tenant, 1)
                         self._gens[p.tenant] = int(result[1])
@@ -104,7 +106,7 @@ class SegmentStore(RedisStore):
         ids = [event_id for _, event_id in p.events if event_id]
         marks = [x for event_id in ids if getattr(event_id, "mark", None) for x in (event_id, event_id.mark)]
         keys = [names.gen, d + "ev", d + "m", d + "ents", d + "fr", d + MARKS]
-        args: list[Any] = [expected, self.roll_bytes, p.field, p.offset, p.latest, p.lag, latest_of(ids),
+        args: list[Any] = [expected, self.roll_bytes, p.field, p.offset_arg, p.latest, p.lag, latest_of(ids),
                            len(ids), *ids, len(marks) // 2, *marks, len(sb.entities)]
         for name, i in sb.entities.items():
             e = escape(name)

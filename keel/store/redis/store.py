@@ -9,6 +9,7 @@ to one generation of one tenant (to rebuild it while the current one keeps servi
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -17,7 +18,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from ...errors import StoreUnavailable, UsageError
+from ...errors import StateBehind, StoreUnavailable, UsageError
 from ...timeline import Assertion, Timeline, Version
 from ...times import Micros
 from ..base import (
@@ -26,13 +27,14 @@ from ..base import (
     EventWrites,
     Freshness,
     Key,
+    PartitionOffsets,
     Position,
     Store,
     ViewRequest,
     Write,
 )
 from . import scripts
-from .batch import ApplyBatch, PendingStep
+from .batch import ApplyBatch, PendingStep, state_behind
 from .codec import ProvenanceCache, clamped_point, decode_view, freshness_of, timeline_of
 from .generations import RETRIES, GenerationAdmin, chunks
 from .keys import (
@@ -40,6 +42,7 @@ from .keys import (
     MARKS,
     RELATION_ENDS,
     TenantKeys,
+    applied_key,
     check_name,
     escape,
     index_key,
@@ -87,6 +90,7 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
         self.strict_generations = strict_generations   # writers raise GenerationChanged instead of following
         self.namespace = check_name("namespace", namespace)
         self._registry = registry_key(namespace)
+        self._applied = applied_key(namespace)
         self._pins: dict[str, int] = dict(pins or {})
         self._gens: dict[str, int] = {}
         self._names: dict[str, TenantKeys] = {}
@@ -99,6 +103,7 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
         self._switch_script = client.register_script(scripts.SWITCH)
         self._new_gen_script = client.register_script(scripts.NEW_GENERATION)
         self._switch_if_script = client.register_script(scripts.SWITCH_IF_CAUGHT_UP)
+        self._advance_script = client.register_script(scripts.ADVANCE)
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None,
@@ -316,7 +321,7 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
         if base is None:
             base = self._pv_len[d] = int(self._client.llen(d + "pv"))
         if p.batch is None or p.batch.args[0] != str(base):
-            p.batch = ApplyBatch(p.events, base, p.field, p.offset, p.latest, p.lag)
+            p.batch = ApplyBatch(p.events, base, p.field, p.offset_arg, p.latest, p.lag)
         return [names.gen, *p.batch.keys(d)], [expected, *p.batch.args], d
 
     def _settle(self, p: PendingStep, d: str, result: list[Any]) -> bool:
@@ -332,6 +337,8 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
                 raise GenerationChanged(p.tenant, old, int(result[1]))
         elif code == 2:
             self._pv_len[d] = int(result[1])
+        elif code == 4:
+            raise state_behind(p, result[1])
         else:
             applied = set(result[1:])
             p.events = [e for e in p.events if e[1] not in applied]
@@ -343,6 +350,37 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
     def has_event(self, tenant: str, event_id: str) -> bool:
         with self._guard("has_event", tenant):
             return bool(self._tx(tenant, lambda p, d: p.sismember(d + "ev", event_id))[0])
+
+    # ---- the partitions' applied watermarks (namespace-wide: where a worker resumes) ---------------
+
+    def advance_partitions(self, through: PartitionOffsets, held: dict[tuple[str, int], int | None]) -> None:
+        if not through:
+            return
+        args: list[Any] = []
+        for (topic, partition), offset in sorted(through.items()):
+            h = held.get((topic, partition))
+            args += (offset_field(topic, partition), int(offset), "" if h is None else int(h))
+        with self._guard("advance_partitions"):
+            result = self._advance_script(keys=[self._applied], args=args)
+        if int(result[0]) == 4:
+            topic, partition = json.loads(result[1][1:])
+            stored = int(result[2]) if result[2] else None
+            h = held[(topic, partition)]
+            raise StateBehind(f"Redis holds {topic} partition {partition} applied up to {stored}, less than the "
+                              f"{h} this worker saw: Redis lost acknowledged writes", topic=topic,
+                              partition=int(partition), held=int(h or 0), stored=stored)
+
+    def partitions_applied(self, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
+        parts = [int(p) for p in partitions]
+        if not parts:
+            return {}
+        with self._guard("partitions_applied"):
+            values = self._client.hmget(self._applied, [offset_field(topic, p) for p in parts])
+        return {p: None if v is None else int(v) for p, v in zip(parts, values)}
+
+    def holds_data(self) -> bool:
+        with self._guard("holds_data"):
+            return bool(self._client.exists(self._applied) or self._client.scard(self._registry))
 
     def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
         """The offset stored by the last commit_batch for (topic, partition) of the tenant, or None."""

@@ -1,0 +1,37 @@
+"""Where a worker resumes a partition: from what Redis holds, never from a Kafka commit that is ahead of it.
+
+Redis keeps, with each batch's writes, the partition's applied watermark (Store.advance_partitions): every
+record up to it is applied. The consumer group's committed offset is only a hint: it is committed after Redis
+acknowledged a batch, but a Redis that fails over to a replica that lagged, or is restored from an older
+backup, holds less than the commit says. Resuming from the commit would skip what Redis lost, silently.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The decision for one partition. `start` is the offset to seek to (None: no seek, the consumer's own
+    reset applies, or from the beginning when `how` is "beginning"); `behind` how many records the commit
+    was ahead of the state (0 when it was not, or unknown)."""
+    partition: int
+    how: str            # "state" | "committed" | "beginning" | "new"
+    start: int | None
+    behind: int
+
+
+def decide(partition: int, watermark: int | None, committed: int | None, holds_data: bool) -> Resume:
+    """The rule. A watermark: resume after it (records between it and the commit are applied again: redelivered
+    records of tenants Redis still holds are skipped by their own offsets and ids). No watermark but a commit:
+    a namespace written before watermarks existed resumes from the commit (its first batch stores one); a
+    namespace Redis holds nothing of lost everything, and the log is applied from its beginning. Neither: a
+    new partition, read from the beginning by the consumer's reset."""
+    if watermark is not None:
+        start = watermark + 1
+        return Resume(partition, "state", start, max(0, committed - start) if committed is not None else 0)
+    if committed is None:
+        return Resume(partition, "new", None, 0)
+    if holds_data:
+        return Resume(partition, "committed", committed, 0)
+    return Resume(partition, "beginning", None, committed)
