@@ -17,6 +17,7 @@ demo: install  ## the finance story, embedded: no servers
 	$(BIN)/keel demo
 
 test: install  ## the whole suite; starts local Kafka, Redis and PostgreSQL unless KEEL_* point at them, and a container engine for the deploy tier
+	scripts/ensure-promtool  # Debian's prometheus package, for promtool (tests/test_alert_rules.py)
 	scripts/with-services scripts/with-engine $(BIN)/python -m pytest
 
 test-deploy: install  ## only the deploy tier: images from deploy/, the stack in containers, the compose file
