@@ -13,14 +13,10 @@ from keel.ingress.metrics import RelayMetrics, WebhookMetrics
 from tools_server.observe import Metrics
 from workers.metrics import WorkerMetrics
 
-# Names the rules and the dashboard use that issue 22 adds in parallel (the worker's readiness, Redis behind the
-# log and time since commit; the MCP server's HTTP statuses and sessions). Allowed although no registry above
-# has them yet; `pending_report` says which are still missing. Remove a name here once its code registers it.
+# Names the rules and the dashboard use that issue 22 adds in parallel (the MCP server's HTTP statuses and
+# sessions). Allowed although no registry above has them yet; `pending_report` says which are still missing.
+# Remove a name here once its code registers it.
 PENDING = frozenset({
-    "keel_worker_ready",                     # gauge {cartridge}: 1 while the readiness checks pass
-    "keel_worker_redis_behind_records",      # gauge {cartridge,partition}: committed offset ahead of Redis
-    "keel_worker_seconds_since_commit",      # gauge {cartridge}: since the last commit with records waiting
-    "keel_worker_redis_state_losses_total",  # counter {cartridge}: Redis found holding less than was written
     "keel_mcp_http_responses_total",         # counter {status}: /mcp responses, 429 included
     "keel_mcp_sessions",                     # gauge: open MCP sessions
     "keel_mcp_sessions_limit",               # gauge: the session limit
