@@ -70,9 +70,12 @@ def context(c: dict[str, Any]) -> str:
 
 
 def fresh(result: dict[str, Any]) -> str:
-    """How current the answer is: the latest recorded_at applied, and the workers' lag when known."""
+    """How current the answer is: what it is based on (known_through), the latest recorded_at applied when
+    that is later (a known_at question), and the workers' lag when known."""
+    applied = result.get("applied_through")
+    later = f"; applied through {applied}" if applied and applied != result.get("known_through") else ""
     lag = f", workers {result['lag']} record(s) behind at their last commit" if result.get("lag") else ""
-    return f"(known through {result.get('known_through') or 'nothing yet'}{lag})"
+    return f"(known through {result.get('known_through') or 'nothing yet'}{later}{lag})"
 
 
 VERDICT_KEYS = ("definition", "when", "holds", "because", "missing", "reason")

@@ -63,7 +63,7 @@ class Tools:
                     for r in rules}
         return self._fresh({"entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels,
                             "at": format_time(t), "known_at": format_time(k), "facts": facts,
-                            "relations": view.relations, "rules": verdicts}, view.freshness)
+                            "relations": view.relations, "rules": verdicts}, view.freshness, k)
 
     def history(self, entity: str, predicate: str | None = None, known_at: str | None = None) -> dict[str, Any]:
         """Every version ever recorded (by `known_at`, when given) of each of an entity's timelines, closed and
@@ -92,7 +92,7 @@ class Tools:
             raise UsageError(f"predicate: {_clip(predicate)} is not a fact, label or relation of {entity}; use one "
                              f"of {', '.join(names) or '(none)'}")
         return self._fresh({"entity": entity, "versions": versions, "labels": label_versions,
-                            "relations": relation_versions})
+                            "relations": relation_versions}, known_at=k)
 
     def search(self, query: str, type: str | None = None, limit: int = 10, at: str | None = None,
                known_at: str | None = None) -> dict[str, Any]:
@@ -117,7 +117,7 @@ class Tools:
             where = f"{type} entities" if type else "entities"
             message = (f"no {where} match {query!r}; try broader or fewer words (a name, a product, a label) "
                        f"or an entity type such as {', '.join(sorted(self.cartridge.spec.entities))}")
-        return self._fresh({"query": query, "results": results, "message": message})
+        return self._fresh({"query": query, "results": results, "message": message}, known_at=k)
 
     def related(self, entity: str, relation: str | None = None, at: str | None = None,
                 known_at: str | None = None) -> dict[str, Any]:
@@ -130,7 +130,8 @@ class Tools:
         view = self.store.view(self.tenant, entity, at=t if t is not None else self.clock(), known_at=k, parts="r")
         if view is None:                    # the view tells an unknown entity: no existence check first
             raise self._unknown(entity)
-        return self._fresh({"entity": entity, "relations": of_relation(view.relations, relation)}, view.freshness)
+        return self._fresh({"entity": entity, "relations": of_relation(view.relations, relation)}, view.freshness,
+                           k)
 
     # ---- the writer -------------------------------------------------------------------------
 
@@ -181,12 +182,19 @@ class Tools:
 
     # ---- helpers ----------------------------------------------------------------------------
 
-    def _fresh(self, result: dict[str, Any], freshness: Freshness | None = None) -> dict[str, Any]:
-        """The result with `known_through` (the latest recorded_at applied for the tenant) and, where
+    def _fresh(self, result: dict[str, Any], freshness: Freshness | None = None,
+               known_at: Micros | None = None) -> dict[str, Any]:
+        """The result with `known_through`, what the answer is based on: the latest recorded_at applied for the
+        tenant, or with `known_at` K before it, K itself (the answer is the state after exactly the events
+        recorded by K), then `applied_through` (the latest recorded_at applied) whenever K is given; and, where
         workers apply a log, `lag` (records of the tenant's partition they had not applied at their last
-        commit); from the read that made the result when the backend returned it there."""
+        commit). From the read that made the result when the backend returned it there."""
         f = freshness if freshness is not None else self.store.freshness(self.tenant)
-        result["known_through"] = format_time(f.known_through)
+        applied = f.known_through
+        through = known_at if known_at is not None and applied is not None and known_at < applied else applied
+        result["known_through"] = format_time(through)
+        if known_at is not None:
+            result["applied_through"] = format_time(applied)
         if f.lag is not None:
             result["lag"] = f.lag
         return result

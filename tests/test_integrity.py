@@ -145,6 +145,7 @@ def _answers(tools: Tools, entities: list[str], known_at: str | None) -> dict[st
         if answer is not None:
             answer[0]["known_at"] = None       # the echo of the question is not part of the answer
             answer[0].pop("known_through")     # nor is how far the store had read (freshness)
+            answer[0].pop("applied_through", None)
     return out
 
 

@@ -384,3 +384,21 @@ def test_history_shows_every_kind_of_timeline_with_evidence_and_supersession(tmp
                                                              and not x.startswith(" ")][1:]
     assert "product=Visa Oro valid 2026-11-01 -> open" in text
     assert "superseded 2026-11-21 by retract-pay-visa-2026-10" in render.history(t.history("due:visa-2026-10"))
+
+
+def test_known_through_of_a_known_at_question_is_what_the_answer_is_based_on(env) -> None:
+    """Issue 21: with known_at K, known_through gave the latest event applied (after K), not what was known at
+    K. It is K when later events were applied (the answer is the state after exactly the events recorded by
+    K), and applied_through keeps the latest applied."""
+    make, _, _ = env
+    t = make()
+    latest = t.context("debt:visa")["known_through"]
+    assert latest == "2026-11-10T00:00:00Z" and "applied_through" not in t.context("debt:visa")
+    for result in (t.context("debt:visa", known_at="2026-10-02"), t.history("debt:visa", known_at="2026-10-02"),
+                   t.related("debt:visa", known_at="2026-10-02"), t.search("visa", known_at="2026-10-02")):
+        assert (result["known_through"], result["applied_through"]) == ("2026-10-02T00:00:00Z", latest)
+    later = t.context("debt:visa", known_at="2027-01-01")          # nothing was recorded after the latest
+    assert later["known_through"] == later["applied_through"] == latest
+    from keel import render
+    assert render.fresh(t.context("debt:visa", known_at="2026-10-02")) == \
+        "(known through 2026-10-02T00:00:00Z; applied through 2026-11-10T00:00:00Z)"
