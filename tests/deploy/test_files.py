@@ -1,11 +1,16 @@
 """What the deploy path relies on, checked without a container engine: the tokens file `keel token --tokens`
-writes can be read by the image's user (uid 10001) from a bind mount."""
+writes can be read by the image's user (uid 10001) from a bind mount, and the images' names (their tag) come
+from one place, deploy/engine, which compose.yaml's defaults, Containerfile.cartridge, the kustomize base and
+the docs agree with."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 from tools_server.tokens import TokenTable
 
@@ -49,3 +54,53 @@ def test_a_tokens_file_that_cannot_be_written_is_refused_with_its_reason(tmp_pat
     assert made.returncode == 2
     assert "No such file or directory" in made.stderr and "Traceback" not in made.stderr
     assert made.stdout == ""                              # no token printed for a line that was not written
+
+
+# ---- one tag: deploy/engine names the images, everything else agrees ---------------------------------------
+
+IMAGE = re.compile(r"(?<![\w./-])(keel(?:-kafka|-redis|-postgres)?):([A-Za-z0-9][\w.-]*)")
+DOCS = ["README.md", "deploy/README.md", "deploy/Containerfile", "deploy/Containerfile.cartridge",
+        "deploy/compose.yaml"]
+
+
+def engine_names() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "KEEL_IMAGE_TAG"}
+    out = subprocess.run([str(ROOT / "deploy" / "engine"), "names"], check=True, capture_output=True, text=True,
+                         env=env).stdout
+    return dict(line.split("=", 1) for line in out.split())
+
+
+def test_the_engine_names_four_images_with_one_tag() -> None:
+    names = engine_names()
+    assert names == {"KEEL_IMAGE": "keel:local", "KEEL_KAFKA_IMAGE": "keel-kafka:local",
+                     "KEEL_REDIS_IMAGE": "keel-redis:local", "KEEL_POSTGRES_IMAGE": "keel-postgres:local"}
+    tagged = subprocess.run([str(ROOT / "deploy" / "engine"), "names"], check=True, capture_output=True, text=True,
+                            env={**os.environ, "KEEL_IMAGE_TAG": "1.2.3"}).stdout.split()
+    assert tagged == ["KEEL_IMAGE=keel:1.2.3", "KEEL_KAFKA_IMAGE=keel-kafka:1.2.3", "KEEL_REDIS_IMAGE=keel-redis:1.2.3",
+                      "KEEL_POSTGRES_IMAGE=keel-postgres:1.2.3"]
+
+
+def test_compose_defaults_are_the_engines_names() -> None:
+    text = (ROOT / "deploy" / "compose.yaml").read_text()
+    defaults = dict(re.findall(r"\$\{(KEEL_(?:[A-Z]+_)?IMAGE):-([^}]+)\}", text))
+    assert defaults == engine_names()
+
+
+def test_the_cartridge_image_and_the_kustomize_base_start_from_the_engines_keel_image() -> None:
+    keel = engine_names()["KEEL_IMAGE"]
+    cartridge_file = (ROOT / "deploy" / "Containerfile.cartridge").read_text()
+    arg = re.search(r"^ARG KEEL_IMAGE=(\S+)$", cartridge_file, re.MULTILINE)
+    assert arg and arg.group(1) == keel
+    base = yaml.safe_load((ROOT / "deploy" / "k8s" / "base" / "kustomization.yaml").read_text())
+    [image] = [i for i in base["images"] if i["name"] == "keel"]
+    assert f"{image['newName']}:{image['newTag']}" == keel
+
+
+def test_the_docs_name_the_images_as_the_engine_does() -> None:
+    names = set(engine_names().values())
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        other = {f"{m[0]}:{m[1]}" for m in IMAGE.findall(text)} - names - {"keel:keel"}   # (chown keel:keel)
+        assert not other, f"{doc} names {sorted(other)}; deploy/engine names {sorted(names)}"
+        untagged = re.findall(r"-t keel(?:-kafka|-redis|-postgres)?(?=\s)", text)
+        assert not untagged, f"{doc}: `docker build {untagged[0]}` tags :latest, not deploy/engine's tag"

@@ -1,9 +1,10 @@
 """The deploy tier: the images built from deploy/ and the stack run in containers on loopback, through the
 `testcontainers` package (its reaper is off: TESTCONTAINERS_RYUK_DISABLED=true, every container is removed
 here). Kafka and Redis come from deploy/images (a registry-free base made by `deploy/engine base`), Keel's
-processes from deploy/Containerfile. The finance sample is published, two workers apply it, the five tools
-answer over the MCP server's HTTP endpoint with a bearer token, /metrics and /readyz answer; then a worker
-container is killed mid-stream and the digests in Redis still equal the embedded build's. Last, the compose
+processes from deploy/Containerfile, all built by `deploy/engine images` under the names `deploy/engine names`
+prints (the ones compose.yaml and the docs use). The finance sample is published, two workers apply it, the
+five tools answer over the MCP server's HTTP endpoint with a bearer token, /metrics and /readyz answer; then a
+worker container is killed mid-stream and the digests in Redis still equal the embedded build's. Last, the compose
 file (deploy/compose.yaml) is brought up for real with docker-compose and answers over MCP.
 
 Runs under `make test` (scripts/with-engine starts a Docker engine when there is none); skipped without
@@ -70,26 +71,14 @@ def run(*cmd: str, timeout: float = 900) -> str:
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """keel, keel-kafka and keel-redis built with testcontainers' DockerImage on the local base (cached layers)."""
+def images() -> dict[str, str]:
+    """keel, keel-kafka, keel-redis and keel-postgres as `deploy/engine images` builds them on the local base
+    (layers cached by the engine): {KEEL_IMAGE: "keel:local", KEEL_KAFKA_IMAGE: …}, compose.yaml's variables."""
     engine()
-    from testcontainers.core.image import DockerImage
-    base = os.environ.get("KEEL_BASE_IMAGE", "keel-base:bookworm")
-    run(str(ROOT / "deploy" / "engine"), "base")
-    kafka_ctx = tmp_path_factory.mktemp("kafka-image")
-    shutil.copytree(run(str(ROOT / "deploy" / "local" / "services"), "kafka-jars").strip(), kafka_ctx / "libs",
-                    ignore=shutil.ignore_patterns(".complete"))
-    for f in ("Dockerfile", "keel-kafka", "kafka-topics.sh"):
-        shutil.copy2(ROOT / "deploy" / "images" / "kafka" / f, kafka_ctx / f)
-    built = {}
-    for name, path, dockerfile in (("keel", ROOT, "deploy/Containerfile"),
-                                   ("keel-kafka", kafka_ctx, "Dockerfile"),
-                                   ("keel-redis", ROOT / "deploy" / "images" / "redis", "Dockerfile")):
-        image = DockerImage(path=str(path), dockerfile_path=dockerfile, tag=f"{name}:test",
-                            buildargs={"BASE_IMAGE": base}, clean_up=False)
-        image.build()
-        built[name] = str(image)
-    return built
+    run(str(ROOT / "deploy" / "engine"), "images", timeout=1800)
+    names = dict(line.split("=", 1) for line in run(str(ROOT / "deploy" / "engine"), "names").split())
+    assert set(names) == {"KEEL_IMAGE", "KEEL_KAFKA_IMAGE", "KEEL_REDIS_IMAGE", "KEEL_POSTGRES_IMAGE"}, names
+    return names
 
 
 # ---- the stack with testcontainers ---------------------------------------------------------------
@@ -103,7 +92,7 @@ class Stack:
         self.images, self.work, self.stack = images, work, stack
         self.DockerContainer = DockerContainer
         self.network = stack.enter_context(Network())
-        self.kafka = self._start(DockerContainer(images["keel-kafka"]), "kafka", env={
+        self.kafka = self._start(DockerContainer(images["KEEL_KAFKA_IMAGE"]), "kafka", env={
             "CLUSTER_ID": "kEeLkEeLkEeLkEeLkEeL0A", "KAFKA_NODE_ID": "1",
             "KAFKA_PROCESS_ROLES": "broker,controller",
             "KAFKA_LISTENERS": "PLAINTEXT://:9092,CONTROLLER://:9093",
@@ -115,7 +104,7 @@ class Stack:
             "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1", "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
             "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR": "1", "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
             "KAFKA_HEAP_OPTS": "-Xmx384m"})
-        self.redis = self._start(DockerContainer(images["keel-redis"]), "redis")
+        self.redis = self._start(DockerContainer(images["KEEL_REDIS_IMAGE"]), "redis")
         wait(lambda: self.kafka.exec(["/opt/kafka/bin/kafka-topics.sh", "--bootstrap-server", "localhost:9092",
                                       "--list"]).exit_code == 0, 180, "Kafka", self.kafka_logs)
         wait(lambda: self.redis.exec(["redis-cli", "ping"]).output.strip() == b"PONG", 60, "Redis")
@@ -135,7 +124,7 @@ class Stack:
 
     def keel(self, alias: str, *args: str, ports: tuple[int, ...] = ()) -> Any:
         """A Keel process (the one image) with the work folder mounted read-only at /work."""
-        c = self.DockerContainer(self.images["keel"]).with_command(list(args)) \
+        c = self.DockerContainer(self.images["KEEL_IMAGE"]).with_command(list(args)) \
             .with_volume_mapping(str(self.work), "/work", "ro")
         return self._start(c, alias, ports=ports, env={"KEEL_KAFKA_BOOTSTRAP": "kafka:9092",
                                                        "KEEL_REDIS_URL": "redis://redis:6379/0",
@@ -242,16 +231,10 @@ def compose(images: dict[str, str], work: Path) -> Iterator[tuple[list[str], dic
         run("sh", "-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose")
         exe = shutil.which("docker-compose")
     assert exe, "docker-compose is not installed"
-    from testcontainers.core.image import DockerImage
-    DockerImage(path=str(ROOT / "deploy" / "images" / "postgres"), tag="keel-postgres:test",
-                buildargs={"BASE_IMAGE": os.environ.get("KEEL_BASE_IMAGE", "keel-base:bookworm")},
-                clean_up=False).build()
     secrets = work / "webhook-secrets.yaml"
     secrets.write_text(f'{TENANT}: "a-long-random-webhook-secret-0123"\n')
     os.chown(secrets, 10001, 10001) if os.geteuid() == 0 else secrets.chmod(0o644)
-    env = {**os.environ, "KEEL_IMAGE": images["keel"], "KEEL_KAFKA_IMAGE": images["keel-kafka"],
-           "KEEL_REDIS_IMAGE": images["keel-redis"], "KEEL_POSTGRES_IMAGE": "keel-postgres:test",
-           "KEEL_CARTRIDGES": str(work), "KEEL_TOKENS_FILE": str(work / "tokens.jsonl"),
+    env = {**os.environ, **images, "KEEL_CARTRIDGES": str(work), "KEEL_TOKENS_FILE": str(work / "tokens.jsonl"),
            "KEEL_WEBHOOK_SECRETS": str(secrets), "KEEL_MCP_PORT": "0", "KEEL_WEBHOOK_PORT": "0"}
     cmd = [exe, "-p", PREFIX, "-f", str(ROOT / "deploy" / "compose.yaml")]
     try:
