@@ -402,3 +402,31 @@ def test_known_through_of_a_known_at_question_is_what_the_answer_is_based_on(env
     from keel import render
     assert render.fresh(t.context("debt:visa", known_at="2026-10-02")) == \
         "(known through 2026-10-02T00:00:00Z; applied through 2026-11-10T00:00:00Z)"
+
+
+def test_corrected_by_follows_the_one_documented_rule(tmp_path: Path) -> None:
+    """Issue 21: a `corrects` that also moved occurred_at showed `by` but not `corrected_by`, and the docs
+    disagreed on when it appears. The rule (docs/semantics.md): corrected_by marks a version that won its own
+    valid_from over an earlier assertion; history's superseded_by names the correction either way."""
+    events = tmp_path / "events.jsonl"
+    moved = {"id": "pay-visa-2026-10-fix", "tenant": "hogar-demo", "type": "due.paid", "subject": "due:visa-2026-10",
+             "occurred_at": "2026-10-04", "recorded_at": "2026-11-11T00:00:00Z", "by": "human:ana",
+             "corrects": "pay-visa-2026-10", "payload": {"paid_on": "2026-10-04", "amount_cop": 380000,
+                                                         "account_id": "ahorros", "movement_id": "mov-1003-7"}}
+    kept = {"id": "pay-libranza-2026-10-fix", "tenant": "hogar-demo", "type": "due.paid",
+            "subject": "due:libranza-2026-10", "occurred_at": "2026-10-10", "recorded_at": "2026-11-11T00:00:00Z",
+            "by": "human:ana", "corrects": "pay-libranza-2026-10",
+            "payload": {"paid_on": "2026-10-10", "amount_cop": 510000, "account_id": "nomina", "movement_id": "m"}}
+    events.write_text((FINANCE / "events.jsonl").read_text() + json.dumps(moved) + "\n" + json.dumps(kept) + "\n")
+    cartridge = load_cartridge(FINANCE)
+    projector, report = build_embedded(cartridge, events)
+    assert not report.rejected
+    t = Tools(cartridge, projector.store, "hogar-demo")
+    [fixed] = [f for f in t.context("due:libranza-2026-10")["facts"] if f["predicate"] == "amount_paid_cop"]
+    assert (fixed["value"], fixed["corrected_by"]) == (510000, "human:ana")      # same point: corrected_by
+    [old, new] = [v for v in t.history("due:visa-2026-10", "status")["versions"] if v["value"] == "paid"]
+    assert (new["valid_from"], new["by"], new["corrected_by"]) == ("2026-10-04T00:00:00Z", "human:ana", None)
+    assert (old["superseded_by"], old["superseded_at"]) == ("pay-visa-2026-10-fix", "2026-11-11T00:00:00Z")
+    same_point = [v for v in t.history("debt:libranza", "balance_cop")["versions"]
+                  if v["evidence"] == "snap-libranza-2026-10-fix"]      # the sample's same-point snapshot
+    assert [(v["by"], v["corrected_by"]) for v in same_point] == [("human:ana", "human:ana")]
