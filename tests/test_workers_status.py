@@ -94,3 +94,39 @@ def test_keel_status_with_kafka_and_redis_down_says_so_and_exits_3(tmp_path) -> 
                          capture_output=True, text=True, cwd=root, timeout=120, check=False)
     assert out.returncode == 3, out.stderr
     assert "CANNOT READ KAFKA" in out.stdout and "CANNOT READ REDIS" in out.stdout and "lag ?" in out.stdout
+
+
+def test_redis_behind_the_log_and_its_causes_come_before_blaming_workers() -> None:
+    """Issue 22: after a failover to a lagging replica status said `lag 0, problems []`; with Redis out of memory it
+    blamed the worker."""
+    from workers.status import RedisPart
+    old = commit_metadata("keel-worker-h1-1")
+    old = old.replace(old.split('"at":')[1].rstrip("}"), str(NOW - 600))
+    partitions = [PartitionOffsets(0, 100, 100, 0, old), PartitionOffsets(1, 90, 40, 50, old)]
+    group = GroupDescription("Stable", (GroupMember("m1", "keel-worker-h1-1", "/10.0.0.1", (0, 1)),))
+    oom = "Redis is out of memory (…) and refuses writes: raise maxmemory or free memory"
+    redis = RedisPart(applied={"a": {"0": None}}, dead_letters={}, watermarks={0: 59, 1: 39}, holds_data=True,
+                      condition=oom)
+    doc = shape_status("finance", partitions, group, redis.applied, fold([]), {}, {}, now=NOW, redis=redis)
+    rows = {p["partition"]: p for p in doc["partitions"]}
+    assert (rows[0]["redis_applied"], rows[0]["redis_behind"]) == (59, 40)
+    assert (rows[1]["redis_applied"], rows[1]["redis_behind"]) == (39, 0)
+    assert doc["problems"][0] == oom
+    assert "partition 0: Redis is behind the log by 40 record(s)" in doc["problems"][1]
+    stalled = [p for p in doc["problems"] if p.startswith("partition 1: lag 50")]
+    assert stalled and "Redis cannot take writes" in stalled[0] and "stopped consuming" not in stalled[0]
+    text = render_status(doc)
+    assert "@None" not in text and "nothing on p0" in text
+
+
+def test_redis_holding_nothing_while_the_group_committed_is_a_problem() -> None:
+    from workers.status import RedisPart
+    redis = RedisPart(watermarks={0: None}, holds_data=False)
+    doc = shape_status("finance", [PartitionOffsets(0, 10, 10, 0)], None, {}, None, None, {}, now=NOW, redis=redis)
+    assert any(p.startswith("Redis holds nothing of this namespace") for p in doc["problems"])
+
+
+def test_tenants_without_a_known_partition_never_print_p0_at_none() -> None:
+    doc = shape_status("finance", [], None, {"a": {}}, None, None, {"kafka": "down"}, now=NOW)
+    text = render_status(doc)
+    assert "p0@None" not in text and "partition unknown" in text

@@ -180,7 +180,8 @@ class CartridgeIngest(Service):
         self.health.check(f"redis {self.cartridge.name}", self._redis_reachable)
         self.health.check(f"progress {self.cartridge.name}", self._progressing)
         self.metrics.ready.set_function(lambda: 1.0 if self.health.readiness()[0] else 0.0)
-        self.metrics.since_commit.set_function(lambda: time.monotonic() - self._progress_at)
+        self.metrics.since_commit.set_function(       # a spare worker (no partition) has nothing to commit
+            lambda: time.monotonic() - self._progress_at if self.assigned_count else 0.0)
         self.log.info("%s: consuming %s as group %s into Redis namespace %r", self.label, self.topic,
                       group_id(self.cartridge.name), self.cartridge.name)
 
@@ -562,6 +563,7 @@ class CartridgeIngest(Service):
         for tp in revoked:
             self.metrics.drop_lag(tp.partition)
             self._behind.pop(tp, None)
+            self.metrics.drop_redis_behind(tp.partition)      # its new owner reports it
 
     async def on_stop(self) -> None:
         """SIGTERM: the loop sees should_stop after its fetch or batch, finishes the write under way and

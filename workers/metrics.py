@@ -78,6 +78,12 @@ class CartridgeMetrics:
     def redis_behind(self, partition: int, records: int) -> None:
         self.m.redis_behind.labels(self.cartridge, str(partition)).set(max(records, 0))
 
+    def drop_redis_behind(self, partition: int) -> None:
+        try:
+            self.m.redis_behind.remove(self.cartridge, str(partition))
+        except KeyError:
+            return
+
     def lag(self, partition: int, value: int) -> None:
         self.m.lag.labels(self.cartridge, str(partition)).set(max(value, 0))
 

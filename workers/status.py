@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from keel.cartridge import Cartridge
@@ -64,6 +64,19 @@ def _partition_rows(partitions: list[PartitionOffsets], group: GroupDescription 
 
 def _problems(doc: dict[str, Any], stalled_after: float) -> list[str]:
     out = []
+    redis_cause = doc["unavailable"].get("redis") or doc.get("redis_condition")
+    if doc.get("redis_condition"):
+        out.append(doc["redis_condition"])
+    if doc.get("redis_holds_data") is False and any(p["committed"] for p in doc["partitions"]):
+        out.append("Redis holds nothing of this namespace but the group committed offsets: Redis lost its data "
+                   "(restarted empty, or restored from before the namespace); running workers re-apply every "
+                   "partition from the log's beginning (start one if none runs)")
+    for p in doc["partitions"]:
+        if p.get("redis_behind"):
+            out.append(f"partition {p['partition']}: Redis is behind the log by {p['redis_behind']} record(s): it "
+                       f"holds the partition through offset {p['redis_applied']}, the group committed "
+                       f"{p['committed']} (a failover to a replica that lagged, or an older backup); a running "
+                       f"worker re-applies them by itself (start one if none runs)")
     group = doc.get("members")
     if group is not None and not group and doc["lag"]:
         out.append(f"the group {doc['group']} has no members: no worker is consuming ({doc['lag']} record(s) wait)")
@@ -72,9 +85,10 @@ def _problems(doc: dict[str, Any], stalled_after: float) -> list[str]:
     for p in doc["partitions"]:
         if p["stalled"]:
             o = p["owner"]
+            why = ("Redis cannot take writes, see above" if redis_cause else
+                   "that worker stopped consuming")
             out.append(f"partition {p['partition']}: lag {p['lag']} and no commit for {p['last_commit_age_s']:.0f}s "
-                       f"(over {stalled_after:.0f}s) although member {o['client_id']} ({o['host']}) owns it: "
-                       f"that worker stopped consuming")
+                       f"(over {stalled_after:.0f}s) although member {o['client_id']} ({o['host']}) owns it: {why}")
         elif group and p["owner"] is None and p["lag"]:
             out.append(f"partition {p['partition']}: lag {p['lag']} and no owner (the group is rebalancing?)")
     dead = doc.get("dead_letters")
@@ -110,22 +124,22 @@ def gather_status(cartridge: Cartridge, settings: Settings, *, tenant: str | Non
         partitions, group, dead = asyncio.run(asyncio.wait_for(_kafka_part(cartridge, settings), KAFKA_TIMEOUT_S))
     except (KafkaUnavailable, TimeoutError) as e:
         unavailable["kafka"] = str(e) or f"no answer from {settings.kafka_bootstrap} within {KAFKA_TIMEOUT_S:.0f}s"
-    applied: dict[str, dict[str, int | None]] = {}
-    redis_counts: dict[str, int] | None = None
+    redis = RedisPart()
     if settings.redis_url:
         try:
-            applied, redis_counts = _redis_part(cartridge, settings, partitions, tenant, per_tenant)
+            redis = _redis_part(cartridge, settings, partitions, tenant, per_tenant)
         except StoreUnavailable as e:
             unavailable["redis"] = str(e)
-    return shape_status(name, partitions, group, applied, dead, redis_counts, unavailable, now=time.time(),
-                        stalled_after=stalled_after)
+    return shape_status(name, partitions, group, redis.applied, dead, redis.dead_letters, unavailable,
+                        now=time.time(), stalled_after=stalled_after, redis=redis)
 
 
 def shape_status(name: str, partitions: list[PartitionOffsets], group: GroupDescription | None,
                  applied: dict[str, dict[str, int | None]], dead: DeadLetters | None,
                  redis_counts: dict[str, int] | None, unavailable: dict[str, str], *, now: float,
-                 stalled_after: float = STALLED_AFTER_S) -> dict[str, Any]:
+                 stalled_after: float = STALLED_AFTER_S, redis: RedisPart | None = None) -> dict[str, Any]:
     """The `keel status --json` document (None where a service could not be read)."""
+    redis = redis or RedisPart()
     doc: dict[str, Any] = {
         "cartridge": name, "topic": events_topic(name), "dlq": dlq_topic(name), "group": group_id(name),
         "lag": sum(p.lag for p in partitions) if "kafka" not in unavailable else None,
@@ -135,7 +149,14 @@ def shape_status(name: str, partitions: list[PartitionOffsets], group: GroupDesc
         "tenants": {t: {"applied_offsets": offsets} for t, offsets in sorted(applied.items())},
         "dead_letters": dead.summary(int(now * 1000)) if dead is not None else None,
         "dead_letters_counted_by_workers": redis_counts,
-        "unavailable": unavailable}
+        "unavailable": unavailable,
+        "redis_condition": redis.condition,
+        "redis_holds_data": redis.holds_data}
+    for row in doc["partitions"]:
+        applied_through = redis.watermarks.get(row["partition"])
+        row["redis_applied"] = applied_through
+        row["redis_behind"] = (max(0, row["committed"] - applied_through - 1)
+                               if applied_through is not None and row["committed"] is not None else None)
     if dead is not None:
         for info in doc["tenants"].values():
             info["dead_letters"] = 0
@@ -146,18 +167,34 @@ def shape_status(name: str, partitions: list[PartitionOffsets], group: GroupDesc
     return doc
 
 
+@dataclass
+class RedisPart:
+    """What `keel status` reads of Redis (plain reads, no MULTI: they work while Redis is out of memory)."""
+    applied: dict[str, dict[str, int | None]] = field(default_factory=dict)   # tenant -> {partition: offset}
+    dead_letters: dict[str, int] | None = None
+    watermarks: dict[int, int | None] = field(default_factory=dict)           # partition -> applied through
+    holds_data: bool | None = None
+    condition: str | None = None                 # out of memory, read-only (RedisStore.condition)
+
+
 def _redis_part(cartridge: Cartridge, settings: Settings, partitions: list[PartitionOffsets], tenant: str | None,
-                per_tenant: bool) -> tuple[dict[str, dict[str, int | None]], dict[str, int]]:
+                per_tenant: bool) -> RedisPart:
+    """Per tenant, its applied offset on the partition its name maps to (only when Kafka said how many
+    partitions there are); the partitions' watermarks; whether the namespace holds anything; the condition."""
     topic = events_topic(cartridge.name)
     store = open_redis_store(cartridge, settings)
     try:
-        counts = DeadLetterCounts(store.client, cartridge.name).counts()
+        part = RedisPart(dead_letters=DeadLetterCounts(store.client, cartridge.name).counts(),
+                         condition=store.condition(), holds_data=store.holds_data())
+        part.watermarks = store.partitions_applied(topic, [p.partition for p in partitions])
         tenants = [] if not per_tenant else [tenant] if tenant else store.tenants()
-        applied = {}
         for t in tenants:
-            p = partition_for(t, len(partitions)) if partitions else 0
-            applied[t] = {str(p): store.applied_offset(t, topic, p)}
-        return applied, counts
+            if partitions:
+                p = partition_for(t, len(partitions))
+                part.applied[t] = {str(p): store.applied_offset(t, topic, p)}
+            else:                                 # Kafka unreadable: which partition is unknown
+                part.applied[t] = {}
+        return part
     finally:
         store.close()
 
@@ -186,7 +223,8 @@ def render_status(doc: dict[str, Any]) -> str:
     if tenants:
         lines.append(f"tenants in Redis: {len(tenants)}")
         for t, info in list(tenants.items())[:20]:
-            offsets = ", ".join(f"p{p}@{o}" for p, o in info["applied_offsets"].items())
+            offsets = ", ".join(f"p{p}@{o}" if o is not None else f"nothing on p{p}"
+                                for p, o in info["applied_offsets"].items()) or "partition unknown (Kafka unread)"
             extra = f", {info['dead_letters']} open dead letter(s)" if info.get("dead_letters") else ""
             lines.append(f"  {t}: applied {offsets}{extra}")
         if len(tenants) > 20:

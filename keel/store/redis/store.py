@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from ...errors import StateBehind, StoreUnavailable, UsageError
 from ...timeline import Assertion, Timeline, Version
@@ -52,10 +52,25 @@ from .keys import (
 )
 from .layout import LAYOUT_VERSION, LAYOUTS, check_layout
 from .starts import TenantStarts
-from .transport import Client, eval_many, guard
+from .transport import Client, eval_many, guard, is_oom
 from .walks import TenantWalks
 
 Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
+
+
+def redis_condition(info: dict[str, Any]) -> str | None:
+    """The rule of RedisStore.condition over `INFO memory` + `INFO replication` (one node; on Cluster the
+    first answering node's view)."""
+    if "used_memory" not in info and info:          # Cluster: {node: info}
+        info = next(iter(info.values()))
+    used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+    if limit and used >= limit and info.get("maxmemory_policy") == "noeviction":
+        return (f"Redis is out of memory ({used} of maxmemory {limit} bytes used, policy noeviction) and refuses "
+                f"writes: raise maxmemory or free memory; workers resume by themselves")
+    if info.get("role") in ("slave", "replica"):
+        return (f"Redis is a read-only replica (of {info.get('master_host')}:{info.get('master_port')}): point "
+                f"Keel at the primary, or use a redis+sentinel:// URL to follow failovers")
+    return None
 
 
 def layout_class(layout: int) -> type[RedisStore]:
@@ -147,6 +162,13 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
         with self._guard("ping"):
             self._client.ping()
 
+    def condition(self) -> str | None:
+        """Why this Redis cannot take Keel's writes although it answers, or None: out of memory (used memory at
+        maxmemory with the noeviction policy), or read-only (a replica). For `keel status` and readiness."""
+        with self._guard("condition"):
+            info = self._client.info("memory") | self._client.info("replication")
+        return redis_condition(info)
+
     def close(self) -> None:
         if self._owns_client:
             self._client.close()
@@ -226,16 +248,26 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
         raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
 
 
+    def _reads(self, names: TenantKeys, gen: int, expected: str, fill: Callable[[Any, str], None], *,
+               transaction: bool) -> list[Any]:
+        pipe = self._client.pipeline(transaction=transaction)
+        if expected:
+            pipe.get(names.gen)
+        fill(pipe, names.data(gen))
+        return pipe.execute()
+
     def _tx(self, tenant: str, fill: Callable[[Any, str], None]) -> list[Any]:
         """Run reads in one MULTI/EXEC that also checks the generation; `fill(pipe, data prefix)`."""
         names = self._n(tenant)
         for _ in range(RETRIES):
             gen, expected = self._gen_guess(tenant)
-            pipe = self._client.pipeline(transaction=True)
-            if expected:
-                pipe.get(names.gen)
-            fill(pipe, names.data(gen))
-            result = pipe.execute()
+
+            try:
+                result = self._reads(names, gen, expected, fill, transaction=True)
+            except ResponseError as e:      # out of memory, Redis refuses to queue even reads in a MULTI: read
+                if not is_oom(e):           # them in one round trip (the generation first, then its keys)
+                    raise
+                result = self._reads(names, gen, expected, fill, transaction=False)
             if not expected:
                 return result
             current = result[0] or "1"

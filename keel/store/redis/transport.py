@@ -21,6 +21,12 @@ Client = redis.Redis | RedisCluster
 _SEND_GROUP = 32                  # pipelined APPLY calls sent together while the next ones are encoded
 
 
+def is_oom(error: BaseException) -> bool:
+    """Whether Redis refused a command for lack of memory (maxmemory reached, policy noeviction)."""
+    text = str(error)
+    return "OOM" in text or "used memory > 'maxmemory'" in text
+
+
 @contextmanager
 def guard(namespace: str, what: str, tenant: str | None = None) -> Iterator[None]:
     """Translate redis errors into StoreUnavailable (naming namespace and tenant) at the boundary."""
