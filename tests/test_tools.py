@@ -430,3 +430,38 @@ def test_corrected_by_follows_the_one_documented_rule(tmp_path: Path) -> None:
     same_point = [v for v in t.history("debt:libranza", "balance_cop")["versions"]
                   if v["evidence"] == "snap-libranza-2026-10-fix"]      # the sample's same-point snapshot
     assert [(v["by"], v["corrected_by"]) for v in same_point] == [("human:ana", "human:ana")]
+
+
+@pytest.mark.services
+@pytest.mark.parametrize("layout", [1, 2])
+def test_history_of_every_timeline_is_the_same_on_redis(redis_url: str, tmp_path: Path, layout: int) -> None:
+    """history's labels and relations come from Store.keys and recorded_versions_many: every backend answers
+    them alike (both Redis key layouts), retracted and corrected versions included."""
+    import uuid
+
+    from keel import Projector
+    from keel.embedded import replay_file
+    from keel.store.redis import RedisStore
+    events = tmp_path / "events.jsonl"
+    retract = {"id": "retract-pay-visa-2026-10", "tenant": "hogar-demo", "type": "keel.retracted",
+               "subject": "due:visa-2026-10", "occurred_at": "2026-11-21", "recorded_at": "2026-11-21T00:00:00Z",
+               "payload": {"event": "pay-visa-2026-10"}}
+    events.write_text((FINANCE / "events.jsonl").read_text() + json.dumps(retract) + "\n")
+    cartridge = load_cartridge(FINANCE)
+    embedded, _ = build_embedded(cartridge, events)
+    store = RedisStore.from_url(redis_url, namespace=f"t{uuid.uuid4().hex[:12]}", layout=layout)
+    try:
+        assert not replay_file(Projector(cartridge, store), events).rejected
+        mine, theirs = (Tools(cartridge, s, "hogar-demo", clock=lambda: T0) for s in (embedded.store, store))
+        for entity in ("debt:visa", "debt:libranza", "due:visa-2026-10", "household:hogar-demo", "account:ahorros"):
+            for known_at in (None, "2026-10-02", "2026-11-20"):
+                answers = []
+                for t in (mine, theirs):
+                    try:
+                        answers.append(t.history(entity, known_at=known_at))
+                    except UnknownEntity as e:                   # not known yet at known_at: on both
+                        answers.append(str(e))
+                assert answers[0] == answers[1], (entity, known_at)
+    finally:
+        store.drop_namespace()
+        store.close()
