@@ -77,6 +77,12 @@ class KeelWorker(faust.Worker):
     thread blocked in a client call, a library stuck in its own task). Ending there is as safe as SIGKILL:
     Redis holds each tenant's applied offset with its writes and redelivered records are skipped."""
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        stdout = getattr(self, "stdout", None)
+        if stdout is None or not stdout.isatty():     # faust's spinner writes cursor escape codes even to files
+            self.spinner = None
+
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         install_log_limit()       # faust replaced the handlers: library lines one per cause per interval again
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 from keel.cartridge import Cartridge
 from keel.envelope import TENANT
+from keel.errors import StateBehind
 from keel.projector import Projector
-from keel.store.base import GLOBAL_TENANT, BatchStep, EventWrites, Position, Store
+from keel.store.base import GLOBAL_TENANT, BatchStep, EventWrites, Position, Store, went_back
 
 from .judge import judge
 from .mirror import Mirrors, TopicPartition
@@ -163,12 +164,30 @@ class BatchApplier:
         """Commit a plan to the durable store: each tenant's events + ids + offset in one atomic step (steps
         of several tenants share round trips through `commit_many`). Touches no mirror, so it may
         run on another thread while the next batch is planned."""
+        self.check_state(plan.through)
         steps = self.steps(plan)
         with self.mirrors.write_lock:        # a mirror reloading from the durable store waits for the batch
             for i in range(0, len(steps), COMMIT_CHUNK):
                 chunk = steps[i:i + COMMIT_CHUNK]
                 self.writer.commit_many(chunk)
             self.advance(plan.through)
+
+    def check_state(self, through: dict[tuple[str, int], int]) -> None:
+        """Before any step of a batch: the store still holds each partition as far as this worker saw it stored.
+        A batch planned on mirrors loaded after Redis lost writes carries no stale `held` offsets (the mirrors
+        read the regressed state), so without this check its steps would land on top of the loss and move
+        tenants' offsets past records that must be applied again."""
+        by_topic: dict[str, list[int]] = {}
+        for (topic, partition) in through:
+            if self.watermarks.get((topic, partition)) is not None:
+                by_topic.setdefault(topic, []).append(partition)
+        for topic, partitions in by_topic.items():
+            for partition, stored in self.writer.partitions_applied(topic, partitions).items():
+                held = self.watermarks.get((topic, partition))
+                if went_back(stored, held):
+                    raise StateBehind(f"Redis holds {topic} partition {partition} applied up to {stored}, less than "
+                                      f"the {held} this worker wrote: Redis lost acknowledged writes", topic=topic,
+                                      partition=partition, held=int(held or 0), stored=stored)
 
     def advance(self, through: dict[tuple[str, int], int]) -> None:
         """Every record of the partitions up to `through` is in the durable store: move their watermarks (where a

@@ -276,7 +276,7 @@ class CartridgeIngest(Service):
         consumer's position, which is where the written batches end."""
         assert self.consumer is not None
         now = time.monotonic()
-        if not assigned or now - self._lag_at < LAG_EVERY_S:
+        if not assigned or now - self._lag_at < min(LAG_EVERY_S, self.options.unready_after_s / 3):
             return
         self._lag_at = now
         try:
@@ -480,11 +480,11 @@ class CartridgeIngest(Service):
             await asyncio.sleep(POSITION_RETRY_S)
             return
         for tp in tps:
-            self._seek(tp, decide(tp.partition, applied[tp.partition], committed[tp], bool(holds)))
+            await self._seek(tp, decide(tp.partition, applied[tp.partition], committed[tp], bool(holds)))
         self._unpositioned -= set(tps)
         self.consumer.resume(*tps)
 
-    def _seek(self, tp: TopicPartition, r: Resume) -> None:
+    async def _seek(self, tp: TopicPartition, r: Resume) -> None:
         assert self.consumer is not None and self.pipeline is not None
         watermarks = self.pipeline.applier.watermarks
         watermarks[(tp.topic, tp.partition)] = None if r.start is None or r.how != "state" else r.start - 1
@@ -495,7 +495,7 @@ class CartridgeIngest(Service):
             self.log.info("%s: partition %d has no applied watermark in Redis yet (a namespace written before "
                           "watermarks); resuming from the committed offset %d", self.label, tp.partition, r.start)
         elif r.how == "beginning":
-            self.consumer.seek_to_beginning(tp)
+            await self.consumer.seek_to_beginning(tp)
         if r.behind:
             self._behind[tp] = r.behind + (r.start or 0)
             self.metrics.redis_behind(tp.partition, r.behind)

@@ -4,10 +4,13 @@ equal to the embedded build, with `keel status` naming "Redis behind the log" un
 replay by hand."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+from support.mcp_sessions import free_port
+from support.probes import get
 from support.redis_nodes import RedisNode
 from support.replay import count_lines, finance_file, split_file
 from support.workers import WorkerProcess, keel, status, unique_cartridge, wait_until
@@ -94,6 +97,53 @@ def test_redis_restored_from_an_older_backup_while_the_worker_runs(tmp_path: Pat
         wait_until(lambda: "Redis lost acknowledged writes" in worker.text(), 120,
                    "the worker noticing that Redis went back", on_timeout=worker.text)
         wait_repaired(cartridge, env, count_lines(events), worker)
+        worker.terminate()
+        judge(cartridge, env, events, 0)
+    finally:
+        worker.terminate()
+        node.stop()
+
+
+def test_readiness_and_status_tell_redis_out_of_memory_and_kafka_down(tmp_path: Path,
+                                                                      private_services: PrivateServices) -> None:
+    """/readyz stayed 200 while Redis refused every write and while Kafka was down; `keel status` could not read
+    Redis out of memory and blamed the worker."""
+    node = RedisNode(tmp_path / "redis").start()
+    env = {**private_services.env, "KEEL_REDIS_URL": node.url}
+    cartridge = unique_cartridge(tmp_path, "finance")
+    events = finance_file(tmp_path / "events.jsonl", {"hogar-a": 400, "hogar-b": 400})
+    first, second = split_file(events, 2)
+    port = free_port()
+    worker = WorkerProcess([cartridge], env, tmp_path / "worker.log", "--metrics-port", str(port),
+                           "--unready-after", "2")
+
+    def ready() -> tuple[int, dict]:
+        code, body = get(f"http://127.0.0.1:{port}/readyz")
+        return code, json.loads(body)
+    try:
+        keel("publish", str(cartridge), str(first), "--quiet", env=env)
+        wait_done(cartridge, env, count_lines(first), worker)
+        wait_until(lambda: ready()[0] == 200, 60, "ready", on_timeout=worker.text)
+        node.client().config_set("maxmemory", "1")             # every write refused from now on
+        keel("publish", str(cartridge), str(second), "--quiet", env=env)
+        wait_until(lambda: ready()[0] == 503, 60, "not ready while Redis refuses writes", on_timeout=worker.text)
+        failing = " ".join(ready()[1]["failing"].values())
+        assert "OOM" in failing or "maxmemory" in failing, failing
+        doc = status(cartridge, env)                           # plain reads: they work out of memory
+        assert "redis" not in doc["unavailable"], doc["unavailable"]
+        assert any("out of memory" in p for p in doc["problems"]), doc["problems"]
+        assert not any("stopped consuming" in p for p in doc["problems"]), doc["problems"]
+        node.client().config_set("maxmemory", "0")
+        wait_done(cartridge, env, count_lines(events), worker)
+        wait_until(lambda: ready()[0] == 200, 60, "ready again", on_timeout=worker.text)
+        assert "ingestion resumed after" in worker.text()
+        private_services.down("kafka")
+        try:
+            wait_until(lambda: "Kafka" in " ".join(ready()[1].get("failing", {}).values()), 120,
+                       "not ready, naming Kafka, while Kafka is down", on_timeout=worker.text)
+        finally:
+            private_services.up("kafka")
+        wait_until(lambda: ready()[0] == 200, 180, "ready once Kafka is back", on_timeout=worker.text)
         worker.terminate()
         judge(cartridge, env, events, 0)
     finally:

@@ -89,3 +89,51 @@ class RedisNode:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+class SentinelNode:
+    """One redis-sentinel watching `primary` as service `name` (quorum 1, a failover after 1 s down)."""
+
+    def __init__(self, folder: Path, primary: RedisNode, name: str = "keel") -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.name = name
+        self.primary = primary
+        self.proc: subprocess.Popen | None = None
+
+    def url(self, db: int = 0) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.port}/{self.name}/{db}"
+
+    def start(self) -> SentinelNode:
+        conf = self.folder / "sentinel.conf"
+        conf.write_text(f"port {self.port}\nbind 127.0.0.1\ndir {self.folder}\n"
+                        f"sentinel monitor {self.name} 127.0.0.1 {self.primary.port} 1\n"
+                        f"sentinel down-after-milliseconds {self.name} 1000\n"
+                        f"sentinel failover-timeout {self.name} 10000\n")
+        binary = shutil.which("redis-sentinel") or shutil.which("redis-server") or "/usr/bin/redis-server"
+        args = [binary, str(conf)] + ([] if binary.endswith("redis-sentinel") else ["--sentinel"])
+        with open(self.folder / "sentinel.log", "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if self.primary_port() == self.primary.port:
+                    return self
+            except redis.RedisError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"redis-sentinel did not start:\n{(self.folder / 'sentinel.log').read_text()}")
+
+    def primary_port(self) -> int:
+        _host, port = redis.Redis(port=self.port, socket_timeout=5).execute_command(
+            "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name)
+        return int(port)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()

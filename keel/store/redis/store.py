@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-import redis
-from redis.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from ...errors import StateBehind, StoreUnavailable, UsageError
@@ -36,6 +34,7 @@ from ..base import (
 from . import scripts
 from .batch import ApplyBatch, PendingStep, state_behind
 from .codec import ProvenanceCache, clamped_point, decode_view, freshness_of, timeline_of
+from .connection import connect, redacted
 from .generations import RETRIES, GenerationAdmin, chunks
 from .keys import (
     LATEST,
@@ -133,24 +132,14 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
         options.setdefault("socket_timeout", 30)
         probed = cluster is None
         try:
-            if cluster is None:
-                probe = redis.Redis.from_url(url, **options)
-                try:
-                    cluster = bool(probe.info("cluster").get("cluster_enabled"))
-                finally:
-                    probe.close()
-            client: Client
-            if cluster:
-                client = RedisCluster.from_url(url, decode_responses=True, **options)
-            else:
-                client = redis.Redis.from_url(url, decode_responses=True, **options)
+            client = connect(url, cluster=cluster, **options)
             store_class: type[RedisStore] = cls
             if probed:                       # a process opening its store: connected now, check the layout
                 found = check_layout(client, check_name("namespace", namespace), upgrading=upgrading_layout,
                                      default=layout or cls.layout)
                 store_class = layout_class(convert_to or (found if found in LAYOUTS else LAYOUT_VERSION))
         except RedisError as e:
-            raise StoreUnavailable(f"cannot connect to Redis at {url}: {type(e).__name__}: {e}") from e
+            raise StoreUnavailable(f"cannot connect to Redis at {redacted(url)}: {type(e).__name__}: {e}") from e
         return store_class(client, namespace=namespace, strict_generations=strict_generations)
 
     @property
