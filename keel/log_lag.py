@@ -1,0 +1,104 @@
+"""How far the Redis graph is behind its log, measured when an answer is made: the log end of the tenant's
+partition (Kafka) minus what Redis holds of it (the partition's applied watermark, Store.advance_partitions).
+
+The `lag` the workers store with a tenant's commit is only as fresh as that commit: a stalled pipeline keeps
+answering with the lag of its last batch. This measure cannot go stale: when Kafka does not answer, the last log
+ends read are used and the answer says when they were read (`lag_measured_at`).
+
+Kafka's log ends are read by one consumer (no group) on a private event loop thread, at most once per `ttl_s`
+for all partitions, so a busy tools server asks the broker about once a second, not once per call.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from .errors import KafkaUnavailable
+from .kafka import admin_client, bootstrap_list
+from .store.base import Store
+from .times import Micros, now_micros
+from .wire import partition_for
+
+READ_TIMEOUT_S = 2.0
+
+
+class LogLag:
+    """`measure(tenant)` -> (records of the tenant's partition Redis does not hold, when the log end was read)."""
+
+    def __init__(self, bootstrap: str, topic: str, store: Store, *, ttl_s: float = 1.0) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.store = store
+        self.ttl_s = ttl_s
+        self._ends: dict[int, int] = {}
+        self._read_at: float | None = None           # monotonic time of the last successful read
+        self._read_at_micros: Micros | None = None
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._partitions: list[int] = []             # the topic's partitions (read once it exists)
+
+    def measure(self, tenant: str) -> tuple[int | None, Micros | None]:
+        """(lag, when the log end it is measured against was read); (None, None) when nothing could be read."""
+        ends = self._log_ends()
+        if not ends:
+            return None, None
+        partition = partition_for(tenant, len(ends))
+        applied = self.store.partitions_applied(self.topic, [partition]).get(partition)
+        end = ends.get(partition)
+        if end is None:
+            return None, None
+        return max(0, end - (applied + 1 if applied is not None else 0)), self._read_at_micros
+
+    def _log_ends(self) -> dict[int, int]:
+        with self._lock:
+            fresh = self._read_at is not None and time.monotonic() - self._read_at < self.ttl_s
+            if not fresh:
+                try:
+                    ends = asyncio.run_coroutine_threadsafe(self._read(), self._running()).result(READ_TIMEOUT_S)
+                except (KafkaError, KafkaUnavailable, FutureTimeout, OSError):
+                    ends = None                      # keep the last ends; the answer says when they were read
+                if ends:
+                    self._ends, self._read_at, self._read_at_micros = ends, time.monotonic(), now_micros()
+            return dict(self._ends)
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="keel-log-lag", daemon=True)
+            self._thread.start()
+        return self._loop
+
+    async def _read(self) -> dict[int, int]:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_list(self.bootstrap), enable_auto_commit=False,
+                                        client_id="keel-log-lag", request_timeout_ms=int(READ_TIMEOUT_S * 1000))
+            await consumer.start()
+            self._consumer = consumer
+        if not self._partitions:
+            async with admin_client(self.bootstrap) as admin:
+                [described] = await admin.describe_topics([self.topic])
+            if described["error_code"] != 0:
+                return {}
+            self._partitions = sorted(p["partition"] for p in described["partitions"])
+        ends = await self._consumer.end_offsets([TopicPartition(self.topic, p) for p in self._partitions])
+        return {tp.partition: int(end) for tp, end in ends.items()}
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        if self._consumer is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._consumer.stop(), self._loop).result(READ_TIMEOUT_S)
+            except (KafkaError, FutureTimeout, OSError):
+                pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(READ_TIMEOUT_S)
+        self._loop = None
