@@ -1,10 +1,16 @@
 """The five tools (DESIGN §5): context, history, search, annotate, related. The read path is
-tool → store; annotate goes tool → policy → log → projector → store, and returns what the store shows."""
+tool → store; annotate goes tool → policy → log → projector → store, and returns what the store shows.
+
+`Tools` is the public Python API (docs/python.md): get one from `keel.open(...).tools(tenant=...)`. The MCP
+server and the CLI call these same methods, so a method's result is the MCP tool's result object.
+"""
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
+from datetime import date, datetime
+from typing import Any, TypeVar, cast
 
 from .cartridge import Cartridge
 from .envelope import ANNOTATED, ENTITY, TENANT
@@ -12,22 +18,48 @@ from .errors import UnknownEntity, UnknownTenant, UsageError, WriteTimeout
 from .eventlog import EventLog
 from .limits import ValueRefused, check_value
 from .notes import NotePolicy, anonymous, check_note_name, note_id
+from .results import (
+    AnnotateResult,
+    ContextResult,
+    Fact,
+    FactVersion,
+    HistoryResult,
+    Known,
+    LabelVersion,
+    RelatedResult,
+    Relation,
+    RelationVersion,
+    Scope,
+    SearchHit,
+    SearchResult,
+)
 from .rules import verdict
 from .search import SearchIndex
-from .store.base import GLOBAL_TENANT, Freshness, Store, ViewRequest, of_relation, scope_key
+from .store.base import GLOBAL_TENANT, Freshness, Store, ViewRequest, of_relation
+from .store.writes import scope_key
 from .timeline import Assertion, Version
 from .times import Micros, format_time, now_micros, parse_time
 
 MAX_LIMIT = 100
 MAX_TEXT = 4096
 
+Time = str | date | datetime | None
+"""A time argument: RFC 3339 text or a date (`2026-09-15`), a `date` (midnight UTC), an aware `datetime`."""
+SearchIndexes = dict[str, tuple[object, SearchIndex]]     # tenant -> (the store's search_version, the index)
+_R = TypeVar("_R", bound=Known)
+
 
 class Tools:
-    """The five tools bound to one tenant and one caller identity (agent, task)."""
+    """The five tools bound to one tenant and one caller identity (agent, task).
+
+    Build one with `Graph.tools` (keel.connect): the graph shares its search indexes and its locks with every
+    Tools it makes (`read_lock` is held by the readers, `write_lock` by annotate; none by default)."""
 
     def __init__(self, cartridge: Cartridge, store: Store, tenant: str, agent: str | None = None,
                  task: str | None = None, *, log: EventLog | None = None, allow_global_notes: bool = False,
-                 clock: Callable[[], Micros] = now_micros) -> None:
+                 clock: Callable[[], Micros] = now_micros, search_indexes: SearchIndexes | None = None,
+                 read_lock: AbstractContextManager[object] | None = None,
+                 write_lock: AbstractContextManager[object] | None = None) -> None:
         if not isinstance(tenant, str) or not TENANT.fullmatch(tenant):
             raise UsageError(f"bad tenant {tenant!r}")
         self.cartridge = cartridge
@@ -38,12 +70,18 @@ class Tools:
         self.log = log
         self.clock = clock
         self.policy = NotePolicy(cartridge, store, allow_global=allow_global_notes)
-        self._index: tuple[object, SearchIndex] | None = None
+        self._indexes: SearchIndexes = {} if search_indexes is None else search_indexes
+        self._reading: AbstractContextManager[object] = read_lock if read_lock is not None else nullcontext()
+        self._writing: AbstractContextManager[object] = write_lock if write_lock is not None else nullcontext()
 
     # ---- readers ----------------------------------------------------------------------------
 
-    def context(self, entity: str, at: str | None = None, known_at: str | None = None) -> dict[str, Any]:
+    def context(self, entity: str, *, at: Time = None, known_at: Time = None) -> ContextResult:
         """An entity as of `at` (world time) and `known_at` (Keel's knowledge): labels, facts, relations, rules."""
+        with self._reading:
+            return self._context(entity, at, known_at)
+
+    def _context(self, entity: str, at: Time, known_at: Time) -> ContextResult:
         entity = self._entity_arg(entity)
         t, k = _time_arg(at, "at"), _time_arg(known_at, "known_at")
         entity_type = entity.partition(":")[0]
@@ -61,16 +99,22 @@ class Tools:
         verdicts = {r.name: r.describe() if r.program is None else
                     {**r.describe(), **verdict(r, view.facts, info.labels, view.relations, entity, when, declared)}
                     for r in rules}
-        return self._fresh({"entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels,
-                            "at": format_time(t), "known_at": format_time(k), "facts": facts,
-                            "relations": view.relations, "rules": verdicts}, view.freshness, k)
+        result: ContextResult = {
+            "entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels, "at": format_time(t),
+            "known_at": format_time(k), "facts": cast(list[Fact], facts),
+            "relations": cast(list[Relation], view.relations), "rules": verdicts, "known_through": None}
+        return self._fresh(result, view.freshness, k)
 
-    def history(self, entity: str, predicate: str | None = None, known_at: str | None = None) -> dict[str, Any]:
+    def history(self, entity: str, predicate: str | None = None, *, known_at: Time = None) -> HistoryResult:
         """Every version ever recorded (by `known_at`, when given) of each of an entity's timelines, closed and
         superseded ones included, each with its evidence and what superseded it: `versions` (facts and the
         notes the caller may see, by predicate then valid_from), `labels` (by label, `ref` included) and
         `relations` (either direction, by relation, subject, object). `predicate` keeps the timelines of
         that name (a fact predicate, a label or a relation)."""
+        with self._reading:
+            return self._history(entity, predicate, known_at)
+
+    def _history(self, entity: str, predicate: str | None, known_at: Time) -> HistoryResult:
         entity = self._entity_arg(entity)
         k = _time_arg(known_at, "known_at")
         predicate = _opt_text(predicate, "predicate")
@@ -91,13 +135,20 @@ class Tools:
             names = sorted(facts | {key[2] for key in keys if key[0] in "lr"})
             raise UsageError(f"predicate: {_clip(predicate)} is not a fact, label or relation of {entity}; use one "
                              f"of {', '.join(names) or '(none)'}")
-        return self._fresh({"entity": entity, "versions": versions, "labels": label_versions,
-                            "relations": relation_versions}, known_at=k)
+        result: HistoryResult = {
+            "entity": entity, "versions": cast(list[FactVersion], versions),
+            "labels": cast(list[LabelVersion], label_versions),
+            "relations": cast(list[RelationVersion], relation_versions), "known_through": None}
+        return self._fresh(result, known_at=k)
 
-    def search(self, query: str, type: str | None = None, limit: int = 10, at: str | None = None,
-               known_at: str | None = None) -> dict[str, Any]:
+    def search(self, query: str, *, type: str | None = None, limit: int = 10, at: Time = None,
+               known_at: Time = None) -> SearchResult:
         """BM25 over the tenant's entity ids, types, labels and the notes this caller may see, as they were at
         `at` (world time, default now) as known at `known_at` (default now)."""
+        with self._reading:
+            return self._search(query, type, limit, at, known_at)
+
+    def _search(self, query: str, type: str | None, limit: int, at: Time, known_at: Time) -> SearchResult:
         if not isinstance(query, str) or not query.strip():
             raise UsageError("query: give one or more words, e.g. a name, a product or an entity type")
         if len(query) > MAX_TEXT:
@@ -117,11 +168,17 @@ class Tools:
             where = f"{type} entities" if type else "entities"
             message = (f"no {where} match {query!r}; try broader or fewer words (a name, a product, a label) "
                        f"or an entity type such as {', '.join(sorted(self.cartridge.spec.entities))}")
-        return self._fresh({"query": query, "results": results, "message": message}, known_at=k)
+        result: SearchResult = {"query": query, "results": cast(list[SearchHit], results), "message": message,
+                                "known_through": None}
+        return self._fresh(result, known_at=k)
 
-    def related(self, entity: str, relation: str | None = None, at: str | None = None,
-                known_at: str | None = None) -> dict[str, Any]:
+    def related(self, entity: str, relation: str | None = None, *, at: Time = None,
+                known_at: Time = None) -> RelatedResult:
         """Relations valid at `at` with the entity at either end, as known at `known_at`."""
+        with self._reading:
+            return self._related(entity, relation, at, known_at)
+
+    def _related(self, entity: str, relation: str | None, at: Time, known_at: Time) -> RelatedResult:
         entity = self._entity_arg(entity)
         relation = _opt_text(relation, "relation")
         if relation is not None:
@@ -130,15 +187,22 @@ class Tools:
         view = self.store.view(self.tenant, entity, at=t if t is not None else self.clock(), known_at=k, parts="r")
         if view is None:                    # the view tells an unknown entity: no existence check first
             raise self._unknown(entity)
-        return self._fresh({"entity": entity, "relations": of_relation(view.relations, relation)}, view.freshness,
-                           k)
+        result: RelatedResult = {"entity": entity, "relations": cast(list[Relation], of_relation(view.relations,
+                                                                                                  relation)),
+                                 "known_through": None}
+        return self._fresh(result, view.freshness, k)
 
     # ---- the writer -------------------------------------------------------------------------
 
-    def annotate(self, entity: str, predicate: str, value: Any, scope: str,
-                 evidence: str | None = None) -> dict[str, Any]:
+    def annotate(self, entity: str, predicate: str, value: Any, scope: Scope, *,
+                 evidence: str | None = None) -> AnnotateResult:
         """Write a note (agent memory) as a keel.annotated event; returns the fact as the graph shows it.
         Its task and agent are the caller's binding, never an argument."""
+        with self._writing:
+            return self._annotate(entity, predicate, value, scope, evidence)
+
+    def _annotate(self, entity: str, predicate: str, value: Any, scope: Scope,
+                  evidence: str | None) -> AnnotateResult:
         entity = self._entity_arg(entity, notes_on=scope == "global")
         predicate = check_note_name(predicate)
         evidence = _opt_text(evidence, "evidence")
@@ -167,8 +231,10 @@ class Tools:
         try:
             self.log.append(envelope)
         except WriteTimeout as e:        # in the log: it will be applied; a retry of this call is the same note
-            return self._fresh({"applied": False, "event_id": event_id, "message": f"{e}. The note is in the log "
-                                f"and will be applied; calling again with the same arguments does not write it twice."})
+            pending: AnnotateResult = {
+                "applied": False, "event_id": event_id, "message": f"{e}. The note is in the log and will be "
+                f"applied; calling again with the same arguments does not write it twice.", "known_through": None}
+            return self._fresh(pending)
         owner = task if scope == "task" else self.agent if scope == "agent" else None
         where = GLOBAL_TENANT if scope == "global" else self.tenant
         mine = [f for f in self.store.history(where, entity, predicate=predicate, scopes=[scope_key(scope, owner)])
@@ -177,13 +243,13 @@ class Tools:
             raise UsageError(f"note {event_id} was logged but is not in the graph")
         exact = [f for f in mine if f["valid_from"] == stamp and f["recorded_at"] == stamp]
         fact = (exact or mine)[-1]
-        return self._fresh({"fact": anonymous(fact) if scope == "global" else fact, "applied": True,
-                            "event_id": event_id})
+        result: AnnotateResult = {"fact": cast(FactVersion, anonymous(fact) if scope == "global" else fact),
+                                  "applied": True, "event_id": event_id, "known_through": None}
+        return self._fresh(result)
 
     # ---- helpers ----------------------------------------------------------------------------
 
-    def _fresh(self, result: dict[str, Any], freshness: Freshness | None = None,
-               known_at: Micros | None = None) -> dict[str, Any]:
+    def _fresh(self, result: _R, freshness: Freshness | None = None, known_at: Micros | None = None) -> _R:
         """The result with `known_through`, what the answer is based on: the latest recorded_at applied for the
         tenant, or with `known_at` K before it, K itself (the answer is the state after exactly the events
         recorded by K), then `applied_through` (the latest recorded_at applied) whenever K is given; and, where
@@ -233,10 +299,13 @@ class Tools:
                              f"{', '.join(sorted(names))}")
 
     def _search_index(self) -> SearchIndex:
+        """The tenant's index, rebuilt when the store's search_version moved (shared by a graph's Tools: it
+        depends on the tenant only, the caller's scopes filter at query time)."""
         version = self.store.search_version(self.tenant)
-        if self._index is None or version is None or self._index[0] != version:
-            self._index = (version, SearchIndex(self.store.search_entities(self.tenant)))
-        return self._index[1]
+        cached = self._indexes.get(self.tenant)
+        if cached is None or version is None or cached[0] != version:
+            cached = self._indexes[self.tenant] = (version, SearchIndex(self.store.search_entities(self.tenant)))
+        return cached[1]
 
 
 def _version(v: Version, by: Assertion | None) -> dict[str, Any]:
@@ -280,10 +349,15 @@ def _clip(value: object, limit: int = 60) -> str:
 
 
 def _time_arg(value: object, name: str) -> Micros | None:
+    """A time argument: text (RFC 3339 or a date), a date (midnight UTC) or an aware datetime (JSON gives
+    text only, so the MCP tools see the first kind)."""
     if value is None or value == "":
         return None
+    if isinstance(value, datetime) and (value.tzinfo is None or value.utcoffset() is None):
+        raise UsageError(f"{name}: {_clip(value)} has no time zone; give an aware datetime, e.g. "
+                         f"datetime(2026, 9, 15, tzinfo=timezone.utc)")
     try:
-        return parse_time(value if isinstance(value, str) else str(value))
+        return parse_time(value if isinstance(value, date) else str(value))
     except UsageError:
         raise UsageError(f"{name}: {_clip(value)} is neither RFC 3339 (2026-09-15T00:00:00Z) nor a date "
                          f"(2026-09-15)") from None
