@@ -1,5 +1,15 @@
-"""Keel: domain events → one bitemporal graph per tenant → five tools for every agent."""
+"""Keel: domain events → one bitemporal graph per tenant → five tools for every agent.
+
+    import keel
+    with keel.open("cartridges/finance", events="events.jsonl") as graph:     # or redis=URL (KEEL_* defaults)
+        tools = graph.tools(tenant="hogar-demo", agent="debts", task="visa-plan")
+        tools.context("debt:visa", at="2026-09-15")
+
+`__all__` is the public API; docs/python.md says which names are stable.
+"""
+from .api import open
 from .cartridge import Cartridge, load_cartridge
+from .connect import Graph
 from .digest import digest
 from .envelope import Envelope, Event
 from .errors import (
@@ -8,8 +18,10 @@ from .errors import (
     DomainError,
     EnvelopeRejected,
     HandlerFailed,
+    KafkaUnavailable,
     KeelError,
     NoteRefused,
+    ServiceUnavailable,
     StoreUnavailable,
     UnknownEntity,
     UnknownTenant,
@@ -17,11 +29,30 @@ from .errors import (
 )
 from .projector import Projector
 from .registry import Registry
+from .results import (
+    AnnotateResult,
+    ContextResult,
+    Fact,
+    FactVersion,
+    HistoryResult,
+    LabelVersion,
+    RelatedResult,
+    Relation,
+    RelationVersion,
+    Scope,
+    SearchHit,
+    SearchResult,
+)
 from .store.base import Store
 from .store.memory import MemoryStore
-from .tools import Tools
+from .tools import Time, Tools
 
-__all__ = ["BadTime", "Cartridge", "CartridgeInvalid", "DomainError", "Envelope", "EnvelopeRejected", "Event",
-           "HandlerFailed", "KeelError", "MemoryStore", "NoteRefused", "Projector", "Registry", "Store",
-           "StoreUnavailable", "Tools", "UnknownEntity", "UnknownTenant",
-           "UsageError", "digest", "load_cartridge"]
+# The public names, listed once; docs/python.md says which are stable.
+__all__ = [
+    "AnnotateResult", "BadTime", "Cartridge", "CartridgeInvalid", "ContextResult", "DomainError",
+    "Envelope", "EnvelopeRejected", "Event", "Fact", "FactVersion", "Graph", "HandlerFailed",
+    "HistoryResult", "KafkaUnavailable", "KeelError", "LabelVersion", "MemoryStore", "NoteRefused",
+    "Projector", "Registry", "RelatedResult", "Relation", "RelationVersion", "Scope", "SearchHit",
+    "SearchResult", "ServiceUnavailable", "Store", "StoreUnavailable", "Time", "Tools", "UnknownEntity",
+    "UnknownTenant", "UsageError", "digest", "load_cartridge", "open",
+]

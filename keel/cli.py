@@ -45,7 +45,6 @@ from .projector import Projector
 from .rule_checks import stream_problems, unmet_rules
 from .store.memory import MemoryStore
 from .times import now_micros
-from .tools import Tools
 
 QUERY_HELP = {
     "context": "an entity as of a world time and a knowledge time: labels, facts, relations, rules",
@@ -201,8 +200,7 @@ class Session:
         self.store, self.log = self.graph.store, self.graph.log
         self.rest = rest
         self.tenant = pick_tenant(args.tenant, self.graph.tenants)
-        self.tools = Tools(self.cartridge, self.store, self.tenant, agent=args.agent, task=args.task, log=self.log,
-                           allow_global_notes=settings.allow_global_notes)
+        self.tools = self.graph.tools(tenant=self.tenant, agent=args.agent, task=args.task)   # as keel.open's
 
     def __enter__(self) -> Self:
         return self

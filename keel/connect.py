@@ -4,10 +4,15 @@ An events file means embedded mode: the file replayed into a MemoryStore, notes 
 Otherwise the Redis URL of the resolved settings (`--redis`, else KEEL_REDIS_URL) means the graph the
 workers maintain, with notes produced to the cartridge's topic (KafkaLog). So KEEL_REDIS_URL means the same
 thing to `keel context`, `keel digest`, `keel serve`, `keel worker`, `keel status` and `keel replay`.
+
+A Graph hands out the five tools (`Graph.tools`): the one way the CLI, the MCP server and Python callers
+(`keel.open`, keel/api.py) get them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, TextIO
 
@@ -17,6 +22,7 @@ from .embedded import build_embedded
 from .errors import UsageError
 from .eventlog import EventLog, FileLog
 from .store.base import Store
+from .tools import SearchIndexes, Tools
 
 if TYPE_CHECKING:
     from .store.redis import RedisStore
@@ -24,15 +30,34 @@ if TYPE_CHECKING:
 
 @dataclass
 class Graph:
-    """An opened graph: its store, the log annotate writes to, and (embedded) the tenants of the file."""
+    """An opened graph: its store, the log annotate writes to, and (embedded) the tenants of the file.
+
+    Safe to share between threads: an embedded graph (a MemoryStore changed in place by annotate) runs one
+    call at a time; on Redis, reads run side by side and annotate calls one at a time (one Kafka producer)."""
     cartridge: Cartridge
     store: Store
     log: EventLog | None
     tenants: list[str] | None = None        # None: unknown (Redis); a file lists the tenants it holds
     events: Path | None = None
     embedded: bool = False
+    allow_global_notes: bool = False        # the operator switch (Settings.allow_global_notes)
+    write_lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+    _indexes: SearchIndexes = field(default_factory=dict, repr=False, compare=False)
+
+    def tools(self, *, tenant: str, agent: str | None = None, task: str | None = None) -> Tools:
+        """The five tools for one caller: `tenant`, and the `agent` and `task` whose private notes it reads and
+        writes (task notes need a task). Cheap: make one per request or per conversation if that is simpler."""
+        for name, value in (("agent", agent), ("task", task)):
+            if value is not None and (not isinstance(value, str) or not value or len(value) > 256):
+                raise UsageError(f"bad {name} {value!r}: a non-empty string of at most 256 characters, or None")
+        reads: AbstractContextManager[object] = self.write_lock if self.embedded else nullcontext()
+        return Tools(self.cartridge, self.store, tenant, agent=agent, task=task, log=self.log,
+                     allow_global_notes=self.allow_global_notes, search_indexes=self._indexes,
+                     read_lock=reads, write_lock=self.write_lock)
 
     def close(self) -> None:
+        """Close the log (a Kafka producer in Redis mode) and the store (its connections). Calls still running
+        on other threads must have returned."""
         close_graph(self.store, self.log)
 
     def __enter__(self) -> Self:
@@ -79,7 +104,8 @@ def open_graph(cartridge: Cartridge, settings: Settings, events: str | Path | No
         path = Path(events)         # a missing, unreadable or folder path: build_embedded says which (usage)
         # reading the file's global notes needs no switch; Tools applies it to writing them (docs/semantics.md)
         projector, report = build_embedded(cartridge, path, allow_global_notes=True, stream=stream)
-        return Graph(cartridge, projector.store, FileLog(projector, path), sorted(report.tenants), path, True)
+        return Graph(cartridge, projector.store, FileLog(projector, path), sorted(report.tenants), path, True,
+                     settings.allow_global_notes)
     if not settings.redis_url:
         raise UsageError("give an events file (embedded) or --redis URL (or set KEEL_REDIS_URL)")
     store = open_redis_store(cartridge, settings)
@@ -88,4 +114,4 @@ def open_graph(cartridge: Cartridge, settings: Settings, events: str | Path | No
     except BaseException:
         store.close()
         raise
-    return Graph(cartridge, store, log)
+    return Graph(cartridge, store, log, allow_global_notes=settings.allow_global_notes)

@@ -1,4 +1,5 @@
-"""Where the tools read and write: a cartridge, its store and its log, and one Tools per caller identity."""
+"""Where the tools read and write: a cartridge, its store and its log, and one Tools per caller identity, made
+by the graph (keel.connect.Graph.tools) exactly as `keel.open(...).tools(...)` makes them for Python callers."""
 from __future__ import annotations
 
 import threading
@@ -20,14 +21,16 @@ class Backend:
     """Opened store and log of one cartridge. `blocking` backends (network stores) run calls in a thread."""
 
     def __init__(self, cartridge: Cartridge, store: Store, log: EventLog | None, *, blocking: bool,
-                 allow_global_notes: bool = False, tenants: list[str] | None = None) -> None:
+                 allow_global_notes: bool = False, tenants: list[str] | None = None, graph: Graph | None = None) -> None:
         self.cartridge = cartridge
         self.store = store
         self.log = log
         self.blocking = blocking
         self.allow_global_notes = allow_global_notes
         self.tenants = tenants
-        self.write_lock = threading.Lock()      # one annotate at a time through a shared log
+        self.graph = graph if graph is not None else Graph(cartridge, store, log, tenants, embedded=not blocking,
+                                                           allow_global_notes=allow_global_notes)
+        self.write_lock = self.graph.write_lock     # one annotate at a time through a shared log (reentrant)
         self._tools: dict[Identity, Tools] = {}
         self._tools_lock = threading.Lock()
 
@@ -38,8 +41,7 @@ class Backend:
             with self._tools_lock:
                 tools = self._tools.get(identity)
                 if tools is None:
-                    tools = Tools(self.cartridge, self.store, identity.tenant, agent=identity.agent,
-                                  task=identity.task, log=self.log, allow_global_notes=self.allow_global_notes)
+                    tools = self.graph.tools(tenant=identity.tenant, agent=identity.agent, task=identity.task)
                     self._tools[identity] = tools
         return tools
 
@@ -62,7 +64,7 @@ class Backend:
     def of(cls, graph: Graph, settings: Settings) -> Backend:
         """The backend of an opened graph (keel.connect): network stores are `blocking`."""
         return cls(graph.cartridge, graph.store, graph.log, blocking=not graph.embedded,
-                   allow_global_notes=settings.allow_global_notes, tenants=graph.tenants)
+                   allow_global_notes=settings.allow_global_notes, tenants=graph.tenants, graph=graph)
 
     @classmethod
     def embedded(cls, cartridge: Cartridge, events: str | Path, *, allow_global_notes: bool = False,

@@ -1,0 +1,32 @@
+"""The Python entry point: `keel.open(cartridge, events=... | redis=...)` → a Graph → `graph.tools(tenant=...)`.
+
+It decides where the graph lives exactly as the `keel` commands do (keel.config.resolve: the arguments
+given, then KEEL_* variables, then defaults; keel.connect.open_graph opens it). docs/python.md is its manual.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .cartridge import Cartridge, load_cartridge
+from .config import resolve
+from .connect import Graph, open_graph
+from .errors import UsageError
+
+
+def open(cartridge: str | Path | Cartridge, *, events: str | Path | None = None, redis: str | None = None,
+         kafka: str | None = None) -> Graph:
+    """Open a cartridge's graph: built in memory from an `events` file (embedded: annotate appends to that
+    file), or the Redis graph the workers maintain (`redis` URL, else KEEL_REDIS_URL; annotate produces to
+    the cartridge's topic at `kafka`, else KEEL_KAFKA_BOOTSTRAP, else 127.0.0.1:9092, and returns once a
+    worker applied the note). Use it as a context manager, or call `close()`.
+
+    KEEL_ALLOW_GLOBAL_NOTES, KEEL_APPLY_TIMEOUT and KEEL_REDIS_LAYOUT apply as they do to the commands. Raises
+    UsageError (no graph named, both named, a bad cartridge: CartridgeInvalid) or ServiceUnavailable (Redis
+    cannot be reached). Bad lines of an events file are reported on stderr and skipped, as the CLI does."""
+    if events is not None and redis is not None:
+        raise UsageError("give one of events= (a JSONL file, embedded) or redis= (a Redis URL), not both")
+    settings = resolve({"redis": redis, "kafka": kafka})
+    if events is None and not settings.redis_url:
+        raise UsageError("give events= (a JSONL file, embedded) or redis= (a Redis URL), or set KEEL_REDIS_URL")
+    loaded = cartridge if isinstance(cartridge, Cartridge) else load_cartridge(cartridge)
+    return open_graph(loaded, settings, events)
