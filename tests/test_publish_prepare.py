@@ -54,3 +54,16 @@ def test_publish_reports_an_unreachable_kafka_without_a_traceback(tmp_path: Path
 def test_publish_needs_an_existing_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["publish", str(ROOT / "cartridges" / "finance"), "/nonexistent/events.jsonl"]) == 2
     assert "/nonexistent/events.jsonl" in capsys.readouterr().err
+
+
+def test_publish_takes_the_events_file_in_either_spelling(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21: every command that reads an events file takes it as an argument or as --events."""
+    finance = str(ROOT / "cartridges" / "finance")
+    events = str(ROOT / "cartridges" / "finance" / "events.jsonl")
+    assert main(["publish", finance, "--events", events, "--kafka", "127.0.0.1:1", "--quiet"]) == EXIT_UNAVAILABLE
+    assert main(["publish", finance, "--events", "/nonexistent/a.jsonl"]) == 2
+    assert "/nonexistent/a.jsonl" in capsys.readouterr().err
+    assert main(["publish", finance, events, "--events", "/nonexistent/a.jsonl"]) == 2
+    assert "two events files" in capsys.readouterr().err
+    assert main(["publish", finance]) == 2
+    assert "give the events file" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from keel.commandline import positive_int, settings_of
+from keel.commandline import add_events_arguments, events_of, positive_int, settings_of
 from keel.health import add_probe_arguments
 from keel.logs import add_log_arguments, log_format, setup_logging
 
@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "with their line numbers and not sent. Exit 0 when every line was sent, "
                                    "2 when some were rejected (the valid ones are sent).")
     p.add_argument("cartridge", help="cartridge folder")
-    p.add_argument("events", help="JSONL events file")
+    add_events_arguments(p, "JSONL events file")
     p.add_argument("--recorded-at", choices=("occurred", "now"), default="occurred",
                    help="recorded_at of envelopes without one: occurred_at, as file mode does (default), or the "
                         "time of publishing (for fixed dead letters and late data: knowledge is not backdated)")
@@ -154,15 +154,18 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from .publish import publish_file
 
     cartridge = load_cartridge(args.cartridge)
+    events = events_of(args)
+    if events is None:
+        raise UsageError("give the events file to publish: keel publish <cartridge> <events> (or --events FILE)")
     try:
-        open(args.events, "rb").close()
+        open(events, "rb").close()
     except OSError as e:
-        raise UsageError(f"events file {args.events}: {e.strerror}") from None
+        raise UsageError(f"events file {events}: {e.strerror}") from None
     settings = settings_of(args)
     progress = None if args.quiet or not sys.stderr.isatty() else _progress_printer()
-    report = publish_file(cartridge, args.events, settings.kafka_bootstrap,
+    report = publish_file(cartridge, events, settings.kafka_bootstrap,
                           topics=TopicSpec(args.partitions, args.replication_factor),
-                          on_reject=print_reject(args.events), progress=progress,
+                          on_reject=print_reject(events), progress=progress,
                           recorded_now=args.recorded_at == "now")
     if progress is not None:
         print(file=sys.stderr)
