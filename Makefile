@@ -31,6 +31,7 @@ test-embedded: install  ## only the tests that need no servers
 
 lint: install
 	$(BIN)/ruff check keel workers tools_server cartridges tests bench
+	$(BIN)/mypy    # the public Python API, strict (pyproject.toml [tool.mypy], docs/python.md)
 
 bench: install
 	$(BIN)/python bench/embedded.py
