@@ -8,10 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
+from .cartridge_spec import (
+    CartridgeSpec,
+    EntitySpec,
+    EventSpec,
+    FieldSpec,  # noqa: F401 - keel.cartridge names the schema it loads (tests import it from here)
+    RelationSpec,
+    RuleSpec,
+)
 from .errors import CartridgeInvalid
-from .limits import Limits
+from .projection import compile_projections
 from .registry import Registry
 from .rules import RESERVED, Rule, check_names, compile_rule
 from .times import parse_duration
@@ -21,75 +29,6 @@ PAYLOAD_TYPES = ("string", "number", "integer", "boolean", "date", "datetime", "
 SCOPES = ("global", "tenant", "task", "agent")
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 EVENT_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EntitySpec(_Strict):
-    description: str = ""
-    ref: str | None = None
-
-
-class RelationSpec(_Strict):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-    from_: str = Field(alias="from")
-    to: str
-    description: str = ""
-
-
-class FieldSpec(_Strict):
-    """One payload field: its type and whether it may be absent."""
-    type: str
-    optional: bool = False
-
-
-class EventSpec(_Strict):
-    subject: str
-    owner: str
-    description: str = ""
-    payload: dict[str, str] = Field(default_factory=dict)
-    project: list[Any] | None = None      # declarative steps (keel.projection) instead of a Python handler
-
-    def fields(self) -> dict[str, FieldSpec]:
-        out = {}
-        for name, text in self.payload.items():
-            words = str(text).split()
-            optional = len(words) == 2 and words[0] == "optional"
-            out[name] = FieldSpec(type=words[-1] if words else "", optional=optional)
-        return out
-
-
-class RuleSpec(BaseModel):
-    """A named business definition; `when` an optional CEL condition Keel evaluates (keel/rules.py);
-    keys besides applies_to/definition/when are parameters."""
-    model_config = ConfigDict(extra="allow", frozen=True)
-    applies_to: str
-    definition: str
-    when: str | None = None
-
-    def params(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-
-class MemorySpec(_Strict):
-    ttl: dict[str, str] = Field(default_factory=lambda: {"tenant": "never", "task": "30d", "agent": "1d"})
-    requires_evidence: list[str] = Field(default_factory=lambda: ["global", "tenant"])
-
-    def ttl_micros(self, scope: str) -> int | None:
-        return parse_duration(self.ttl.get(scope, "never"))
-
-
-class CartridgeSpec(_Strict):
-    name: str
-    description: str = ""
-    entities: dict[str, EntitySpec] = Field(default_factory=dict)
-    relations: dict[str, RelationSpec] = Field(default_factory=dict)
-    events: dict[str, EventSpec] = Field(default_factory=dict)
-    rules: dict[str, RuleSpec] = Field(default_factory=dict)
-    memory: MemorySpec = Field(default_factory=MemorySpec)
-    limits: Limits = Field(default_factory=Limits)
 
 
 class Cartridge:
@@ -131,8 +70,6 @@ def compile_rules(spec: CartridgeSpec) -> tuple[dict[str, Rule], list[str]]:
 def load_cartridge(path: str | Path) -> Cartridge:
     """Load and validate `<path>/cartridge.yaml` and `<path>/handlers.py` (optional when every event type has
     `project:` steps), compiling the declarative projections once. Raises CartridgeInvalid with every problem."""
-    # imported here: keel.projection builds writes (store.base), and store.base imports envelope, which imports us
-    from .projection import compile_projections
     folder = Path(path)
     spec, problems, dropped = _load_spec(folder)
     registry = None

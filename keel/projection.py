@@ -30,15 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
 from string import Formatter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .cartridge_spec import CartridgeSpec, EventSpec
 from .errors import BadTime
 from .store.writes import REF_LABEL, Write, checked_label_writes
 from .timeline import Assertion
 from .times import format_time, parse_time
-
-if TYPE_CHECKING:   # the spec classes live in .cartridge, which imports this module
-    from .cartridge import CartridgeSpec, EventSpec
 
 EVENT_ATTRIBUTES = ("id", "tenant", "type", "subject", "subject_type", "subject_id", "source", "by",
                     "occurred_at", "recorded_at")

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:                  # keel.cartridge names its topics here; keel.envelope imports keel.cartridge
-    from .envelope import Event
+from typing import Any, Protocol
 
 # Dead-letter headers: why a record was refused and where it came from.
 REASON = "keel.reason"
@@ -53,7 +50,14 @@ def record_key(tenant: str) -> bytes:
     return tenant.encode()
 
 
-def canonical_bytes(event: Event) -> bytes:
+class Enveloped(Protocol):
+    """What gives its canonical envelope: keel.envelope.Event (this module sits below the envelope's, which
+    builds on the cartridges that name their topics here)."""
+
+    def to_envelope(self) -> dict[str, Any]: ...
+
+
+def canonical_bytes(event: Enveloped) -> bytes:
     """The record value of an event: its canonical envelope (`Event.to_envelope()`) as compact JSON."""
     return json.dumps(event.to_envelope(), ensure_ascii=False, separators=(",", ":")).encode()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from keel.envelope import TENANT
+from keel.identifiers import TENANT
 
 from .errors import SecretsInvalid
 

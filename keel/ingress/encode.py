@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from keel.cartridge import Cartridge
-from keel.envelope import TENANT, Catalog
+from keel.envelope import Catalog
 from keel.errors import EnvelopeRejected
+from keel.identifiers import TENANT
 
 from .producer import KafkaSink
 from .records import OutRecord, dead_letter, event_record

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..envelope import ENTITY
 from ..errors import UsageError
+from ..identifiers import ENTITY
 from ..timeline import Assertion, new_assertion
 from ..times import Micros, parse_time
 

@@ -54,8 +54,8 @@ from __future__ import annotations
 import json
 import re
 
-from ...envelope import TENANT
 from ...errors import UsageError
+from ...identifiers import TENANT
 from ..base import GLOBAL_TENANT, Key
 
 ARITY = {"e": 0, "l": 1, "f": 2, "r": 2}      # key parts after the owner, by timeline kind

@@ -1,0 +1,80 @@
+"""What a cartridge declares in cartridge.yaml, as pydantic models: entities, relations, event types and their
+payloads, rules, the memory policy and limits. keel.cartridge loads and cross-checks a folder into these;
+keel.projection compiles an event type's `project:` steps and keel.envelope its payload schema from them."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .limits import Limits
+from .times import parse_duration
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EntitySpec(_Strict):
+    description: str = ""
+    ref: str | None = None
+
+
+class RelationSpec(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    from_: str = Field(alias="from")
+    to: str
+    description: str = ""
+
+
+class FieldSpec(_Strict):
+    """One payload field: its type and whether it may be absent."""
+    type: str
+    optional: bool = False
+
+
+class EventSpec(_Strict):
+    subject: str
+    owner: str
+    description: str = ""
+    payload: dict[str, str] = Field(default_factory=dict)
+    project: list[Any] | None = None      # declarative steps (keel.projection) instead of a Python handler
+
+    def fields(self) -> dict[str, FieldSpec]:
+        out = {}
+        for name, text in self.payload.items():
+            words = str(text).split()
+            optional = len(words) == 2 and words[0] == "optional"
+            out[name] = FieldSpec(type=words[-1] if words else "", optional=optional)
+        return out
+
+
+class RuleSpec(BaseModel):
+    """A named business definition; `when` an optional CEL condition Keel evaluates (keel/rules.py);
+    keys besides applies_to/definition/when are parameters."""
+    model_config = ConfigDict(extra="allow", frozen=True)
+    applies_to: str
+    definition: str
+    when: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class MemorySpec(_Strict):
+    ttl: dict[str, str] = Field(default_factory=lambda: {"tenant": "never", "task": "30d", "agent": "1d"})
+    requires_evidence: list[str] = Field(default_factory=lambda: ["global", "tenant"])
+
+    def ttl_micros(self, scope: str) -> int | None:
+        return parse_duration(self.ttl.get(scope, "never"))
+
+
+class CartridgeSpec(_Strict):
+    name: str
+    description: str = ""
+    entities: dict[str, EntitySpec] = Field(default_factory=dict)
+    relations: dict[str, RelationSpec] = Field(default_factory=dict)
+    events: dict[str, EventSpec] = Field(default_factory=dict)
+    rules: dict[str, RuleSpec] = Field(default_factory=dict)
+    memory: MemorySpec = Field(default_factory=MemorySpec)
+    limits: Limits = Field(default_factory=Limits)
