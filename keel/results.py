@@ -3,10 +3,9 @@
 At run time every result is a plain dict (JSON-ready: str, int, float, bool, None, lists and dicts), the
 same object the MCP server encodes; these types only describe it for readers and type checkers. Times are
 RFC 3339 strings in UTC (`2026-09-15T00:00:00Z`). Fields marked NotRequired appear only in some results
-(docs/python.md says when). tests/test_python_api.py checks real results against these declarations.
+(docs/python.md says when). tests/test_python_api.py checks real results against these declarations. (No `from __future__ import
+annotations` here: Python 3.11 reads NotRequired only from evaluated annotations.)
 """
-from __future__ import annotations
-
 from typing import Any, Literal, NotRequired, TypedDict
 
 Scope = Literal["tenant", "task", "agent", "global"]

@@ -6,6 +6,7 @@ server and the CLI call these same methods, so a method's result is the MCP tool
 """
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
@@ -13,9 +14,10 @@ from datetime import date, datetime
 from typing import Any, TypeVar, cast
 
 from .cartridge import Cartridge
-from .envelope import ANNOTATED, ENTITY, TENANT
+from .envelope import ANNOTATED
 from .errors import UnknownEntity, UnknownTenant, UsageError, WriteTimeout
 from .eventlog import EventLog
+from .identifiers import ENTITY, TENANT
 from .limits import ValueRefused, check_value
 from .notes import NotePolicy, anonymous, check_note_name, note_id
 from .results import (
@@ -96,12 +98,13 @@ class Tools:
         info = view.info
         facts = view.facts + self.policy.global_notes(notes)
         declared = self.cartridge.relations_of(entity_type)
-        verdicts = {r.name: r.describe() if r.program is None else
-                    {**r.describe(), **verdict(r, view.facts, info.labels, view.relations, entity, when, declared)}
+        verdicts = {r.name: _owned(r.describe()) if r.program is None else
+                    {**_owned(r.describe()), **verdict(r, view.facts, info.labels, view.relations, entity, when,
+                                                       declared)}
                     for r in rules}
         result: ContextResult = {
-            "entity": entity, "type": info.type, "ref": info.ref, "labels": info.labels, "at": format_time(t),
-            "known_at": format_time(k), "facts": cast(list[Fact], facts),
+            "entity": entity, "type": info.type, "ref": info.ref, "labels": _owned(info.labels),
+            "at": format_time(t), "known_at": format_time(k), "facts": cast(list[Fact], _owned_values(facts)),
             "relations": cast(list[Relation], view.relations), "rules": verdicts, "known_through": None}
         return self._fresh(result, view.freshness, k)
 
@@ -126,7 +129,7 @@ class Tools:
         relations = sorted((key for key in keys if key[0] == "r" and predicate in (None, key[2])),
                            key=lambda key: (key[2], key[1], key[3]))
         found = self.store.recorded_versions_many(self.tenant, labels + relations, k) if labels or relations else []
-        label_versions = [{"label": key[2], "value": v.assertion.value, **_version(v, by)}
+        label_versions = [{"label": key[2], "value": _own(v.assertion.value), **_version(v, by)}
                           for key, recorded in zip(labels, found) for v, by in recorded]
         relation_versions = [{"subject": key[1], "relation": key[2], "object": key[3], **_version(v, by)}
                              for key, recorded in zip(relations, found[len(labels):]) for v, by in recorded]
@@ -136,7 +139,7 @@ class Tools:
             raise UsageError(f"predicate: {_clip(predicate)} is not a fact, label or relation of {entity}; use one "
                              f"of {', '.join(names) or '(none)'}")
         result: HistoryResult = {
-            "entity": entity, "versions": cast(list[FactVersion], versions),
+            "entity": entity, "versions": cast(list[FactVersion], _owned_values(versions)),
             "labels": cast(list[LabelVersion], label_versions),
             "relations": cast(list[RelationVersion], relation_versions), "known_through": None}
         return self._fresh(result, known_at=k)
@@ -161,6 +164,8 @@ class Tools:
         results = self._search_index().search(
             query, at=t if t is not None else self.clock(), known_at=k, type=type, limit=limit,
             scopes=self.policy.visible_scopes(task=self.task, agent=self.agent))
+        for hit in results:
+            hit["labels"] = _owned(hit["labels"])
         if results:
             message = f"{len(results)} result{'s' if len(results) != 1 else ''}"
         else:
@@ -207,7 +212,7 @@ class Tools:
         predicate = check_note_name(predicate)
         evidence = _opt_text(evidence, "evidence")
         task = self.task
-        _check_note_value(value, self.cartridge.spec.limits.value_bytes)
+        value = _check_note_value(value, self.cartridge.spec.limits.value_bytes)     # the caller's object stays theirs
         if self.log is None:
             raise UsageError("this Tools instance has no event log to write notes to")
         self._require_tenant()
@@ -242,7 +247,7 @@ class Tools:
         if not mine:
             raise UsageError(f"note {event_id} was logged but is not in the graph")
         exact = [f for f in mine if f["valid_from"] == stamp and f["recorded_at"] == stamp]
-        fact = (exact or mine)[-1]
+        fact = _owned_values([(exact or mine)[-1]])[0]
         result: AnnotateResult = {"fact": cast(FactVersion, anonymous(fact) if scope == "global" else fact),
                                   "applied": True, "event_id": event_id, "known_through": None}
         return self._fresh(result)
@@ -324,10 +329,33 @@ def _entity_arg(entity: object) -> str:
     return entity
 
 
-def _check_note_value(value: Any, limit: int) -> None:
+def _own(value: Any) -> Any:
+    """A JSON value the caller may change: objects and arrays copied (an embedded graph, the search index and
+    the cartridge keep theirs in memory and would hand out their own)."""
+    return copy.deepcopy(value) if isinstance(value, (dict, list)) else value
+
+
+def _owned(values: dict[str, Any]) -> dict[str, Any]:
+    """A mapping of JSON values (labels, rule parameters) the caller may change, copied only when it holds
+    an object or an array (the mapping itself is a new one per call)."""
+    if any(isinstance(v, (dict, list)) for v in values.values()):
+        return {k: _own(v) for k, v in values.items()}
+    return values
+
+
+def _owned_values(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fact results (new dicts per call) whose `value` the caller may change."""
+    for row in rows:
+        if isinstance(row["value"], (dict, list)):
+            row["value"] = copy.deepcopy(row["value"])
+    return rows
+
+
+def _check_note_value(value: Any, limit: int) -> Any:
     """A note's value: any JSON of at most `limit` bytes (the cartridge's limits.value_bytes) in UTF-8, the
     check the projector makes when the note is applied (keel.limits.check_value), so a note this passes is
-    never refused for its size after it reached the log (events file or Kafka topic)."""
+    never refused for its size after it reached the log (events file or Kafka topic). Returns the value as
+    JSON reads it back: a copy, so the caller's object stays theirs."""
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError):
@@ -340,6 +368,7 @@ def _check_note_value(value: Any, limit: int) -> None:
             raise UsageError(str(e)) from None
         raise UsageError(f"value: at most {limit} bytes of JSON in UTF-8 (got {size}; a character outside ASCII "
                          f"takes 2 to 4); keep notes short, and put a document behind a pointer") from None
+    return json.loads(text)
 
 
 def _clip(value: object, limit: int = 60) -> str:
