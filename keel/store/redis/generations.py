@@ -6,22 +6,15 @@ as a whole; reads and writes of the current generation are in store.py.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ...errors import UsageError
 from .keys import DATA_KEYS, MARKS, RELATION_ENDS, applied_key, escape, layout_key, offset_field
 from .loader import GenerationLoader
-from .transport import Client
+from .transport import Client, chunks
 
-CHUNK = 500                       # timelines, entities or keys per round trip when walking a whole tenant
 RETRIES = 8                       # generation switches tolerated during one call
-
-
-def chunks(items: list[Any], size: int = CHUNK) -> Iterator[list[Any]]:
-    """Consecutive slices of at most `size` items."""
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
 
 
 class GenerationAdmin:

@@ -1,13 +1,13 @@
 """Bulk loads of a generation nobody reads yet (a replay's shadow), without the APPLY script.
 
-The loader uses only the store's public interface (client, data_prefix, current_generation,
+The loader uses only the store's public interface (`LoadTarget`: client, data_prefix, current_generation,
 register_tenant, invalidate) and the batch encoder shared with APPLY, so both leave the same keys.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import hiredis
 import redis
@@ -18,12 +18,26 @@ from ..base import EventWrites, Position
 from .batch import PendingStep, latest_of
 from .bulk import Entities, encode_step, push
 from .keys import DATA_KEYS, LATEST, MARKS, RELATION_ENDS
-from .transport import guard
-
-if TYPE_CHECKING:
-    from .store import RedisStore
+from .transport import Client, guard
 
 _MULTI, _EXEC = hiredis.pack_command(("MULTI",)), hiredis.pack_command(("EXEC",))
+
+
+class LoadTarget(Protocol):
+    """What a loader needs of its store (RedisStore has it): the namespace, the client, a generation's key
+    prefix, the current generation, the tenant registry and the store's cache of a generation."""
+    namespace: str
+
+    @property
+    def client(self) -> Client: ...
+
+    def data_prefix(self, tenant: str, gen: int) -> str: ...
+
+    def current_generation(self, tenant: str) -> int: ...
+
+    def register_tenant(self, tenant: str) -> None: ...
+
+    def invalidate(self, tenant: str, gen: int) -> None: ...
 
 
 class _LoadStep:
@@ -52,7 +66,7 @@ class GenerationLoader:
     sends the others: nothing is written twice.
     """
 
-    def __init__(self, store: RedisStore, tenant: str, gen: int) -> None:
+    def __init__(self, store: LoadTarget, tenant: str, gen: int) -> None:
         self.store = store
         self.tenant = tenant
         self.gen = int(gen)

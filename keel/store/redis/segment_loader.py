@@ -21,14 +21,14 @@ from .segment_scripts import DATA_KEYS
 from .transport import guard
 
 if TYPE_CHECKING:
-    from .segment_store import SegmentStore
+    from .store import RedisStore
 
 
 
 class SegmentLoader:
     """The GenerationLoader interface (add, flush, pending, abort, close) over layout 2's commits."""
 
-    def __init__(self, store: SegmentStore, tenant: str, gen: int) -> None:
+    def __init__(self, store: RedisStore, tenant: str, gen: int) -> None:
         self.tenant = tenant
         self.gen = int(gen)
         if self.gen < 1:

@@ -18,12 +18,13 @@ from ..base import BatchStep, EntityView, EventWrites, Key, Position, ViewReques
 from . import segment_scripts
 from .batch import PendingStep, latest_of, state_behind
 from .codec import clamped_point, freshness_of
-from .generations import CHUNK, RETRIES, chunks
+from .generations import RETRIES
 from .keys import MARKS, escape, index_key, key_of, prefix_of, unescape
+from .segment_loader import SegmentLoader
 from .segment_scripts import DATA_KEYS
 from .segments import ROLL_BYTES, Fold, StepBlocks, decode, delta_ranges, encode_step, past_timelines, restate
-from .store import GenerationChanged, RedisStore
-from .transport import eval_many, pipelined
+from .store import GenerationChanged, RedisStore, store_of_layout
+from .transport import CHUNK, chunks, eval_many, pipelined
 
 LAYOUT = 2
 OPTIONAL_KEYS = (MARKS, "sg")
@@ -38,6 +39,7 @@ class _Step(PendingStep):
         self.blocks: StepBlocks | None = None
 
 
+@store_of_layout
 class SegmentStore(RedisStore):
     """A Store over Redis in layout 2 (single node or Cluster); one namespace per instance."""
     layout = LAYOUT
@@ -319,7 +321,6 @@ class SegmentStore(RedisStore):
         return out
 
     def load_generation(self, tenant: str, gen: int) -> Any:
-        from .segment_loader import SegmentLoader
         return SegmentLoader(self, tenant, int(gen))
 
     def for_generation(self, tenant: str, gen: int) -> SegmentStore:

@@ -12,9 +12,9 @@ import redis
 
 from ...errors import StoreUnavailable
 from ..base import TenantStart
-from .generations import RETRIES, chunks
+from .generations import RETRIES
 from .keys import LATEST, MARKS, TenantKeys, offset_field
-from .transport import Client
+from .transport import Client, chunks
 
 STARTS_CHUNK = 64           # tenants per transaction
 

@@ -35,7 +35,7 @@ from . import scripts
 from .batch import ApplyBatch, PendingStep, state_behind
 from .codec import ProvenanceCache, clamped_point, decode_view, freshness_of, timeline_of
 from .connection import connect, redacted
-from .generations import RETRIES, GenerationAdmin, chunks
+from .generations import RETRIES, GenerationAdmin
 from .keys import (
     LATEST,
     MARKS,
@@ -51,7 +51,7 @@ from .keys import (
 )
 from .layout import LAYOUT_VERSION, LAYOUTS, check_layout
 from .starts import TenantStarts
-from .transport import Client, eval_many, guard, is_oom
+from .transport import Client, chunks, eval_many, guard, is_oom
 from .walks import TenantWalks
 
 Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
@@ -72,14 +72,23 @@ def redis_condition(info: dict[str, Any]) -> str | None:
     return None
 
 
+_LAYOUT_CLASSES: dict[int, type[RedisStore]] = {}
+
+
+def store_of_layout(store_class: type[RedisStore]) -> type[RedisStore]:
+    """Class decorator: `store_class` reads and writes the key layout it names (`layout`); `from_url` opens it
+    for a namespace in that layout. RedisStore is layout 1's; a layout built on it registers from its own
+    module (segment_store.SegmentStore, layout 2, which the package imports), so this one never names it."""
+    _LAYOUT_CLASSES[store_class.layout] = store_class
+    return store_class
+
+
 def layout_class(layout: int) -> type[RedisStore]:
     """The store class reading and writing a key layout (1: this module's, 2: segment_store.SegmentStore)."""
-    if layout == 2:
-        from .segment_store import SegmentStore  # imported here: segment_store builds on this module
-        return SegmentStore
-    if layout != 1:
+    found = _LAYOUT_CLASSES.get(layout)
+    if found is None:
         raise UsageError(f"bad Redis key layout {layout!r}: this Keel writes layouts {', '.join(map(str, LAYOUTS))}")
-    return RedisStore
+    return found
 
 
 class GenerationChanged(StoreUnavailable):
@@ -93,6 +102,7 @@ class GenerationChanged(StoreUnavailable):
         self.new = new
 
 
+@store_of_layout
 class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
     """A Store over Redis (single node or Cluster) in key layout 1; one namespace (a cartridge) per instance.
     `from_url` opens the class of the namespace's layout (layout 2: segment_store.SegmentStore)."""

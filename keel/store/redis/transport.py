@@ -19,6 +19,13 @@ from ...errors import StoreUnavailable
 
 Client = redis.Redis | RedisCluster
 _SEND_GROUP = 32                  # pipelined APPLY calls sent together while the next ones are encoded
+CHUNK = 500                       # timelines, entities or keys per round trip when walking a whole tenant
+
+
+def chunks(items: list[Any], size: int = CHUNK) -> Iterator[list[Any]]:
+    """Consecutive slices of at most `size` items (what one round trip carries)."""
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
 
 
 def is_oom(error: BaseException) -> bool:

@@ -13,9 +13,8 @@ from ...timeline import Assertion, Timeline
 from ...times import Micros
 from ..base import Key
 from .codec import ProvenanceCache
-from .generations import CHUNK, chunks
 from .keys import TenantKeys, escape, index_key
-from .transport import Client
+from .transport import CHUNK, Client, chunks
 
 
 class TenantWalks:
