@@ -101,7 +101,7 @@ def bench_webhook(args: argparse.Namespace, folder: Path, workdir: Path) -> None
             bodies.append((tenant, "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in chunk).encode()))
     log = workdir / "webhook.log"
     with open(log, "wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "keel.ingress.cli", "webhook", str(folder), "--port", "0",
+        server = subprocess.Popen([sys.executable, "-m", "keel.cli", "webhook", str(folder), "--port", "0",
                                    "--secrets", str(secrets), "--kafka", args.kafka, "--max-batch",
                                    str(max(args.batch_size, 1000))], stdout=out, stderr=subprocess.STDOUT,
                                   cwd=ROOT, env={**os.environ})

@@ -1,5 +1,6 @@
-"""Subcommands this package adds to `keel` (entry point `ingress` of the group `keel.commands`): `outbox init`, `outbox relay`,
-`webhook`. Also runnable alone: `python -m keel.ingress.cli outbox relay ...`.
+"""Subcommands this package adds to `keel` (entry point `ingress` of the group `keel.commands`, as `workers` and
+`tools_server` add theirs): `outbox init`, `outbox relay`, `webhook`. They run as `keel outbox relay ...` (or
+`python -m keel.cli outbox relay ...`); like every plug-in this module never imports keel.cli, the floor above it.
 
 Configuration: flags, then KEEL_POSTGRES_DSN / KEEL_KAFKA_BOOTSTRAP from the environment.
 """
@@ -168,8 +169,3 @@ def cmd_webhook(args: argparse.Namespace) -> int:
                                     Limits(args.max_body, args.max_batch, args.kafka_timeout),
                                     TopicSpec(args.partitions, args.replication_factor), log, args.progress,
                                     process))
-
-
-if __name__ == "__main__":
-    from keel.cli import main  # the whole `keel` command line: these commands are registered in it
-    raise SystemExit(main())

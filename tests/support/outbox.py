@@ -48,10 +48,10 @@ def fresh_schema(dsn: str) -> Iterator[str]:
 
 
 class Background(KeelProcess):
-    """A keel ingress command as a subprocess, logging to a file."""
+    """A keel ingress command (`keel outbox relay …`, `keel webhook …`) as a subprocess, logging to a file."""
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        super().__init__("keel.ingress.cli", args, env, log)
+        super().__init__("keel.cli", args, env, log)
 
     def wait_for_line(self, pattern: str, timeout: float = 60) -> re.Match[str]:
         deadline = time.monotonic() + timeout
