@@ -197,7 +197,9 @@ def register_projections(registry: Registry, projections: dict[str, Any], spec: 
 
 
 def check_spec(spec: CartridgeSpec, registry: Registry) -> list[str]:
-    """Cross-checks of DESIGN §3; one line per problem."""
+    """The checks of a catalog beyond its schema: names, declared entity types at every end, payload types,
+    rules, memory scopes and durations, exactly one handler (or `project:` steps) per event type; one line per
+    problem."""
     problems: list[str] = []
     if not NAME.match(spec.name):
         problems.append(f"name {spec.name!r}: use lowercase letters, digits and _")

@@ -1,4 +1,5 @@
-"""`keel` command line (DESIGN §5–§6): the entry point. Exit codes (EXIT_* in keel.errors): 0 ok, 1 domain
+"""`keel` command line: the entry point, with the query commands of the five tools (context, history, search,
+related, annotate) over an events file or Redis, `validate`, `digest` and `demo`. Exit codes (EXIT_* in keel.errors): 0 ok, 1 domain
 error, 2 usage or validation error, 3 a service is unavailable (Kafka, Redis, PostgreSQL), 130 interrupted.
 
 Other packages add subcommands through entry points of the group `keel.commands` (pyproject.toml): each

@@ -1,4 +1,5 @@
-"""The event envelope (DESIGN §2): structural model, catalog checks, and the Event handlers receive."""
+"""The event envelope (docs/envelope.md): its structural model, the catalog's checks, and the Event handlers
+receive."""
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,4 @@
-"""Agent memory policy (DESIGN §5): scopes, evidence, TTLs, visibility, global notes."""
+"""Agent memory policy (docs/semantics.md, "Notes"): scopes, evidence, TTLs, visibility, global notes."""
 from __future__ import annotations
 
 import hashlib

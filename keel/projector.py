@@ -24,7 +24,8 @@ _tuple_new = tuple.__new__
 
 
 class EventStore:
-    """The `store` a handler receives: DESIGN §3 primitives bound to one event's tenant and provenance.
+    """The `store` a handler receives: the write primitives (upsert_entity, link, unlink, open_fact, close_fact;
+    docs/cartridges.md) and the reads, bound to one event's tenant and provenance.
 
     Writes are buffered in `writes` (applied by the projector with the event id, all or nothing); reads see
     the graph as it was before this event. Entity and relation names are checked against the catalog.

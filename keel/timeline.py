@@ -1,4 +1,4 @@
-"""The timeline rules of DESIGN §4, once, for every store.
+"""The timeline rules (docs/semantics.md), once, for every store.
 
 A timeline (one fact predicate, one label, or one relation triple) is a set of *points* in valid
 time. Each write asserts something at a point: a value (`open_fact`, `link`, a label) or an end

@@ -1,5 +1,5 @@
-"""Keel's names and bytes on the wire (DESIGN §6), defined once for every process: topic names, consumer
-groups, record keys and values, partitioning and dead-letter headers.
+"""Keel's names and bytes on the wire, defined once for every process: topic names, consumer groups, record
+keys and values, partitioning and dead-letter headers.
 
 A cartridge has one events topic and one dead-letter topic; a record's key is its tenant (so one partition
 holds a tenant's whole history, in order) and its value the event's canonical envelope, exactly as file mode

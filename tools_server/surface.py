@@ -1,4 +1,4 @@
-"""The tool surface as data: names, descriptions, input and output schemas, hints (DESIGN §5).
+"""The tool surface as data: the five tools' names, descriptions, input and output schemas and hints.
 
 It is part of every agent's prompt, so it is written by hand, kept short, and is the same bytes for
 every tenant, cartridge and restart: no tenant names, counts, dates or domain words. The golden file

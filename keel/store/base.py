@@ -2,9 +2,9 @@
 
 A backend implements a handful of primitives over *timelines* (see keel.timeline): apply a list of
 writes atomically, list an entity's timeline keys, and answer as-of / all-versions questions for keys.
-Everything DESIGN §3–§4 promises (provenance, corrections, both time axes, result shapes) is built
-here on top of those primitives, so every backend behaves the same and one contract suite
-(tests/store_contract.py) checks them all.
+Everything the graph promises (provenance, corrections, both time axes, result shapes: docs/semantics.md) is
+built here on top of those primitives, so every backend behaves the same and one contract suite
+(tests/support/store_contract.py) checks them all.
 """
 from __future__ import annotations
 
@@ -103,7 +103,8 @@ def _when(t: object | None, default: Micros | None) -> Micros | None:
 
 
 def fact_result(key: Key, v: Version) -> dict[str, Any]:
-    """The public fact/version object of DESIGN §5."""
+    """One fact version as the tools show it: predicate, value, valid_from/valid_to, recorded_at, source,
+    evidence, scope and by."""
     a = v.assertion
     return {"predicate": key[2], "value": a.value, "valid_from": format_time(a.point),
             "valid_to": format_time(v.valid_to), "recorded_at": format_time(a.recorded_at),
@@ -345,7 +346,7 @@ class Store(ABC):
         for tenant, events, position in steps:
             self.commit_batch(tenant, events, position)
 
-    # ---- the write primitives of DESIGN §3 ----------------------------------------------------
+    # ---- the write primitives handlers call (docs/cartridges.md) --------------------------------
 
     def upsert_entity(self, tenant: str, type: str, id: str, *, ref: str | None = None,
                       valid_from: object, source: str | None = None, evidence: str | None = None,
