@@ -6,6 +6,8 @@
 
 Modules: surface (the tool list as data), server (the factory), calls (one call: Tools, errors,
 observation), backend (store, log, Tools per identity), auth (bearer tokens), http (transport, Host/Origin,
-/metrics), observe (JSON call log, Prometheus text), cli (`keel serve|tools|token`).
+/metrics, request deadline, session memory), throttle (per-token limits, responses by status), fastpath
+(stateless tools/call without the SDK's per-request transport), observe (JSON call log, Prometheus text), cli
+(`keel serve|tools|token`).
 Nothing is imported here, so `keel` commands that do not serve never load the SDK.
 """

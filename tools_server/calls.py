@@ -1,7 +1,6 @@
 """Run one tool call: identity → Tools → JSON result, or a ToolError an agent can act on; always observed."""
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import time
@@ -9,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio.to_thread
+import msgspec
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 
@@ -20,6 +20,17 @@ from .config import Identity
 from .observe import Observer
 
 MAX_MESSAGE = 600       # error messages echo arguments; a hostile argument must not come back at full size
+
+
+def _plain(value: Any) -> Any:
+    """msgspec's hook for subclasses of JSON's types (keel.times.Instant is an int): their plain value."""
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+JSON = msgspec.json.Encoder(enc_hook=_plain)   # compact UTF-8 JSON, ten times json.dumps' speed on a result
 
 
 class CallRunner:
@@ -42,8 +53,8 @@ class CallRunner:
             tools = self.backend.tools(who)
             run = self._locked(fn) if write else fn
             result = await anyio.to_thread.run_sync(run, tools) if self.backend.blocking else run(tools)
-            text = json.dumps(result, ensure_ascii=False, separators=(",", ":"))
-            size = len(text.encode("utf-8"))
+            data = JSON.encode(result)
+            text, size = data.decode("utf-8"), len(data)
             miss = tool == "search" and not result.get("results")
             outcome = "miss" if miss else "ok"
             return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=result)

@@ -14,7 +14,7 @@ from keel.commandline import pick_tenant
 from keel.errors import EXIT_UNAVAILABLE, UsageError
 from keel.logs import add_log_arguments, log_format, setup_logging
 
-from .config import CALL_LOGGER, DEFAULT_HOST, DEFAULT_PORT, MCP_PATH, Identity
+from .config import CALL_LOGGER, DEFAULT_HOST, DEFAULT_PORT, HTTP_ENV, MCP_PATH, HttpOptions, Identity
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +43,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-global-notes", action="store_true", default=None,
                    help="operator switch: allow notes in global scope (env KEEL_ALLOW_GLOBAL_NOTES)")
     p.add_argument("--sse", action="store_true", help="http: answer tool calls as SSE streams instead of JSON bodies")
+    d, env = HttpOptions(), HTTP_ENV
+    p.add_argument("--stateless", action="store_true", default=None,
+                   help=f"http: no MCP sessions, every request stands alone, so several servers can sit behind a "
+                        f"load balancer (env {env['stateless']})")
+    p.add_argument("--session-idle-timeout", type=float, metavar="SECONDS",
+                   help=f"http: close a session after this long without a request; its id then gets 404 and the "
+                        f"client starts a new one (default {d.session_idle_timeout:g}, env {env['session_idle_timeout']})")
+    p.add_argument("--max-sessions", type=int, metavar="N",
+                   help=f"http: open sessions at most; one more gets 503 (default {d.max_sessions}, "
+                        f"env {env['max_sessions']})")
+    p.add_argument("--header-timeout", type=float, metavar="SECONDS",
+                   help=f"http: close a connection that has not sent a whole request this long after connecting "
+                        f"or after starting it (default {d.header_timeout:g}, env {env['header_timeout']})")
+    p.add_argument("--calls-in-flight", type=int, metavar="N",
+                   help=f"http: requests one token may have in flight; more get 429 with Retry-After "
+                        f"(default {d.calls_in_flight}, env {env['calls_in_flight']})")
+    p.add_argument("--calls-per-second", type=int, metavar="N",
+                   help=f"http: requests one token may send a second (bursts up to N); more get 429 with "
+                        f"Retry-After (default {d.calls_per_second}, env {env['calls_per_second']})")
     p.add_argument("--no-call-log", action="store_true", help="do not write the log line per call on stderr")
     add_log_arguments(p)
     p.set_defaults(run=cmd_serve)
@@ -68,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .config import ServerConfig
+    from .config import ServerConfig, http_options
     from .http import run_server
     from .server import build_server
 
@@ -93,8 +112,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.agent or args.task:
             raise UsageError("on HTTP the agent and task come from each token; drop --agent/--task")
         table = TokenTable.load(path, tenant=args.tenant)
+        opts = http_options(vars(args))
         config = ServerConfig(backend, tokens=table, host=args.host, port=args.port,
-                              allow_hosts=tuple(args.allow_host), call_log=log)
+                              allow_hosts=tuple(args.allow_host), call_log=log, http=opts)
         server = build_server(config)
         shown = f"[{args.host}]" if ":" in args.host else args.host
         say = logging.getLogger("keel.serve")
@@ -106,6 +126,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return EXIT_UNAVAILABLE
         warn_empty_tenants(backend, table.tenants())
         say.info(f"http://{shown}:{args.port}{MCP_PATH} ({len(table)} token(s)); /metrics, /healthz, /readyz")
+        sessions = ("stateless (no sessions)" if opts.stateless else f"sessions close after "
+                    f"{opts.session_idle_timeout:g} s idle, at most {opts.max_sessions}")
+        say.info(f"{sessions}; per token at most {opts.calls_in_flight} calls in flight and "
+                 f"{opts.calls_per_second} a second (429 beyond); requests within {opts.header_timeout:g} s")
         if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_host:
             say.warning(f"bound to {args.host}: requests are refused unless their Host is loopback; "
                         f"pass --allow-host NAME for the names clients use")

@@ -5,13 +5,17 @@ Series (prometheus_client, served at /metrics on the HTTP transport):
   keel_tool_latency_seconds{tool}            histogram
   keel_tool_result_bytes_total{tool}         bytes of JSON results sent
   keel_retrieval_failures_total{tool}        misses: a search with no result, an unknown entity
+On the HTTP transport (tools_server.http):
+  keel_mcp_http_responses_total{status}      responses to /mcp by HTTP status (429: a token over its limits)
+  keel_mcp_sessions                          open MCP sessions (0 when stateless)
+  keel_mcp_sessions_limit                    the most sessions the server opens (--max-sessions; 0 when stateless)
 Labels never carry tenants or arguments, so /metrics leaks no tenant data and its cardinality is fixed.
 """
 from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from keel.logs import FIELDS
 
@@ -32,6 +36,11 @@ class Metrics:
         self.result_bytes = Counter("keel_tool_result_bytes", "Bytes of JSON results sent.", ["tool"], registry=r)
         self.retrieval_failures = Counter("keel_retrieval_failures", "Reads that found nothing: a search without "
                                           "result, an unknown entity.", ["tool"], registry=r)
+        self.http_responses = Counter("keel_mcp_http_responses", "Responses to /mcp by HTTP status code.",
+                                      ["status"], registry=r)
+        self.sessions = Gauge("keel_mcp_sessions", "Open MCP sessions of the HTTP transport.", registry=r)
+        self.sessions_limit = Gauge("keel_mcp_sessions_limit", "The most MCP sessions the HTTP transport opens "
+                                    "(0: no sessions, stateless).", registry=r)
 
     def render(self) -> str:
         return generate_latest(self.registry).decode()

@@ -25,7 +25,7 @@ from .auth import TokenFileVerifier, auth_settings, authenticated_identity
 from .calls import CallRunner
 from .config import Identity, ServerConfig
 from .http import add_metrics_route
-from .observe import Observer
+from .observe import Metrics, Observer
 from .surface import LIST_TOOLS_TTL_MS, SPECS, ToolSpec
 
 INSTRUCTIONS = ("Exact, auditable answers about one tenant's graph. Find ids with search; read with context, "
@@ -42,7 +42,9 @@ class _Missing:
 
 def build_server(config: ServerConfig) -> MCPServer:
     """A new MCP server over `config.backend`, callers bound by `config.identity` or bearer tokens."""
-    observer = Observer(config.call_log)
+    if config.metrics is None:
+        config.metrics = Metrics()      # the HTTP transport adds its series to the same registry
+    observer = Observer(config.call_log, config.metrics)
     runner = CallRunner(config.backend, _identity_source(config), observer)
     handlers = _handlers(runner)
     auth: dict[str, Any] = {}
