@@ -23,8 +23,10 @@ from .errors import UsageError
 from .eventlog import EventLog, FileLog
 from .store.base import Store
 from .tools import SearchIndexes, Tools
+from .wire import events_topic
 
 if TYPE_CHECKING:
+    from .log_lag import LogLag
     from .store.redis import RedisStore
 
 
@@ -42,6 +44,7 @@ class Graph:
     embedded: bool = False
     allow_global_notes: bool = False        # the operator switch (Settings.allow_global_notes)
     write_lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+    lag: LogLag | None = field(default=None, repr=False, compare=False)   # Redis: the lag from the log's end
     _indexes: SearchIndexes = field(default_factory=dict, repr=False, compare=False)
 
     def tools(self, *, tenant: str, agent: str | None = None, task: str | None = None) -> Tools:
@@ -53,11 +56,13 @@ class Graph:
         reads: AbstractContextManager[object] = self.write_lock if self.embedded else nullcontext()
         return Tools(self.cartridge, self.store, tenant, agent=agent, task=task, log=self.log,
                      allow_global_notes=self.allow_global_notes, search_indexes=self._indexes,
-                     read_lock=reads, write_lock=self.write_lock)
+                     read_lock=reads, write_lock=self.write_lock, lag=self.lag)
 
     def close(self) -> None:
         """Close the log (a Kafka producer in Redis mode) and the store (its connections). Calls still running
         on other threads must have returned."""
+        if self.lag is not None:
+            self.lag.close()
         close_graph(self.store, self.log)
 
     def __enter__(self) -> Self:
@@ -114,4 +119,6 @@ def open_graph(cartridge: Cartridge, settings: Settings, events: str | Path | No
     except BaseException:
         store.close()
         raise
-    return Graph(cartridge, store, log, allow_global_notes=settings.allow_global_notes)
+    from .log_lag import LogLag  # Kafka's client only for the Redis graph (like its log)
+    return Graph(cartridge, store, log, allow_global_notes=settings.allow_global_notes,
+                 lag=LogLag(settings.kafka_bootstrap, events_topic(cartridge.name), store))

@@ -25,6 +25,7 @@ from .times import Micros, now_micros
 from .wire import partition_for
 
 READ_TIMEOUT_S = 2.0
+RETRY_AFTER_S = 10.0     # after a failed read the last ends are used for this long
 
 
 class LogLag:
@@ -38,11 +39,16 @@ class LogLag:
         self._ends: dict[int, int] = {}
         self._read_at: float | None = None           # monotonic time of the last successful read
         self._read_at_micros: Micros | None = None
+        self._failed_at: float | None = None
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: list[int] = []             # the topic's partitions (read once it exists)
+
+    def stale_after(self) -> float:
+        """Seconds after which a measure's log end is older than this class ever keeps it while Kafka answers."""
+        return max(2 * self.ttl_s, 2.0)
 
     def measure(self, tenant: str) -> tuple[int | None, Micros | None]:
         """(lag, when the log end it is measured against was read); (None, None) when nothing could be read."""
@@ -58,14 +64,19 @@ class LogLag:
 
     def _log_ends(self) -> dict[int, int]:
         with self._lock:
-            fresh = self._read_at is not None and time.monotonic() - self._read_at < self.ttl_s
-            if not fresh:
+            now = time.monotonic()
+            fresh = self._read_at is not None and now - self._read_at < self.ttl_s
+            resting = self._failed_at is not None and now - self._failed_at < RETRY_AFTER_S
+            if not fresh and not resting:
                 try:
                     ends = asyncio.run_coroutine_threadsafe(self._read(), self._running()).result(READ_TIMEOUT_S)
                 except (KafkaError, KafkaUnavailable, FutureTimeout, OSError):
                     ends = None                      # keep the last ends; the answer says when they were read
                 if ends:
                     self._ends, self._read_at, self._read_at_micros = ends, time.monotonic(), now_micros()
+                    self._failed_at = None
+                else:                                # a broker that does not answer is asked again later,
+                    self._failed_at = time.monotonic()   # not by every call (each would wait READ_TIMEOUT_S)
             return dict(self._ends)
 
     def _running(self) -> asyncio.AbstractEventLoop:

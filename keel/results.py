@@ -15,7 +15,8 @@ class Known(TypedDict):
     """What every result ends with: what the answer is based on (docs/contracts.md, "known_through")."""
     known_through: str | None           # recorded_at of the latest event applied for the tenant (or known_at)
     applied_through: NotRequired[str | None]    # with known_at: the latest recorded_at applied
-    lag: NotRequired[int]               # Redis graph: records the workers still had to apply at their last commit
+    lag: NotRequired[int]               # Redis graph: records of the tenant's partition not applied yet (log end now)
+    lag_measured_at: NotRequired[str]   # when the log end was read, given when Kafka has not answered since
 
 
 class Fact(TypedDict):

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from datetime import date, datetime
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .cartridge import Cartridge
 from .envelope import ANNOTATED
@@ -42,6 +42,9 @@ from .store.writes import scope_key
 from .timeline import Assertion, Version
 from .times import Micros, format_time, now_micros, parse_time
 
+if TYPE_CHECKING:
+    from .log_lag import LogLag
+
 MAX_LIMIT = 100
 MAX_TEXT = 4096
 
@@ -61,7 +64,8 @@ class Tools:
                  task: str | None = None, *, log: EventLog | None = None, allow_global_notes: bool = False,
                  clock: Callable[[], Micros] = now_micros, search_indexes: SearchIndexes | None = None,
                  read_lock: AbstractContextManager[object] | None = None,
-                 write_lock: AbstractContextManager[object] | None = None) -> None:
+                 write_lock: AbstractContextManager[object] | None = None,
+                 lag: LogLag | None = None) -> None:
         if not isinstance(tenant, str) or not TENANT.fullmatch(tenant):
             raise UsageError(f"bad tenant {tenant!r}")
         self.cartridge = cartridge
@@ -75,6 +79,7 @@ class Tools:
         self._indexes: SearchIndexes = {} if search_indexes is None else search_indexes
         self._reading: AbstractContextManager[object] = read_lock if read_lock is not None else nullcontext()
         self._writing: AbstractContextManager[object] = write_lock if write_lock is not None else nullcontext()
+        self._lag = lag          # Redis mode: the lag measured from the log's end when an answer is made
 
     # ---- readers ----------------------------------------------------------------------------
 
@@ -258,15 +263,22 @@ class Tools:
         """The result with `known_through`, what the answer is based on: the latest recorded_at applied for the
         tenant, or with `known_at` K before it, K itself (the answer is the state after exactly the events
         recorded by K), then `applied_through` (the latest recorded_at applied) whenever K is given; and, where
-        workers apply a log, `lag` (records of the tenant's partition they had not applied at their last
-        commit). From the read that made the result when the backend returned it there."""
+        workers apply a log, `lag`: records of the tenant's partition Redis does not hold yet, measured from the log's
+        end when the answer is made (keel/log_lag.py; with `lag_measured_at` when Kafka has not answered since),
+        else as the workers stored it at their last commit. Freshness from the read that made the result when the
+        backend returned it there."""
         f = freshness if freshness is not None else self.store.freshness(self.tenant)
         applied = f.known_through
         through = known_at if known_at is not None and applied is not None and known_at < applied else applied
         result["known_through"] = format_time(through)
         if known_at is not None:
             result["applied_through"] = format_time(applied)
-        if f.lag is not None:
+        measured, read_at = self._lag.measure(self.tenant) if self._lag is not None else (None, None)
+        if measured is not None and read_at is not None and self._lag is not None:
+            result["lag"] = measured
+            if self.clock() - read_at > self._lag.stale_after() * 1e6:
+                result["lag_measured_at"] = format_time(read_at) or ""      # Kafka did not answer since
+        elif f.lag is not None:
             result["lag"] = f.lag
         return result
 

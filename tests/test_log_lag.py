@@ -46,3 +46,25 @@ def test_an_unreachable_log_measures_nothing_and_keeps_the_last_read() -> None:
     finally:
         lag.close()
         store.close()
+
+
+@services
+def test_tool_answers_carry_the_lag_measured_from_the_log_end(tmp_path) -> None:
+    from support.workers import unique_cartridge
+
+    import keel
+    from keel.cartridge import load_cartridge
+    env = services_env()
+    folder = unique_cartridge(tmp_path)
+    name = load_cartridge(folder).name
+    topic = f"keel.{name}.events"
+    tenant = "hogar-a"
+    produce_raw(env, topic, [(tenant.encode(), b"{}")] * 30)      # 30 records no worker applied
+    with keel.open(folder, redis=env["KEEL_REDIS_URL"], kafka=env["KEEL_KAFKA_BOOTSTRAP"]) as graph:
+        graph.store.upsert_entity(tenant, "debt", "visa", valid_from="2026-09-01", evidence="e1")
+        tools = graph.tools(tenant=tenant)
+        answer = tools.context("debt:visa")
+        assert answer["lag"] == 30 and "lag_measured_at" not in answer
+        graph.store.advance_partitions({(topic, partition_for(tenant, 8)): 19}, {})
+        assert tools.search("visa")["lag"] == 10
+        graph.store.drop_namespace()

@@ -467,8 +467,11 @@ def test_redis_annotate_is_the_mcp_annotate(worker: None, tenant: str, redis_url
             mcp = mcp_over(served, tenant)
             mine, structured, text = annotate_both(tools, mcp, "debt:visa", "next_step", "prepay", scope="task",
                                                    evidence="snap-visa-2026-10")
+            assert "lag" in mine and "lag" in structured    # measured from the log's end by each call: it may
+            text = json.dumps({k: v for k, v in json.loads(text).items() if k != "lag"})  # differ between the two
+            mine, structured = ({k: v for k, v in r.items() if k != "lag"} for r in (mine, structured))
             same(mine, structured, text)
-            assert mine["applied"] is True and "lag" in mine
+            assert mine["applied"] is True
             seen = tools.context("debt:visa")["facts"]
             assert [f["value"] for f in seen if f["predicate"] == "next_step"] == ["prepay"]
             with pytest.raises(keel.NoteRefused) as raised:

@@ -8,7 +8,7 @@ from typing import TextIO
 
 from keel.cartridge import Cartridge
 from keel.config import Settings
-from keel.connect import Graph, close_graph, open_graph
+from keel.connect import Graph, open_graph
 from keel.errors import StoreUnavailable
 from keel.eventlog import EventLog
 from keel.store.base import Store
@@ -57,8 +57,8 @@ class Backend:
         return None
 
     def close(self) -> None:
-        """Close the log (a Kafka producer in Redis mode) and the store."""
-        close_graph(self.store, self.log)
+        """Close the graph: its lag meter and log (Kafka clients in Redis mode) and the store."""
+        self.graph.close()
 
     @classmethod
     def of(cls, graph: Graph, settings: Settings) -> Backend:
