@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test test-deploy test-embedded images lint bench bench-peers soak services-up services-down clean
+.PHONY: install demo test test-deploy test-embedded images compose-up lint bench bench-peers soak services-up services-down clean
 
 install: $(VENV)/.installed
 
@@ -25,6 +25,9 @@ test-deploy: install  ## only the deploy tier: images from deploy/, the stack in
 
 images:  ## build keel, keel-kafka, keel-redis and keel-postgres on a local Debian base (no registry needed)
 	deploy/engine images
+
+compose-up:  ## deploy/compose.yaml up, waiting until every service is healthy; fails naming a crash-looping one
+	deploy/compose-up
 
 test-embedded: install  ## only the tests that need no servers
 	$(BIN)/python -m pytest -m "not services" --ignore=tests/deploy

@@ -4,8 +4,10 @@ here). Kafka and Redis come from deploy/images (a registry-free base made by `de
 processes from deploy/Containerfile, all built by `deploy/engine images` under the names `deploy/engine names`
 prints (the ones compose.yaml and the docs use). The finance sample is published, two workers apply it, the
 five tools answer over the MCP server's HTTP endpoint with a bearer token, /metrics and /readyz answer; then a
-worker container is killed mid-stream and the digests in Redis still equal the embedded build's. Last, the compose
-file (deploy/compose.yaml) is brought up for real with docker-compose and answers over MCP.
+worker container is killed mid-stream and the digests in Redis still equal the embedded build's. Last, the
+compose file (deploy/compose.yaml) is brought up for real with deploy/compose-up (docker-compose): first with a
+cartridge that does not exist, so that it fails naming the crash-looping services, then as the docs say; it
+answers over MCP.
 
 Runs under `make test` (scripts/with-engine starts a Docker engine when there is none); skipped without
 DOCKER_HOST unless KEEL_REQUIRE_SERVICES=1."""
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -252,15 +255,40 @@ def test_the_compose_stack_comes_up_healthy_and_answers_over_mcp(compose: tuple[
         assert proc.returncode == 0, f"{' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         return proc.stdout
 
-    sh("up", "-d")
+    def compose_up(**more: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(ROOT / "deploy" / "compose-up"), *cmd[1:]], check=False, env={**env, **more},
+                              capture_output=True, text=True, timeout=900)
 
-    def healthy() -> bool:
-        ids = sh("ps", "-q").split()
-        states = [json.loads(subprocess.run(["docker", "inspect", "--format", "{{json .State}}", i],
-                                            check=False, capture_output=True, text=True, env=env).stdout or "{}") for i in ids]
-        running = [s for s in states if s.get("Running")]
-        return len(running) == 9 - 1 and all(s.get("Health", {}).get("Status") == "healthy" for s in running)
-    wait(healthy, 300, "every service healthy", lambda: sh("ps") + sh("logs", "--tail", "20"))
+    # before anything starts: a file the stack mounts that is missing, or that uid 10001 cannot read, is refused
+    missing = compose_up(KEEL_TOKENS_FILE=str(work / "no-tokens.jsonl"))
+    assert missing.returncode == 2 and f"{work / 'no-tokens.jsonl'} does not exist" in missing.stderr, missing.stderr
+    private = work / "private-tokens.jsonl"
+    private.write_text((work / "tokens.jsonl").read_text())
+    private.chmod(0o600)
+    if os.stat(private).st_uid != 10001:
+        refused = compose_up(KEEL_TOKENS_FILE=str(private))
+        assert refused.returncode == 2, refused.stderr
+        assert f"{private} is mode 600" in refused.stderr and "chmod o+r" in refused.stderr, refused.stderr
+    assert not sh("ps", "-q").strip()                                         # nothing was started
+
+    # a cartridge that is not there: Kafka, Redis and PostgreSQL come up, every Keel process exits 2 at start
+    # and is restarted again and again; compose-up says which, with their last log lines, and exits 1
+    broken = compose_up(KEEL_CARTRIDGE="no-such-cartridge")
+    assert broken.returncode == 1, broken.stderr[-3000:]
+    assert re.search(r"ERROR:   (worker-1|worker-2|mcp|relay|webhook): \S+ is crash-looping: restarted \d+ times"
+                     r"(, last exit code 2)?\n", broken.stderr), broken.stderr[-3000:]
+    assert re.search(r"ERROR:   worker-1: ", broken.stderr)                # never healthy: named too, with its log
+    assert "---- worker-1: last 40 log lines ----" in broken.stderr
+    assert "/cartridges/no-such-cartridge: not a folder" in broken.stderr
+    assert not re.search(r"ERROR:   (kafka|redis|postgres): .*(crash-looping|unhealthy|exited)", broken.stderr), \
+        broken.stderr[-3000:]
+
+    # as the docs say: compose-up returns once every service is healthy (outbox-init exited 0)
+    up = compose_up()
+    assert up.returncode == 0, up.stderr[-5000:]
+    table = dict(line.split(None, 1) for line in up.stdout.splitlines())
+    assert table.pop("outbox-init").endswith(" exited 0 (one-shot)"), up.stdout
+    assert table and all(state.endswith(" healthy") for state in table.values()), up.stdout
     sh("run", "--rm", "--no-deps", "worker-1", "publish", "/cartridges/finance", "/cartridges/finance/events.jsonl")
     port = sh("port", "mcp", "8765").strip().rsplit(":", 1)[1]
     token = (work / "token").read_text()
