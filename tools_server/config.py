@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from keel.envelope import TENANT
 from keel.errors import UsageError
+from keel.tokens import Identity  # the caller a tool call runs as (shared with `keel inspect`)
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -21,22 +21,6 @@ DEFAULT_PORT = 8765
 MCP_PATH = "/mcp"
 METRICS_PATH = "/metrics"
 CALL_LOGGER = "keel.tools_server.calls"
-
-
-@dataclass(frozen=True)
-class Identity:
-    """The caller a tool call runs as: tenant, and the agent and task that own private notes."""
-    tenant: str
-    agent: str | None = None
-    task: str | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.tenant, str) or not TENANT.fullmatch(self.tenant):
-            raise UsageError(f"bad tenant {self.tenant!r}")
-        for name in ("agent", "task"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value or len(value) > 256):
-                raise UsageError(f"bad {name} {value!r}: a non-empty string of at most 256 characters")
 
 
 @dataclass(frozen=True)
