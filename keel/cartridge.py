@@ -23,6 +23,7 @@ from .projection import compile_projections
 from .registry import Registry
 from .rules import RESERVED, Rule, check_names, compile_rule
 from .times import parse_duration
+from .upcast import Upcasts, compile_upcasts
 from .wire import dlq_topic, events_topic
 
 PAYLOAD_TYPES = ("string", "number", "integer", "boolean", "date", "datetime", "object", "array")
@@ -32,12 +33,14 @@ EVENT_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 
 
 class Cartridge:
-    """A loaded, validated cartridge: its spec, its handler registry and its folder."""
+    """A loaded, validated cartridge: its spec, its handler registry, its folder, and how older versions of its
+    event types are upcast (keel/upcast.py)."""
 
-    def __init__(self, spec: CartridgeSpec, registry: Registry, path: Path) -> None:
+    def __init__(self, spec: CartridgeSpec, registry: Registry, path: Path, upcasts: Upcasts | None = None) -> None:
         self.spec = spec
         self.registry = registry
         self.path = path
+        self.upcasts = upcasts if upcasts is not None else compile_upcasts(spec, registry)[0]
         self.name = spec.name
         self.topic = events_topic(spec.name)
         self.dlq_topic = dlq_topic(spec.name)
@@ -73,6 +76,7 @@ def load_cartridge(path: str | Path) -> Cartridge:
     folder = Path(path)
     spec, problems, dropped = _load_spec(folder)
     registry = None
+    upcasts = None
     if spec is not None:
         registry, handler_problems = _load_handlers(folder, spec.name)
         problems += handler_problems
@@ -80,12 +84,14 @@ def load_cartridge(path: str | Path) -> Cartridge:
         problems += projection_problems
         if registry is not None:
             problems += register_projections(registry, projections, spec)
-            problems += [p for p in check_spec(spec, registry)     # a handler of an invalid entry is no extra
-                         if not any(f"handler for {ev!r}," in p for ev in dropped)]
+            upcasts, upcast_problems = compile_upcasts(spec, registry)
+            problems += [p for p in check_spec(spec, registry) + upcast_problems   # a handler (or upcaster) of an
+                         if not any(f"for {ev!r}," in p or f"for {ev!r} from" in p   # invalid entry is no extra
+                                    for ev in dropped)]
     if problems:
         raise CartridgeInvalid(str(folder), problems)
     assert spec is not None and registry is not None
-    return Cartridge(spec, registry, folder)
+    return Cartridge(spec, registry, folder, upcasts)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from .limits import Limits
 from .times import parse_duration
+
+MAX_VERSION = 2**31 - 1        # the largest version an event type or an envelope may name
 
 
 class _Strict(BaseModel):
@@ -39,6 +41,8 @@ class EventSpec(_Strict):
     description: str = ""
     payload: dict[str, str] = Field(default_factory=dict)
     project: list[Any] | None = None      # declarative steps (keel.projection) instead of a Python handler
+    version: StrictInt = Field(1, ge=1, le=MAX_VERSION)    # the payload above is this version's (keel.upcast)
+    upcast: dict[StrictInt, list[Any]] = Field(default_factory=dict)   # version k -> steps that make it k + 1
 
     def fields(self) -> dict[str, FieldSpec]:
         out = {}

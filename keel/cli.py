@@ -18,6 +18,7 @@ from typing import Any, Self
 
 from . import render
 from .cartridge import load_cartridge
+from .change_commands import add_kafka_argument, cmd_diff, cmd_schema, log_source, validate_log
 from .commandline import (
     COMMANDS_GROUP,
     KeelArgumentParser,
@@ -25,12 +26,12 @@ from .commandline import (
     emit,
     events_of,
     pick_tenant,
+    positive_int,
     settings_of,
 )
 from .connect import open_graph
 from .digest import digest
 from .echo import printable
-from .embedded import print_reject, replay_file
 from .errors import (
     EXIT_DOMAIN,
     EXIT_UNAVAILABLE,
@@ -42,10 +43,6 @@ from .errors import (
     UsageError,
 )
 from .logs import install as install_log_limit
-from .projector import Projector
-from .rule_checks import stream_problems, unmet_rules
-from .store.memory import MemoryStore
-from .times import now_micros
 
 QUERY_HELP = {
     "context": "an entity as of a world time and a knowledge time: labels, facts, relations, rules",
@@ -62,12 +59,38 @@ def build_parser() -> argparse.ArgumentParser:
         "(context, history, search, annotate, related). Start with `keel demo`."))
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=KeelArgumentParser)
 
-    p = sub.add_parser("validate", help="check a cartridge (and optionally an events file)",
-                       description="Check cartridge.yaml and handlers.py; exit 0 when valid, 2 otherwise "
-                                   "(one line per problem).")
+    p = sub.add_parser("validate", help="check a cartridge (and optionally an events file or its topic)",
+                       description="Check cartridge.yaml and handlers.py; with an events file or --kafka, also "
+                                   "every envelope of that log (read, upcast and projected by this cartridge). "
+                                   "Exit 0 when valid, 2 otherwise (one line per problem), 3 when Kafka cannot "
+                                   "be read.")
     p.add_argument("cartridge", help="cartridge folder")
     add_events_arguments(p, "also check every line of this events file")
+    add_kafka_argument(p, "also check the whole log on Kafka")
     p.set_defaults(run=cmd_validate)
+
+    p = sub.add_parser("diff", help="what a cartridge change does to every tenant's graph",
+                       description="Build every tenant's graph of a log under the old and the new cartridge and "
+                                   "report, per tenant, the entities, labels, facts, notes and relations added, "
+                                   "removed or changed, with examples: what `keel replay --all` will do. Exit 0: no "
+                                   "graph changes; 1: some do; 2: the new cartridge refuses events the old one "
+                                   "applies (or bad arguments); 3: Kafka cannot be read.")
+    p.add_argument("old", help="the cartridge folder deployed now")
+    p.add_argument("new", help="the changed cartridge folder")
+    add_events_arguments(p, "the log: this events file")
+    add_kafka_argument(p, "the log")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=cmd_diff)
+
+    p = sub.add_parser("schema", help="JSON Schemas of a cartridge's envelopes, for producers",
+                       description="Print the JSON Schema (draft 2020-12) of the cartridge's envelopes: the "
+                                   "envelope, and each event type's payload per version (in $defs); with --event "
+                                   "only that payload's.")
+    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("--event", metavar="TYPE", help="only this event type's payload schema")
+    p.add_argument("--version", type=positive_int, metavar="N", help="with --event: this version (default: the "
+                   "cartridge's)")
+    p.set_defaults(run=cmd_schema)
 
     common = KeelArgumentParser(add_help=False)
     common.add_argument("--tenant", help="tenant to query (default: the only tenant in the file)")
@@ -222,24 +245,9 @@ def take(rest: list[str], names: str, optional: int = 0) -> list[str | None]:
 def cmd_validate(args: argparse.Namespace) -> int:
     cartridge = load_cartridge(args.cartridge)
     spec = cartridge.spec
-    events = events_of(args)
-    if events:
-        projector = Projector(cartridge, MemoryStore(), allow_global_notes=True)
-        report = replay_file(projector, events, on_reject=print_reject(events))
-        for warning in report.clamped:
-            print(printable(f"{events}:line {warning.line}: event {warning.event_id}: warning: "
-                            f"{warning.reason}"), file=sys.stderr)
-        if report.rejected:
-            print(f"{events}: {len(report.rejected)} bad line(s) of {report.lines}", file=sys.stderr)
-            return 2
-        print(f"{events}: {report.applied} events ok ({report.duplicates} duplicates ignored)")
-        for line in unmet_rules(cartridge, projector.store):
-            print(f"{args.cartridge}: {line}")
-        problems = stream_problems(cartridge, projector.store, now_micros())
-        if problems:
-            for line in problems:
-                print(f"{args.cartridge}: {line}", file=sys.stderr)
-            return 2
+    source = log_source(args, cartridge)
+    if source is not None and (code := validate_log(args, cartridge, source)) != 0:
+        return code
     print(f"{args.cartridge}: ok ({len(spec.entities)} entity types, {len(spec.relations)} relations, "
           f"{len(spec.events)} event types, {len(spec.rules)} rules)")
     return 0

@@ -96,6 +96,12 @@ def _field_type(field: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
             raise TypeError(f"field {field!r}: string constraints {sorted(set(schema) - known)} have no fast path")
         lengths = {k: schema[k] for k in ("min_length", "max_length") if k in schema}
         return (Annotated[str, msgspec.Meta(**lengths)] if lengths else str), schema.get("pattern")
+    if kind == "int":               # a strict integer (`version`): msgspec refuses bools and floats as pydantic does
+        known = {"type", "strict", "ge", "le", "metadata"}
+        if set(schema) - known or not schema.get("strict"):
+            raise TypeError(f"field {field!r}: only a strict integer with ge/le has a fast path, not {schema!r}")
+        bounds = {k: schema[k] for k in ("ge", "le") if k in schema}
+        return (Annotated[int, msgspec.Meta(**bounds)] if bounds else int), None
     if kind == "dict" and schema.get("keys_schema", {}).get("type") == "str" \
             and schema.get("values_schema", {}).get("type") == "any" and set(schema) <= {
                 "type", "keys_schema", "values_schema", "metadata"}:

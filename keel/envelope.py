@@ -8,14 +8,14 @@ import re
 from typing import Annotated, Any, NotRequired
 
 import msgspec
-from pydantic import ConfigDict, StringConstraints, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, Strict, StringConstraints, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from .cartridge import Cartridge
-from .cartridge_spec import FieldSpec
+from .cartridge_spec import MAX_VERSION, FieldSpec
 from .decoding import TypedDecoder, canonical_json, exact_shape
 from .echo import quote
-from .errors import BadTime, EnvelopeRejected
+from .errors import BadTime, EnvelopeRejected, VersionUnknown
 from .identifiers import (
     ENTITY,  # noqa: F401 - named here too, for the modules that import it with the envelope's names
     ENTITY_PATTERN,
@@ -23,6 +23,7 @@ from .identifiers import (
     TENANT_PATTERN,
 )
 from .times import Micros, format_time, now_micros, parse_time
+from .upcast import UpcastFailed
 
 ANNOTATED = "keel.annotated"
 RETRACTED = "keel.retracted"
@@ -46,6 +47,7 @@ class Envelope(TypedDict):
     source: NotRequired[str | None]
     by: NotRequired[str | None]
     corrects: NotRequired[Annotated[str, StringConstraints(min_length=1, max_length=256)] | None]
+    version: NotRequired[Annotated[int, Strict(), Field(ge=1, le=MAX_VERSION)] | None]
     payload: dict[str, Any]
 
 
@@ -69,17 +71,20 @@ class Event:
         "occurred_at",
         "payload",
         "recorded_at",
+        "recorded_payload",
         "source",
         "subject",
         "subject_id",
         "subject_type",
         "tenant",
         "type",
+        "version",
     )
 
     def __init__(self, *, id: str, tenant: str, type: str, subject: str, occurred_at: Micros,
                  recorded_at: Micros, source: str | None, by: str | None, payload: dict[str, Any],
-                 corrects: str | None = None) -> None:
+                 corrects: str | None = None, version: int = 1,
+                 recorded_payload: dict[str, Any] | None = None) -> None:
         self.id = id
         self.tenant = tenant
         self.type = type
@@ -92,11 +97,14 @@ class Event:
         self.payload = payload
         self.corrects = corrects
         self.clamped_from: Instant | None = None
+        self.version = version                      # the version the envelope was recorded in
+        self.recorded_payload = recorded_payload    # the payload as recorded, when it was upcast (else None)
 
     @classmethod
     def _checked(cls, id: str, tenant: str, type: str, subject: str, subject_type: str, subject_id: str,
                  occurred_at: Instant, recorded_at: Instant, source: str | None, by: str | None,
-                 payload: dict[str, Any], corrects: str | None = None) -> Event:
+                 payload: dict[str, Any], corrects: str | None = None, version: int = 1,
+                 recorded_payload: dict[str, Any] | None = None) -> Event:
         """The Catalog's constructor: fields already checked, subject split, times already Instants."""
         e = cls.__new__(cls)
         e.id, e.tenant, e.type, e.subject = id, tenant, type, subject
@@ -104,6 +112,7 @@ class Event:
         e.occurred_at, e.recorded_at = occurred_at, recorded_at
         e.source, e.by, e.payload = source, by, payload
         e.clamped_from, e.corrects = None, corrects
+        e.version, e.recorded_payload = version, recorded_payload
         return e
 
     @property
@@ -120,13 +129,18 @@ class Event:
         """The event's identity for idempotency: a short hash of its canonical envelope without `recorded_at`
         (which a broker may assign): every other field after the checks (times as integers, `source` with
         its default), payload keys sorted. Two envelopes under one id are identical when their hashes are
-        equal; see docs/envelope.md."""
-        text = canonical_json((self.id, self.tenant, self.type, self.subject, int(self.occurred_at),
-                               self.source, self.by, self.corrects), self.payload, _CANONICAL)
-        return hashlib.blake2b(text, digest_size=8).hexdigest()
+        equal; see docs/envelope.md. The envelope as recorded counts: an upcast payload hashes as it was
+        recorded, with its version (version 1 is hashed as before versions existed)."""
+        head: tuple[Any, ...] = (self.id, self.tenant, self.type, self.subject, int(self.occurred_at),
+                                 self.source, self.by, self.corrects)
+        if self.version != 1:
+            head += (self.version,)
+        payload = self.payload if self.recorded_payload is None else self.recorded_payload
+        return hashlib.blake2b(canonical_json(head, payload, _CANONICAL), digest_size=8).hexdigest()
 
     def to_envelope(self) -> dict[str, Any]:
-        """The canonical envelope: what `keel publish` sends, so file and topic build equal graphs."""
+        """The canonical envelope: what `keel publish` sends, so file and topic build equal graphs. An upcast
+        event keeps its version and payload as recorded: the log is never rewritten."""
         out: dict[str, Any] = {"id": self.id, "tenant": self.tenant, "type": self.type,
                                "subject": self.subject, "occurred_at": format_time(self.occurred_at),
                                "recorded_at": format_time(self.recorded_at)}
@@ -136,7 +150,9 @@ class Event:
             out["by"] = self.by
         if self.corrects is not None:
             out["corrects"] = self.corrects
-        out["payload"] = self.payload
+        if self.version != 1:
+            out["version"] = self.version
+        out["payload"] = self.payload if self.recorded_payload is None else self.recorded_payload
         return out
 
     def __repr__(self) -> str:
@@ -150,9 +166,12 @@ class Catalog:
     it is certainly valid, else by pydantic, whose errors are the refusals; `typed_decoding=False` always
     takes the pydantic path (tests and bench/decode.py compare the two)."""
 
-    def __init__(self, cartridge: Cartridge, *, typed_decoding: bool = True) -> None:
+    def __init__(self, cartridge: Cartridge, *, typed_decoding: bool = True, check_upcasters: bool = False) -> None:
         self.cartridge = cartridge
         self._typed = _TYPED.decode if typed_decoding else None
+        self._upcasts = cartridge.upcasts
+        self._versioned = frozenset(ev for ev, spec in cartridge.spec.events.items() if spec.version != 1)
+        self._twice = check_upcasters     # `keel validate`: each Python upcaster runs twice, and must agree
         # event type -> (payload check, subject entity type, owner: the default source)
         self._types = {ev: (PayloadCheck(ev, spec.fields()), spec.subject, spec.owner)
                        for ev, spec in cartridge.spec.events.items()}
@@ -194,7 +213,11 @@ class Catalog:
         subject_type, _, subject_id = subject.partition(":")
         source = env.source
         corrects = env.corrects
+        version = env.version
+        payload = recorded_payload = env.payload
         if event_type in (ANNOTATED, RETRACTED):
+            if version is not None and version != 1:
+                raise VersionUnknown(event_type, version, 1, event_id=env.id, tenant=env.tenant)
             if corrects is not None:
                 raise EnvelopeRejected(f"corrects: a {event_type} event corrects nothing (retract a note "
                                        f"with keel.retracted, correct it with a new note)",
@@ -211,14 +234,38 @@ class Catalog:
             if subject_type != subject_kind:
                 raise EnvelopeRejected(f"subject {subject!r}: {event_type} takes a {subject_kind!r} subject",
                                        event_id=env.id, tenant=env.tenant)
-            check(env, typed)
+            if version is None and event_type not in self._versioned:
+                check(env, typed)                   # the common case: version 1 of a type that has only one
+            else:
+                payload = self._upcast(check, event_type, version or 1, env, typed)
             if source is None:
                 source = owner
         if corrects == env.id:
             raise EnvelopeRejected("corrects: an event cannot correct itself", event_id=env.id,
                                    tenant=env.tenant)
         return Event._checked(env.id, env.tenant, event_type, subject, subject_type, subject_id,
-                              occurred, recorded, source, env.by, env.payload, corrects)
+                              occurred, recorded, source, env.by, payload, corrects, version or 1,
+                              None if payload is recorded_payload else recorded_payload)
+
+    def _upcast(self, check: PayloadCheck, event_type: str, version: int, env: Decoded, typed: bool
+                ) -> dict[str, Any]:
+        """The payload of an envelope of `version` as the event type's declared version, checked: upcast from
+        an older version (keel/upcast.py), refused when newer than the cartridge knows (VersionUnknown)."""
+        latest = self._upcasts.version(event_type)
+        if version == latest:
+            check(env, typed)
+            return env.payload
+        if version > latest:
+            raise VersionUnknown(event_type, version, latest, event_id=env.id, tenant=env.tenant)
+        try:
+            payload = self._upcasts.upcast(event_type, version, env.payload, twice=self._twice)
+        except UpcastFailed as e:
+            raise EnvelopeRejected(str(e), event_id=env.id, tenant=env.tenant) from None
+        problems = [] if check.plainly_valid(payload) else check.problems(payload)
+        if problems:
+            raise EnvelopeRejected(f"upcast from version {version} to {latest}: {'; '.join(problems)}",
+                                   event_id=env.id, tenant=env.tenant)
+        return payload
 
     def _instant(self, text: str, field: str, env: Decoded) -> Instant:
         """A time field as an Instant; the Instants of recent texts are shared (events repeat their dates)."""
@@ -274,6 +321,9 @@ def _reasons(e: ValidationError, raw: bytes | str | dict[str, Any]) -> str:
             parts.append(f"{loc}: {quote(err.get('input'))} is not allowed; use {hint}")
         elif kind == "dict_type" and not loc:
             parts.append("an envelope must be a JSON object")
+        elif loc == "version":
+            parts.append(f"version: {quote(err.get('input'))} is not a version; use an integer from 1 (absent "
+                         f"means 1)")
         else:
             parts.append(f"{loc}: {quote(err['msg'])}" if loc else quote(err["msg"]))
     return "; ".join(parts)

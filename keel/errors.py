@@ -48,6 +48,20 @@ class EnvelopeRejected(KeelError):
         self.tenant = tenant
 
 
+class VersionUnknown(EnvelopeRejected):
+    """An envelope of a newer version of its event type than the cartridge knows (a producer deployed before
+    the workers). File mode reports it like any refusal; a worker neither applies, dead-letters nor skips it:
+    it stops the record's partition there until it runs a cartridge that knows the version."""
+
+    def __init__(self, event_type: str, version: int, known: int, *, event_id: str | None = None,
+                 tenant: str | None = None) -> None:
+        super().__init__(f"{event_type} version {version} is newer than this cartridge knows (version {known}): "
+                         f"run a cartridge that knows it", event_id=event_id, tenant=tenant)
+        self.event_type = event_type
+        self.version = version
+        self.known = known
+
+
 class HandlerFailed(KeelError):
     """A cartridge handler raised while applying an event; nothing of that event was written."""
 

@@ -201,10 +201,11 @@ class CatalogChecks:
 class Projector:
     """Applies events of one cartridge to one store."""
 
-    def __init__(self, cartridge: Cartridge, store: Store, *, allow_global_notes: bool = False) -> None:
+    def __init__(self, cartridge: Cartridge, store: Store, *, allow_global_notes: bool = False,
+                 check_upcasters: bool = False) -> None:
         self.cartridge = cartridge
         self.store = store
-        self.catalog = Catalog(cartridge)
+        self.catalog = Catalog(cartridge, check_upcasters=check_upcasters)
         self.checks = CatalogChecks(cartridge)
         self.notes = NotePolicy(cartridge, store, allow_global=allow_global_notes)
         self._handlers: dict[str, tuple[Handler, bool]] = {}    # event type -> (handler, declarative)

@@ -29,7 +29,7 @@ CARTRIDGES = {name: load_cartridge(ROOT / "cartridges" / name) for name in NAMES
 FAST = {name: Catalog(c) for name, c in CARTRIDGES.items()}
 SLOW = {name: Catalog(c, typed_decoding=False) for name, c in CARTRIDGES.items()}
 ENVELOPE_FIELDS = ["id", "tenant", "type", "subject", "occurred_at", "recorded_at", "source", "by", "corrects",
-                   "payload"]
+                   "version", "payload"]
 
 
 def _samples() -> list[tuple[str, dict[str, Any]]]:
@@ -143,7 +143,7 @@ def outcome(catalog: Catalog, raw: bytes | str | dict[str, Any], recorded: int |
     recorded_at = int(e.recorded_at) if e.recorded_at < before else "now"
     return ("event", e.id, e.tenant, e.type, e.subject, e.subject_type, e.subject_id, int(e.occurred_at),
             type(e.occurred_at).__name__, recorded_at, e.source, e.by, e.corrects, repr(e.payload),
-            e.clamped_from, e.content_hash(), e.to_envelope()["payload"] == e.payload)
+            e.clamped_from, e.content_hash(), e.to_envelope()["payload"] == e.payload, e.version)
 
 
 # a Kafka record's time (default_recorded_at) around the samples' times, so that recorded_at is mostly accepted

@@ -3,10 +3,13 @@
 `plan(records)` parses each record, skips what the durable store already holds (offset <= the tenant's
 applied offset for that partition, or an event id already applied), runs the cartridge handler through
 the Projector on the tenant's mirror and collects each event's writes. Rejected envelopes and handler
-failures become dead letters; they never stop the batch. `write(plan)` then writes each tenant's events,
-event ids and last offset in one atomic `commit_batch` step (several tenants' steps per round trip with
-`commit_many`); `settle`/`discard` follow with the mirrors. Nothing here is async: the worker runs planning
-on one thread and writing on another (see pipeline.py); the record key must be the envelope's tenant.
+failures become dead letters; they never stop the batch. A record of a version newer than the cartridge knows
+stops its partition: it and every later record of that partition are left out of the plan (`BatchPlan.held`;
+the worker pauses the partition there, see held.py), nothing of it is dead-lettered or skipped.
+`write(plan)` then writes each tenant's events, event ids and last offset in one atomic `commit_batch` step
+(several tenants' steps per round trip with `commit_many`); `settle`/`discard` follow with the mirrors.
+Nothing here is async: the worker runs planning on one thread and writing on another (see pipeline.py); the
+record key must be the envelope's tenant.
 """
 from __future__ import annotations
 
@@ -32,6 +35,21 @@ class DeadLetter:
     reason: str
     event_id: str | None = None
     tenant: str | None = None
+
+
+@dataclass(frozen=True)
+class Held:
+    """A record of a version of its event type newer than the cartridge knows: its partition stops at it."""
+    record: Record
+    event_type: str
+    version: int
+    known: int              # the newest version the cartridge knows
+
+    @property
+    def reason(self) -> str:
+        return (f"partition {self.record.partition} stopped at offset {self.record.offset}: a record of "
+                f"{self.event_type} version {self.version}, newer than this cartridge knows (version {self.known});"
+                f" nothing after it is applied until a worker runs a cartridge that knows it")
 
 
 @dataclass
@@ -63,6 +81,7 @@ class BatchPlan:
     offsets: dict[tuple[str, str, int], int | None] = field(default_factory=dict)    # applied, as planning began
     log_ends: dict[tuple[str, int], int] = field(default_factory=dict)   # (topic, partition) -> log end at fetch
     through: dict[tuple[str, int], int] = field(default_factory=dict)    # (topic, partition) -> last offset planned
+    held: dict[tuple[str, int], Held] = field(default_factory=dict)      # (topic, partition) -> where it stopped
 
     def batch_of(self, tenant: str, record: Record) -> TenantBatch:
         key = (tenant, record.topic, record.partition)
@@ -98,33 +117,42 @@ class BatchApplier:
             through = plan.through
             for record in records:
                 plan.records += 1
-                self._plan_record(plan, record)
-                through[(record.topic, record.partition)] = record.offset
+                if self._plan_record(plan, record):
+                    through[(record.topic, record.partition)] = record.offset
         except BaseException:
             self.mirrors.drop(plan.touched)
             raise
         self.mirrors.pin(plan.touched)
         return plan
 
-    def _plan_record(self, plan: BatchPlan, record: Record) -> None:
+    def _plan_record(self, plan: BatchPlan, record: Record) -> bool:
+        """Plan one record; False when its partition is held (at this record or an earlier one)."""
+        if plan.held and (record.topic, record.partition) in plan.held:
+            return False
         verdict = judge(self.projector, self.recorder, record, lambda t: self._already_applied(plan, t, record))
         if verdict.outcome == "skipped":
-            return
+            return True
+        if verdict.outcome == "held":
+            newer = verdict.version
+            assert newer is not None
+            plan.held[(record.topic, record.partition)] = Held(record, newer.event_type, newer.version, newer.known)
+            return False
         if verdict.outcome == "refused":
             self._dead(plan, record, verdict.reason or "", verdict.event_id, verdict.tenant)
-            return
+            return True
         tenant, event_id = verdict.tenant or "", verdict.event_id
         batch = plan.batch_of(tenant, record)
         batch.last_offset = record.offset
         if verdict.outcome == "duplicate":
             plan.duplicates += 1
-            return
+            return True
         plan.applied += 1
         for where, writes, write_id in verdict.writes:
             if where == GLOBAL_TENANT:     # a global note: marked with a tenant-qualified id, so it is idempotent too
                 plan.global_notes.append((writes, f"{tenant}/{event_id}"))
             else:
                 batch.events.append((writes, write_id or event_id))
+        return True
 
     def _already_applied(self, plan: BatchPlan, tenant: str, record: Record) -> bool:
         key = (tenant, record.topic, record.partition)

@@ -61,6 +61,7 @@ from keel.wire import dlq_topic, events_topic, group_id
 
 from .applier import BatchApplier, BatchPlan
 from .dlq import DeadLetterCounts, DeadLetterQueue
+from .held import HeldPartitions
 from .metrics import CartridgeMetrics
 from .pipeline import BatchPipeline
 from .records import Record
@@ -134,6 +135,7 @@ class CartridgeIngest(Service):
         self._unpositioned: set[TopicPartition] = set()   # assigned, paused until their resume point is set
         self._behind: dict[TopicPartition, int] = {}      # partition -> offset Redis must reach to be repaired
         self._went_back: StateBehind | None = None        # the idle check found Redis holding less than written
+        self._held = HeldPartitions(self.log, self.label)   # stopped at a version the cartridge lacks (held.py)
         self._epoch = 0                       # bumped by every revocation
         self._revoked: set[TopicPartition] = set()     # revoked, mirrors not forgotten yet
         self._loop_task: asyncio.Task | None = None
@@ -179,6 +181,7 @@ class CartridgeIngest(Service):
                                                                    "or more workers than partitions")
         self.health.check(f"redis {self.cartridge.name}", self._redis_reachable)
         self.health.check(f"progress {self.cartridge.name}", self._progressing)
+        self.health.check(f"versions {self.cartridge.name}", self._held.reason)
         self.metrics.ready.set_function(lambda: 1.0 if self.health.readiness()[0] else 0.0)
         self.metrics.since_commit.set_function(       # a spare worker (no partition) has nothing to commit
             lambda: time.monotonic() - self._progress_at if self.assigned_count else 0.0)
@@ -290,7 +293,7 @@ class CartridgeIngest(Service):
             return
         for tp, lag in lags.items():
             self.metrics.lag(tp.partition, lag)
-        if not any(lags.values()):
+        if not any(lag for tp, lag in lags.items() if tp not in self._held):   # a held partition waits on purpose
             await self._check_state(assigned)
 
     async def _check_state(self, assigned: set[TopicPartition]) -> None:
@@ -382,6 +385,8 @@ class CartridgeIngest(Service):
         if plan is None:
             return None
         plan.log_ends = self._log_ends(fetched)
+        if plan.held and epoch == self._epoch and self.consumer is not None:
+            self._held.hold(self.consumer, plan)       # paused at the held record before the next fetch
         return _Planned(fetched, records, plan, epoch)
 
     def _log_ends(self, fetched: dict[TopicPartition, list]) -> dict[tuple[str, int], int]:
@@ -424,6 +429,9 @@ class CartridgeIngest(Service):
         self._repaired(plan)
         metadata = commit_metadata(self.client_id)        # `keel status` tells a stalled owner by it
         offsets = {tp: OffsetAndMetadata(recs[-1].offset + 1, metadata) for tp, recs in batch.fetched.items()}
+        if plan.held and batch.epoch == self._epoch:       # (a plan redone after an outage holds here first)
+            self._held.hold(self.consumer, plan)
+            offsets.update(self._held.offsets(plan, self.client_id))
         if batch.epoch != self._epoch:       # their owner now commits them (or skips them by Redis's offsets)
             self.log.info("%s: a batch written as its partitions were revoked; its offsets are not committed",
                           self.label)
@@ -548,6 +556,7 @@ class CartridgeIngest(Service):
         if assigned and self.consumer is not None:
             self.consumer.pause(*assigned)
             self._unpositioned |= assigned
+        self._held.assigned(assigned)
         self.assigned_count = len(assigned)
         self.metrics.rebalances.inc()
         self.metrics.assigned.set(len(assigned))

@@ -3,8 +3,11 @@
 
 A record is refused (with a reason) when its value is missing or not a valid envelope, when its key is not
 the envelope's tenant (Keel's topics are keyed by tenant), when a note is refused or a handler fails. An
-event id seen before is a duplicate. Otherwise the event's writes, as the Projector produced them on the
-recording mirror, are returned with the tenant they belong to (the global tenant for global notes).
+event id seen before is a duplicate. A record of a newer version of its event type than the cartridge knows
+is held: neither applied nor refused, its partition stops there until a cartridge that knows the version
+runs (keel/upcast.py; the applier plans nothing after it, the worker pauses the partition at it).
+Otherwise the event's writes, as the Projector produced them on the recording mirror, are returned with the
+tenant they belong to (the global tenant for global notes).
 """
 from __future__ import annotations
 
@@ -13,27 +16,28 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from keel.envelope import TENANT, Event
-from keel.errors import EnvelopeRejected, HandlerFailed, KeelError, StoreUnavailable
+from keel.errors import EnvelopeRejected, HandlerFailed, KeelError, StoreUnavailable, VersionUnknown
 from keel.projector import Projector
 from keel.store.base import Write
 
 from .mirror import RecordingStore
 from .records import Record
 
-Outcome = Literal["skipped", "refused", "duplicate", "applied"]
+Outcome = Literal["skipped", "refused", "duplicate", "applied", "held"]
 EMPTY_RECORD = "empty record: the value must be an event envelope"
 
 
 @dataclass
 class Verdict:
     """What became of one record: skipped (the durable store holds it), refused (why), a duplicate event
-    id, or applied (with its writes)."""
+    id, applied (with its writes), or held (a version newer than the cartridge knows: `version` says which)."""
     outcome: Outcome
     tenant: str | None = None
     event: Event | None = None
     reason: str | None = None
     event_id: str | None = None
     writes: list[tuple[str, list[Write], str | None]] = field(default_factory=list)   # (tenant, writes, id)
+    version: VersionUnknown | None = None
 
 
 def judge(projector: Projector, recorder: RecordingStore, record: Record,
@@ -46,6 +50,11 @@ def judge(projector: Projector, recorder: RecordingStore, record: Record,
         if record.value is None:
             raise EnvelopeRejected(EMPTY_RECORD)
         event = projector.parse(record.value, default_recorded_at=record.timestamp_micros)
+    except VersionUnknown as e:
+        tenant = e.tenant if e.tenant and TENANT.match(e.tenant) else None
+        if tenant is not None and already_applied is not None and already_applied(tenant):
+            return Verdict("skipped", tenant)       # applied by a worker that knew the version (then rolled back)
+        return Verdict("held", tenant, reason=e.reason, event_id=e.event_id, version=e)
     except EnvelopeRejected as e:
         tenant = e.tenant if e.tenant and TENANT.match(e.tenant) else None
         if tenant is not None and already_applied is not None and already_applied(tenant):

@@ -4,8 +4,10 @@ each tenant being rebuilt → each event's writes, collected for the shadow gene
 Records are judged by the worker's own function (workers/judge.py): parsed with the cartridge's
 catalog, recorded_at defaulting to the record timestamp; an invalid envelope, an envelope whose tenant is not
 the record key, a refused note or a handler failure is skipped and counted (live ingestion already sent it to
-the dead-letter topic); an event id seen before is a duplicate. Global notes are not written again (they
-live outside the tenant and were applied live); the tenant's own mark of the note event is.
+the dead-letter topic); an event id seen before is a duplicate. A record of a version newer than the cartridge
+knows ends the replay (UsageError): skipping it would rebuild the tenant without it.
+Global notes are not written again (they live outside the tenant and were applied live); the tenant's own mark
+of the note event is.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from keel.cartridge import Cartridge
+from keel.errors import UsageError
 from keel.projector import Projector
 from keel.store.base import GLOBAL_TENANT, EventWrites
 
@@ -59,6 +62,9 @@ class PartitionBuild:
 
     def _apply(self, tenant: str, progress: TenantProgress, record: Record) -> None:
         verdict = judge(self.projector, self.mirror, record)
+        if verdict.outcome == "held":
+            raise UsageError(f"tenant {tenant!r}, {record.origin}: {verdict.reason}; replay with that cartridge (no "
+                             f"tenant of partition {record.partition} was switched)")
         if verdict.outcome == "refused":
             progress.skipped += 1
             return

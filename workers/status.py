@@ -32,9 +32,14 @@ KAFKA_TIMEOUT_S = 15.0
 STALLED_AFTER_S = 60.0
 
 
-def commit_metadata(client_id: str) -> str:
-    """What a worker stores with each offset commit: who committed, and when (seconds since the epoch)."""
-    return json.dumps({"by": client_id, "at": round(time.time(), 1)}, separators=(",", ":"))
+def commit_metadata(client_id: str, *, held: dict[str, Any] | None = None) -> str:
+    """What a worker stores with each offset commit: who committed, and when (seconds since the epoch); `held`:
+    the partition is stopped at the committed offset, a record of a version newer than the worker's cartridge
+    knows ({offset, type, version, known})."""
+    doc: dict[str, Any] = {"by": client_id, "at": round(time.time(), 1)}
+    if held is not None:
+        doc["held"] = held
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def _last_commit(metadata: str) -> tuple[str | None, float | None]:
@@ -43,6 +48,15 @@ def _last_commit(metadata: str) -> tuple[str | None, float | None]:
         return str(doc["by"]), float(doc["at"])
     except (ValueError, KeyError, TypeError):
         return None, None
+
+
+def _held(metadata: str, committed: int | None) -> dict[str, Any] | None:
+    """The held record the last commit names, if the commit is still at it."""
+    try:
+        held = json.loads(metadata).get("held")
+        return held if isinstance(held, dict) and held.get("offset") == committed else None
+    except (ValueError, AttributeError):
+        return None
 
 
 def _partition_rows(partitions: list[PartitionOffsets], group: GroupDescription | None, now: float,
@@ -58,6 +72,7 @@ def _partition_rows(partitions: list[PartitionOffsets], group: GroupDescription 
                                                      "host": owner.host},
                    last_commit_by=by, last_commit_age_s=None if at is None else round(now - at, 1))
         row["stalled"] = bool(owner is not None and p.lag > 0 and at is not None and now - at > stalled_after)
+        row["held"] = _held(p.metadata, p.committed)
         rows.append(row)
     return rows
 
@@ -83,7 +98,13 @@ def _problems(doc: dict[str, Any], stalled_after: float) -> list[str]:
     elif group is not None and not group and doc["partitions"]:
         out.append(f"the group {doc['group']} has no members (no worker is running)")
     for p in doc["partitions"]:
-        if p["stalled"]:
+        held = p.get("held")
+        if held:
+            out.append(f"partition {p['partition']}: stopped at offset {held['offset']}, a record of {held['type']} "
+                       f"version {held['version']}, newer than the workers' cartridge knows (version "
+                       f"{held['known']}); nothing after it is applied until the workers run a cartridge that "
+                       f"knows it (deploy it; check it first with `keel validate <cartridge> --kafka`)")
+        elif p["stalled"]:
             o = p["owner"]
             why = ("Redis cannot take writes, see above" if redis_cause else
                    "that worker stopped consuming")
@@ -215,7 +236,7 @@ def render_status(doc: dict[str, Any]) -> str:
             committed = "-" if p["committed"] is None else p["committed"]
             owner = "-" if p["owner"] is None else f"{p['owner']['client_id']}@{p['owner']['host']}"
             age = "-" if p["last_commit_age_s"] is None else f"{p['last_commit_age_s']:.0f}s ago"
-            flag = "  STALLED" if p["stalled"] else ""
+            flag = "  HELD (newer version)" if p.get("held") else "  STALLED" if p["stalled"] else ""
             lines.append(f"  {p['partition']:>9} {p['end']:>12} {committed:>12} {p['lag']:>10}  {owner:<34} {age}{flag}")
     elif "kafka" not in doc["unavailable"]:
         lines.append("  (topic not created yet: publish or start a worker)")
