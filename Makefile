@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test test-deploy test-embedded images compose-up lint bench bench-peers soak services-up services-down clean
+.PHONY: install demo test test-fast test-deploy test-embedded images compose-up lint bench bench-peers soak services-up services-down clean
 
 install: $(VENV)/.installed
 
@@ -19,6 +19,12 @@ demo: install  ## the finance story, embedded: no servers
 test: install  ## the whole suite; starts local Kafka, Redis and PostgreSQL unless KEEL_* point at them, and a container engine for the deploy tier
 	scripts/ensure-promtool  # Debian's prometheus package, for promtool (tests/test_alert_rules.py)
 	scripts/with-services scripts/with-engine $(BIN)/python -m pytest
+
+# the slow tiers' pytest markers (tests/conftest.py TIERS); `make test-fast` leaves them out
+SLOW_TIERS := faults or deploy or rebalance or rolling_segments
+test-fast: install  ## the suite without its slow tiers (SLOW_TIERS): the loop while working; `make test` runs them all
+	scripts/ensure-promtool
+	scripts/with-services $(BIN)/python -m pytest -m "not ($(SLOW_TIERS))"
 
 test-deploy: install  ## only the deploy tier: images from deploy/, the stack in containers, the compose file
 	scripts/with-engine env KEEL_REQUIRE_SERVICES=1 $(BIN)/python -m pytest tests/deploy

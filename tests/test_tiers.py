@@ -1,0 +1,53 @@
+"""The suite's slow tiers agree in the three places that name them: tests/conftest.py gives the markers
+(TIERS), pyproject.toml declares them, and the Makefile's `test-fast` leaves out exactly those tiers while
+`make test` selects none away."""
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from conftest import TIERS, tiers_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def declared_markers() -> set[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    return {line.split(":")[0].strip() for line in config["markers"]}
+
+
+def make_variable(name: str) -> str:
+    found = re.search(rf"^{name}\s*:=\s*(.*)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert found, f"no {name} in the Makefile"
+    return found.group(1).strip()
+
+
+def test_every_tier_is_declared_and_each_of_its_places_exists() -> None:
+    assert set(TIERS) <= declared_markers()
+    for tier, places in TIERS.items():
+        for place in places:
+            path = ROOT / place.split("::")[0]
+            assert path.exists(), f"{tier}: {place} names no file"
+            if "::" in place:
+                cls = place.split("::")[1]
+                assert re.search(rf"^class {cls}\b", path.read_text(), re.MULTILINE), f"{tier}: no class {cls}"
+
+
+def test_test_fast_leaves_out_exactly_the_tiers_and_make_test_keeps_them() -> None:
+    assert set(make_variable("SLOW_TIERS").split(" or ")) == set(TIERS)
+    recipe = re.search(r"^test-fast:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert recipe and '-m "not ($(SLOW_TIERS))"' in recipe.group(1)
+    whole = re.search(r"^test:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert whole and re.search(r"python -m pytest$", whole.group(1), re.MULTILINE)   # every tier, no -m
+
+
+def test_a_test_is_in_the_tier_of_its_place() -> None:
+    assert tiers_of("tests/faults/test_faults.py::test_x") == ["faults"]
+    assert tiers_of("tests/deploy/test_stack.py::test_y[a]") == ["deploy"]
+    assert tiers_of("tests/test_workers_rebalance.py::test_z[join]") == ["rebalance"]
+    assert tiers_of("tests/test_store_redis.py::TestSegmentStoreRollingEveryStep::"
+                    "test_random_writes_equal_the_memory_store[1]") == ["rolling_segments"]
+    assert tiers_of("tests/test_store_redis.py::TestSegmentStoreRollingEveryStep::test_timeline_matches") == []
+    assert tiers_of("tests/test_store_redis.py::TestSegmentStore::test_random_writes_equal_the_memory_store[1]") == []
+    assert tiers_of("tests/test_architecture.py::test_no_import_circle_in_the_core") == []
