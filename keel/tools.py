@@ -1,4 +1,4 @@
-"""The five tools (DESIGN §5): context, history, search, annotate, related. The read path is
+"""The five tools an agent has: context, history, search, annotate, related. The read path is
 tool → store; annotate goes tool → policy → log → projector → store, and returns what the store shows.
 
 `Tools` is the public Python API (docs/python.md): get one from `keel.open(...).tools(tenant=...)`. The MCP

@@ -1,4 +1,4 @@
-"""`build_server(config) -> MCPServer`: the five tools of DESIGN §5 over keel.Tools, nothing else.
+"""`build_server(config) -> MCPServer`: the five tools (context, history, search, annotate, related) over keel.Tools, nothing else.
 
 Handlers take every argument loosely and leave checking to keel.Tools, so an agent gets Keel's own
 messages for bad arguments and every call, good or bad, is observed. The schemas clients see are the
