@@ -1,13 +1,13 @@
 """The layering rules, read from the code (ast), so a change that breaks them fails here:
 
-* `keel` (the domain-free core) never imports `workers` or `tools_server`, not even by a module name handed to
-  importlib; the two upper packages never import each other;
-* only `workers/` imports faust and only `tools_server/` the MCP SDK;
+* `keel` (the domain-free core) never imports `workers`, `tools_server` or `inspector`, not even by a module name
+  handed to importlib; the upper packages never import each other;
+* only `workers/` imports faust, only `tools_server/` the MCP SDK and only `inspector/` Jinja2;
 * no import error is caught (a missing dependency fails loudly, it never turns a feature off);
-* no module of the three packages is longer than MAX_LINES;
+* no module of the four packages is longer than MAX_LINES;
 * no import circle inside `keel/`: every import counts, at module level, inside a function (a lazy import) or
   under `if TYPE_CHECKING:` (a type named is a dependency too), relative imports resolved;
-* `keel.cli`, the entry point, is the top floor: no other module of the three packages imports it; ingress
+* `keel.cli`, the entry point, is the top floor: no other module of the four packages imports it; ingress
   (`keel/ingress/`) plugs into it like `workers` and `tools_server`, and the rest of `keel/` never imports it.
 """
 from __future__ import annotations
@@ -19,10 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("keel", "workers", "tools_server")
+PACKAGES = ("keel", "workers", "tools_server", "inspector")
 MAX_LINES = 600
-FORBIDDEN = {"keel": {"workers", "tools_server"}, "workers": {"tools_server"}, "tools_server": {"workers"}}
-ONLY_IN = {"faust": "workers", "mcp": "tools_server"}
+PLUGINS = {"workers", "tools_server", "inspector"}
+FORBIDDEN = {"keel": PLUGINS, **{plugin: PLUGINS - {plugin} for plugin in PLUGINS}}
+ONLY_IN = {"faust": "workers", "mcp": "tools_server", "jinja2": "inspector"}
 
 
 def modules() -> Iterator[tuple[str, Path, ast.Module]]:

@@ -1,4 +1,4 @@
-"""The core knows no domain: keel/, workers/ and tools_server/ never name a cartridge's word.
+"""The core knows no domain: keel/, workers/, tools_server/ and inspector/ never name a cartridge's word.
 
 Self-contained: the word list is derived here from every cartridges/*/cartridge.yaml of this repository
 (entity types, relation names, event types, rule names), and the checker is tested on a planted hit.
@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("keel", "workers", "tools_server")
+LAYERS = ("keel", "workers", "tools_server", "inspector")
 SECTIONS = ("entities", "relations", "events", "rules")
 
 
