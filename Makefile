@@ -18,12 +18,14 @@ demo: install  ## the finance story, embedded: no servers
 
 test: install  ## the whole suite; starts local Kafka, Redis and PostgreSQL unless KEEL_* point at them, and a container engine for the deploy tier
 	scripts/ensure-promtool  # Debian's prometheus package, for promtool (tests/test_alert_rules.py)
+	scripts/ensure-chromium  # Debian's chromium and chromium-driver, for the inspector's browser test
 	scripts/with-services scripts/with-engine $(BIN)/python -m pytest
 
 # the slow tiers' pytest markers (tests/conftest.py TIERS); `make test-fast` leaves them out
 SLOW_TIERS := faults or deploy or rebalance or rolling_segments
 test-fast: install  ## the suite without its slow tiers (SLOW_TIERS): the loop while working; `make test` runs them all
 	scripts/ensure-promtool
+	scripts/ensure-chromium
 	scripts/with-services $(BIN)/python -m pytest -m "not ($(SLOW_TIERS))"
 
 test-deploy: install  ## only the deploy tier: images from deploy/, the stack in containers, the compose file
@@ -39,7 +41,7 @@ test-embedded: install  ## only the tests that need no servers
 	$(BIN)/python -m pytest -m "not services" --ignore=tests/deploy
 
 lint: install
-	$(BIN)/ruff check keel workers tools_server cartridges tests bench
+	$(BIN)/ruff check keel workers tools_server inspector cartridges tests bench
 	$(BIN)/mypy    # the public Python API, strict (pyproject.toml [tool.mypy], docs/python.md)
 
 bench: install
