@@ -3,9 +3,9 @@
 
 A version's rectangle spans its validity as `history` reports it (valid_from → valid_to, or to the right edge
 while open) and the recorded time it was believed (recorded_at → superseded_at, or to the top while it is still
-believed). The top of the picture is `known_at` when the view sets one (history is asked as known then, so
-nothing recorded later is drawn), else one step past the latest time. The axes are spaced by change, not by
-duration (Axis). Every chart of an entity shares one scale, so the pictures line up. Pure geometry: no I/O,
+believed). The latest time on the recorded axis is `known_at` when the view sets one (history is asked as
+known then, so nothing recorded later is drawn; its line is drawn there), and the versions believed then run
+one step past it, to the top. The axes are spaced by change, not by duration (Axis). Every chart of an entity shares one scale, so the pictures line up. Pure geometry: no I/O,
 no tool call.
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Chart:
     y_ticks: list[Tick]
     plot: tuple[float, float, float, float]          # left, top, right, bottom of the plotting area
     at_x: float | None = None                        # the view's `at`, when inside the picture
-    known_y: float | None = None                     # the view's `known_at` (the top edge)
+    known_y: float | None = None                     # the view's `known_at` (the latest recorded time drawn)
     known_text: str = ""
     width: int = WIDTH
 
@@ -120,9 +120,9 @@ class Scale:
         ys = {s.recorded_at for s in spans} | {s.superseded_at for s in spans if s.superseded_at is not None}
         if at is not None:
             xs.add(at)
-        if known_at is not None:                     # history as known then: nothing later; it is the top
+        if known_at is not None:                     # history as known then: nothing later is drawn
             ys = {y for y in ys if y <= known_at} | {known_at}
-        return cls(Axis(tuple(sorted(xs)), True), Axis(tuple(sorted(ys)), known_at is None))
+        return cls(Axis(tuple(sorted(xs)), True), Axis(tuple(sorted(ys)), True))
 
 
 def chart(key: str, spans: Sequence[Span], scale: Scale, *, at: Micros | None, known_at: Micros | None,

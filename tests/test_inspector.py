@@ -378,5 +378,11 @@ def test_a_correction_is_a_rectangle_cut_by_the_one_that_replaced_it() -> None:
     assert fix.y == picture.plot[1] and nxt.y == picture.plot[1]      # believed: up to the top
     assert nxt.x + nxt.w == picture.plot[2] and nxt.open_right        # open: to the right edge
     assert "superseded" in old.classes and "believed" in fix.classes
-    as_then = Scale.of(spans[:1], None, parse_time("2026-10-02"))     # as known on 2 October: the old one on top
-    assert chart("b", spans[:1], as_then, at=None, known_at=parse_time("2026-10-02")).known_y == picture.plot[1]
+    believed = [_span("old", ("2026-10-01", None), ("2026-10-01", None))]    # history as known on 2 October
+    known = parse_time("2026-10-02")
+    then = chart("b", believed, Scale.of(believed, None, known), at=None, known_at=known)
+    (box,) = then.boxes
+    assert then.known_y is not None and box.y < then.known_y < box.y + box.h     # believed then, and on
+    recorded_then = [_span("new", ("2026-10-01", None), ("2026-10-02", None))]  # recorded at known_at itself
+    (box,) = chart("c", recorded_then, Scale.of(recorded_then, None, known), at=None, known_at=known).boxes
+    assert box.h > 20                                                        # still a visible rectangle
