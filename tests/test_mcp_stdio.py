@@ -59,6 +59,15 @@ def test_stdio_defaults_to_the_only_tenant(finance_events: Path) -> None:
     anyio.run(go)
 
 
+def test_stdio_takes_the_events_file_as_an_argument_too(finance_events: Path) -> None:
+    """Issue 21: every command that reads an events file takes it as an argument or as --events."""
+    async def go() -> None:
+        async with stdio_session(str(FINANCE), str(finance_events), "--no-call-log") as s:
+            got: dict[str, Any] = await ok(s, "context", {"entity": "debt:visa"})
+            assert got["entity"] == "debt:visa"
+    anyio.run(go)
+
+
 def serve_fails(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     assert main(["serve", str(FINANCE), *args]) == 2
     return capsys.readouterr().err
@@ -71,7 +80,8 @@ def test_serve_usage_errors(finance_events: Path, tmp_path: Path, monkeypatch: p
     events = str(finance_events)
     assert "--events FILE" in serve_fails(capsys)
     assert "not found" in serve_fails(capsys, "--events", str(tmp_path / "missing.jsonl"))
-    assert "one of --events" in serve_fails(capsys, "--events", events, "--redis", "redis://127.0.0.1:1")
+    assert "give one of an events file" in serve_fails(capsys, "--events", events, "--redis", "redis://127.0.0.1:1")
+    assert "two events files" in serve_fails(capsys, events, "--events", str(tmp_path / "other.jsonl"))
     assert "--tokens is for --transport http" in serve_fails(capsys, "--events", events, "--tokens", "x")
     assert "bearer token" in serve_fails(capsys, "--events", events, "--transport", "http")
     assert "agent and task come from each token" in serve_fails(

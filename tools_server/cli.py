@@ -10,7 +10,7 @@ import logging
 import sys
 from functools import partial
 
-from keel.commandline import pick_tenant
+from keel.commandline import add_events_arguments, events_of, pick_tenant
 from keel.errors import EXIT_UNAVAILABLE, UsageError
 from keel.logs import add_log_arguments, log_format, setup_logging
 
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("cartridge", help="cartridge folder")
     p.add_argument("--tenant", help="stdio: the tenant served (default: the only one in the events file); "
                                     "http: serve only this tenant's tokens")
-    p.add_argument("--events", metavar="FILE", help="embedded: replay this events file; notes are appended to it")
+    add_events_arguments(p, "embedded: replay this events file; notes are appended to it")
     p.add_argument("--redis", metavar="URL", help="read the Redis graph the workers maintain (env KEEL_REDIS_URL)")
     p.add_argument("--kafka", metavar="BOOTSTRAP", help="with --redis: where annotate produces its events "
                                                         "(env KEEL_KAFKA_BOOTSTRAP)")
@@ -156,11 +156,12 @@ def _open_backend(args: argparse.Namespace):  # -> Backend (imported lazily)
 
     cartridge = load_cartridge(args.cartridge)
     settings = settings_of(args)
-    if args.events and args.redis:
-        raise UsageError("give one of --events FILE or --redis URL")
-    if not args.events and not settings.redis_url:
-        raise UsageError("give --events FILE (embedded) or --redis URL (or set KEEL_REDIS_URL)")
-    return Backend.of(open_graph(cartridge, settings, args.events), settings)
+    events = events_of(args)
+    if events and args.redis:
+        raise UsageError("give one of an events file (or --events FILE) or --redis URL")
+    if not events and not settings.redis_url:
+        raise UsageError("give an events file (or --events FILE; embedded) or --redis URL (or set KEEL_REDIS_URL)")
+    return Backend.of(open_graph(cartridge, settings, events), settings)
 
 
 def call_logger() -> logging.Logger:
