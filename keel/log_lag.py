@@ -5,8 +5,9 @@ The `lag` the workers store with a tenant's commit is only as fresh as that comm
 answering with the lag of its last batch. This measure cannot go stale: when Kafka does not answer, the last log
 ends read are used and the answer says when they were read (`lag_measured_at`).
 
-Kafka's log ends are read by one consumer (no group) on a private event loop thread, at most once per `ttl_s`
-for all partitions, so a busy tools server asks the broker about once a second, not once per call.
+Kafka's log ends are read by one consumer (no group) on a private event loop thread, and Redis's watermarks with
+one HMGET, at most once per `ttl_s` for all partitions: a busy tools server asks the broker and Redis about once
+a second, not once per call, and a call never waits for another's read.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from .errors import KafkaUnavailable
+from .errors import KafkaUnavailable, StoreUnavailable
 from .kafka import admin_client, bootstrap_list
 from .store.base import Store
 from .times import Micros, now_micros
@@ -36,9 +37,9 @@ class LogLag:
         self.topic = topic
         self.store = store
         self.ttl_s = ttl_s
-        self._ends: dict[int, int] = {}
+        # (partition -> log end, partition -> Redis's applied watermark, when both were read)
+        self._snapshot: tuple[dict[int, int], dict[int, int | None], Micros | None] = ({}, {}, None)
         self._read_at: float | None = None           # monotonic time of the last successful read
-        self._read_at_micros: Micros | None = None
         self._failed_at: float | None = None
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -52,32 +53,41 @@ class LogLag:
 
     def measure(self, tenant: str) -> tuple[int | None, Micros | None]:
         """(lag, when the log end it is measured against was read); (None, None) when nothing could be read."""
-        ends = self._log_ends()
+        self._refresh()
+        ends, applied, read_at = self._snapshot
         if not ends:
             return None, None
         partition = partition_for(tenant, len(ends))
-        applied = self.store.partitions_applied(self.topic, [partition]).get(partition)
         end = ends.get(partition)
         if end is None:
             return None, None
-        return max(0, end - (applied + 1 if applied is not None else 0)), self._read_at_micros
+        held = applied.get(partition)
+        return max(0, end - (held + 1 if held is not None else 0)), read_at
 
-    def _log_ends(self) -> dict[int, int]:
-        with self._lock:
-            now = time.monotonic()
-            fresh = self._read_at is not None and now - self._read_at < self.ttl_s
-            resting = self._failed_at is not None and now - self._failed_at < RETRY_AFTER_S
-            if not fresh and not resting:
-                try:
-                    ends = asyncio.run_coroutine_threadsafe(self._read(), self._running()).result(READ_TIMEOUT_S)
-                except (KafkaError, KafkaUnavailable, FutureTimeout, OSError):
-                    ends = None                      # keep the last ends; the answer says when they were read
-                if ends:
-                    self._ends, self._read_at, self._read_at_micros = ends, time.monotonic(), now_micros()
-                    self._failed_at = None
-                else:                                # a broker that does not answer is asked again later,
-                    self._failed_at = time.monotonic()   # not by every call (each would wait READ_TIMEOUT_S)
-            return dict(self._ends)
+    def _refresh(self) -> None:
+        """Read the log ends and Redis's watermarks again when older than `ttl_s`: one thread reads, the others
+        answer with what was read last (only the first ever call waits for a read)."""
+        now = time.monotonic()
+        fresh = self._read_at is not None and now - self._read_at < self.ttl_s
+        resting = self._failed_at is not None and now - self._failed_at < RETRY_AFTER_S
+        if fresh or resting or not self._lock.acquire(blocking=self._read_at is None):
+            return
+        try:
+            try:
+                ends = asyncio.run_coroutine_threadsafe(self._read(), self._running()).result(READ_TIMEOUT_S)
+            except (KafkaError, KafkaUnavailable, FutureTimeout, OSError):
+                ends = None                          # keep the last ends; the answer says when they were read
+            if not ends:                             # a broker that does not answer is asked again later,
+                self._failed_at = time.monotonic()   # not by every call (each would wait READ_TIMEOUT_S)
+                return
+            try:
+                applied = self.store.partitions_applied(self.topic, sorted(ends))
+            except StoreUnavailable:
+                return
+            self._snapshot = (ends, applied, now_micros())
+            self._read_at, self._failed_at = time.monotonic(), None
+        finally:
+            self._lock.release()
 
     def _running(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
