@@ -97,6 +97,12 @@ def test_a_newer_version_stops_its_partition_until_a_worker_knows_it(env: dict[s
                    for p in doc["problems"])
         assert "HELD (newer version)" in render_status(doc)
         assert [p["lag"] for p in doc["partitions"] if p["lag"]] == [len(sample) - 8 + 1]
+        checked = keel("validate", str(old), "--kafka", env=env, check=False)     # the log, record by record
+        assert checked.returncode == 2
+        assert (f"keel.{name}.events partition {held_partition} offset 8: event snap-visa-v2: debt.snapshot "
+                f"version 2 is newer than this cartridge knows (version 1)") in checked.stderr
+        assert f"keel.{name}.events: 1 bad record(s) of {len(stream)}" in checked.stderr
+        assert keel("validate", str(new), "--kafka", env=env).returncode == 0
         assert worker.terminate() == 0
     finally:
         worker.kill()
