@@ -26,11 +26,13 @@ from keel.digest import digest
 from keel.embedded import build_embedded
 from keel.envelope import Catalog
 from keel.errors import CartridgeInvalid, EnvelopeRejected, UsageError, VersionUnknown
+from keel.kafka import GroupDescription, GroupMember, PartitionOffsets
 from keel.projector import Projector
 from keel.store.memory import MemoryStore
 from keel.tools import Tools
 from workers.applier import BatchApplier
 from workers.replay_build import PartitionBuild
+from workers.status import commit_metadata, render_status, shape_status
 
 LINES = [json.loads(line) for line in EVENTS.read_text().splitlines() if line.strip()]
 FIRST_SNAPSHOT = LINES[0]             # snap-visa-2026-09: debt.snapshot, version 1 (no `version`)
@@ -309,3 +311,20 @@ def test_label_currency_variant_projects_the_upcast_field(tmp_path: Path) -> Non
     assert report.rejected == []
     labels = Tools(projector.cartridge, projector.store, "hogar-demo").context("debt:libranza")["labels"]
     assert labels["currency"] == "COP"
+
+
+def test_keel_status_says_a_partition_is_held() -> None:
+    """The worker commits the held record's offset with a note (workers/held.py); `keel status` shows it while
+    the group's commit is still there, and forgets it once a later commit moved past it."""
+    why = {"offset": 8, "type": "debt.snapshot", "version": 2, "known": 1}
+    held, later = commit_metadata("keel-worker-h-1", held=why), commit_metadata("keel-worker-h-1")
+    group = GroupDescription("Stable", (GroupMember("m1", "keel-worker-h-1", "/10.0.0.1", (0, 1, 2)),))
+    partitions = [PartitionOffsets(0, 18, 8, 10, held), PartitionOffsets(1, 20, 20, 0, later),
+                  PartitionOffsets(2, 30, 12, 18, held)]            # 2: committed past the note's offset
+    doc = shape_status("finance", partitions, group, {}, None, None, {}, now=1e9)
+    assert [p["held"] for p in doc["partitions"]] == [why, None, None]
+    assert doc["problems"][0] == ("partition 0: stopped at offset 8, a record of debt.snapshot version 2, newer "
+                                  "than the workers' cartridge knows (version 1); nothing after it is applied until "
+                                  "the workers run a cartridge that knows it (deploy it; check it first with `keel "
+                                  "validate <cartridge> --kafka`)")
+    assert "HELD (newer version)" in render_status(doc)
