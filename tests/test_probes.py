@@ -156,6 +156,8 @@ def test_worker_serves_health_readiness_and_metrics(tmp_path: Path) -> None:
                    on_timeout=worker.text)
         wait_until(lambda: scrape(port).get(("keel_worker_events_applied_total", (("cartridge", name),))) == events,
                    120, "events applied")
+        wait_until(lambda: (scrape(port).get(("keel_worker_commit_latency_seconds_count", (("cartridge", name),)))
+                            or 0) >= 1, 30, "the batch's offsets committed (counted after its events)")
         got = scrape(port)
         assert got[("keel_worker_events_dead_lettered_total", (("cartridge", name),))] == 0
         assert got[("keel_worker_rebalances_total", (("cartridge", name),))] >= 1
