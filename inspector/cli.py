@@ -17,6 +17,7 @@ from keel.commandline import settings_of
 from keel.connect import Graph, open_graph
 from keel.errors import EXIT_UNAVAILABLE, UsageError
 from keel.logs import add_log_arguments, log_format, setup_logging
+from keel.sockets import bind_socket
 from keel.tokens import Identity, TokenTable, tokens_path
 
 DEFAULT_HOST = "127.0.0.1"
@@ -125,19 +126,6 @@ def _open(args: argparse.Namespace) -> dict[str, Graph]:
             graph.close()
         raise
     return graphs
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before the page says it is up (raises OSError, e.g. the port is busy)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 async def _serve(app: object, sock: socket.socket, table: TokenTable | None) -> None:

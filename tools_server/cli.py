@@ -103,7 +103,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             server = build_server(ServerConfig(backend, identity=identity, call_log=log))
             run_server(server.run_stdio_async)
             return 0
-        from .http import bind_socket, serve_http
+        from keel.sockets import bind_socket
+
+        from .http import serve_http
         from .tokens import TokenTable, tokens_path
         path = tokens_path(args.tokens)
         if not path:

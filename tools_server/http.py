@@ -200,19 +200,6 @@ def request_deadline(seconds: float) -> type[Any]:
     return DeadlineProtocol
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before the server says it is up (raises OSError, e.g. the port is busy)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 async def serve_http(server: MCPServer, config: ServerConfig, *, json_response: bool = True,
                      sock: socket.socket | None = None) -> None:
     """Serve until cancelled (Ctrl-C), on `sock` when given (see bind_socket). uvicorn parses HTTP with
