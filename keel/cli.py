@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from . import render
+from .audit_commands import register as register_audit
 from .cartridge import load_cartridge
 from .change_commands import add_kafka_argument, cmd_diff, cmd_schema, log_source, validate_log
 from .commandline import (
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cartridge", nargs="?", help="cartridge folder with a demo.py (default: cartridges/finance)")
     p.set_defaults(run=cmd_demo)
 
+    register_audit(sub)
     register_plugins(sub)
     return parser
 

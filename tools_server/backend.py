@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 from typing import TextIO
 
+from keel.audit import AuditWriter
 from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.connect import Graph, open_graph
@@ -31,6 +32,7 @@ class Backend:
         self.graph = graph if graph is not None else Graph(cartridge, store, log, tenants, embedded=not blocking,
                                                            allow_global_notes=allow_global_notes)
         self.write_lock = self.graph.write_lock     # one annotate at a time through a shared log (reentrant)
+        self.audit: AuditWriter | None = None       # where each tool call's record goes (keel.audit); closed with it
         self._tools: dict[Identity, Tools] = {}
         self._tools_lock = threading.Lock()
 
@@ -57,7 +59,9 @@ class Backend:
         return None
 
     def close(self) -> None:
-        """Close the graph: its lag meter and log (Kafka clients in Redis mode) and the store."""
+        """Close the audit log and the graph: its lag meter and log (Kafka clients in Redis mode) and the store."""
+        if self.audit is not None:
+            self.audit.close()
         self.graph.close()
 
     @classmethod

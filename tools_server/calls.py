@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import secrets
 import time
@@ -14,7 +15,10 @@ import msgspec
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 
+from keel import audit
+from keel.audit import RESULT_JSON
 from keel.errors import KeelError, UnknownEntity
+from keel.times import format_time, now_micros
 from keel.tools import Tools
 
 from .backend import Backend
@@ -25,15 +29,8 @@ MAX_MESSAGE = 600       # error messages echo arguments; a hostile argument must
 CALL_THREADS = 16       # threads running calls on a blocking (network) store
 
 
-def _plain(value: Any) -> Any:
-    """msgspec's hook for subclasses of JSON's types (keel.times.Instant is an int): their plain value."""
-    for kind in (bool, int, float, str):
-        if isinstance(value, kind):
-            return kind(value)
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
-JSON = msgspec.json.Encoder(enc_hook=_plain)   # compact UTF-8 JSON, ten times json.dumps' speed on a result
+JSON: msgspec.json.Encoder = RESULT_JSON  # compact UTF-8 JSON, ten times json.dumps' speed on a result
+WORLD_TIME_TOOLS = ("context", "search", "related")     # answers of a world time `at`, the clock's by default
 
 
 class CallRunner:
@@ -45,16 +42,27 @@ class CallRunner:
         self.observer = observer
         self._threads: ThreadPoolExecutor | None = None
 
-    async def call(self, tool: str, fn: Callable[[Tools], dict[str, Any]], *, write: bool = False) -> CallToolResult:
-        """Run fn on the caller's Tools; the result is the structured content and its compact JSON text."""
+    async def call(self, tool: str, fn: Callable[[Tools], dict[str, Any]], *, write: bool = False,
+                   arguments: dict[str, Any] | None = None) -> CallToolResult:
+        """Run fn on the caller's Tools; the result is the structured content and its compact JSON text. With an
+        audit log, one record of the call (keel.audit) is written before the answer is returned."""
         start = time.perf_counter()
         who: Identity | None = None
         outcome, miss, error, size = "ok", False, None, 0
+        record: dict[str, Any] | None = None
+        result: dict[str, Any] | None = None
+        data: bytes | None = None
+        pinned = None
         try:
             who = self.identity()
+            if self.backend.audit is not None:
+                record, pinned = self._record(tool, who, arguments or {})
             if who is None:
                 raise ToolError("not authenticated: this server binds callers by bearer token")
             tools = self.backend.tools(who)
+            if record is not None and pinned is not None:   # the world time the answer is of, for its replay
+                tools = copy.copy(tools)
+                tools.clock = lambda: pinned
             run = self._locked(fn) if write else fn
             result = await self._in_thread(run, tools) if self.backend.blocking else run(tools)
             data = JSON.encode(result)
@@ -79,6 +87,33 @@ class CallRunner:
         finally:
             self.observer.record(tool, who, latency_s=time.perf_counter() - start, result_bytes=size,
                                  outcome=outcome, miss=miss, error=error)
+            if record is not None and self.backend.audit is not None:
+                self._audit(tool, audit.finish(record, outcome=outcome, error=error, result=result, sent=data))
+
+    def _audit(self, tool: str, record: dict[str, Any]) -> None:
+        """Write the record; when it cannot be written, no answer goes out (an unaudited answer is withheld)."""
+        try:
+            self.backend.audit.write(record)  # type: ignore[union-attr]
+        except (OSError, ValueError, KeelError) as e:
+            logging.getLogger("keel.tools_server").error("audit record %s of %s not written: %s: %s", record["id"],
+                                                         tool, type(e).__name__, e)
+            raise ToolError(f"the audit log cannot be written ({type(e).__name__}); {tool}'s answer is withheld "
+                            f"(audit record {record['id']})") from None
+
+    def _record(self, tool: str, who: Identity | None, arguments: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        """A new audit record of a call, and the clock the call runs with (None: its own `at` is given)."""
+        pinned = None
+        at = arguments.get("at")
+        if tool in WORLD_TIME_TOOLS and at is None:
+            pinned = now_micros()
+        record = audit.new_record(
+            cartridge=self.backend.cartridge.name, tool=tool, tenant=who.tenant if who else None,
+            agent=who.agent if who else None, task=who.task if who else None,
+            subject=getattr(who, "subject", None), arguments=arguments,
+            at=format_time(pinned) if pinned is not None else None)
+        if pinned is None and tool in WORLD_TIME_TOOLS:
+            record["at"] = record["arguments"].get("at") if isinstance(record["arguments"].get("at"), str) else None
+        return record, pinned
 
     async def _in_thread(self, run: Callable[[Tools], dict[str, Any]], tools: Tools) -> dict[str, Any]:
         """run(tools) on one of CALL_THREADS threads, awaited to its end even when the caller is cancelled (as

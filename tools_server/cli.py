@@ -63,6 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"http: requests one token may send a second (bursts up to N); more get 429 with "
                         f"Retry-After (default {d.calls_per_second}, env {env['calls_per_second']})")
     p.add_argument("--no-call-log", action="store_true", help="do not write the log line per call on stderr")
+    p.add_argument("--audit", metavar="FILE",
+                   help="append an audit record of every tool call to this JSON-lines file (env KEEL_AUDIT_LOG; "
+                        "`keel audit show|replay ID`)")
     add_log_arguments(p)
     p.set_defaults(run=cmd_serve)
 
@@ -93,6 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     setup_logging(log_format(args.log_format))
     backend = _open_backend(args)
+    backend.audit = open_audit(args.audit)
     log = None if args.no_call_log else call_logger()
     try:
         if args.transport == "stdio":
@@ -139,6 +143,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     finally:
         backend.close()
+
+
+def open_audit(path: str | None):  # -> keel.audit.AuditWriter | None
+    """The audit log of `--audit FILE` (else KEEL_AUDIT_LOG); None when neither is given."""
+    import os
+
+    from keel.audit import AuditFile
+    path = path or os.environ.get("KEEL_AUDIT_LOG", "").strip()
+    return AuditFile(path) if path else None
 
 
 def warn_empty_tenants(backend, tenants: list[str]) -> None:  # backend: Backend (imported lazily)

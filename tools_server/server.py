@@ -113,25 +113,30 @@ def _handlers(run: CallRunner) -> dict[str, Handler]:
         return value
 
     async def context(entity: Any = None, at: Any = None, known_at: Any = None) -> CallToolResult:
-        return await run.call("context", lambda t: t.context(entity, at=at, known_at=known_at))
+        return await run.call("context", lambda t: t.context(entity, at=at, known_at=known_at),
+                              arguments={"entity": entity, "at": at, "known_at": known_at})
 
     async def history(entity: Any = None, predicate: Any = None, known_at: Any = None) -> CallToolResult:
-        return await run.call("history", lambda t: t.history(entity, predicate=predicate, known_at=known_at))
+        return await run.call("history", lambda t: t.history(entity, predicate=predicate, known_at=known_at),
+                              arguments={"entity": entity, "predicate": predicate, "known_at": known_at})
 
     async def search(query: Any = None, type: Any = None, limit: Any = 10, at: Any = None,
                      known_at: Any = None) -> CallToolResult:
-        return await run.call("search", lambda t: t.search(query, type=type, limit=limit, at=at, known_at=known_at))
+        return await run.call("search", lambda t: t.search(query, type=type, limit=limit, at=at, known_at=known_at),
+                              arguments={"query": query, "type": type, "limit": limit, "at": at, "known_at": known_at})
 
     async def annotate(entity: Any = None, predicate: Any = None, value: Any = missing, scope: Any = None,
                        evidence: Any = None) -> CallToolResult:
         def write(t: Tools) -> dict[str, Any]:
             required("value", value)
             return t.annotate(entity, predicate, value, scope, evidence=evidence)
-        return await run.call("annotate", write, write=True)
+        return await run.call("annotate", write, write=True, arguments={
+            "entity": entity, "predicate": predicate, "value": None, "scope": scope, "evidence": evidence})
 
     async def related(entity: Any = None, relation: Any = None, at: Any = None,
                       known_at: Any = None) -> CallToolResult:
-        return await run.call("related", lambda t: t.related(entity, relation=relation, at=at, known_at=known_at))
+        return await run.call("related", lambda t: t.related(entity, relation=relation, at=at, known_at=known_at),
+                              arguments={"entity": entity, "relation": relation, "at": at, "known_at": known_at})
 
     return {"context": context, "history": history, "search": search, "annotate": annotate, "related": related}
 
