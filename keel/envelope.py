@@ -470,18 +470,31 @@ class PayloadCheck:
         return True
 
 
-ANNOTATION_FIELDS = {"predicate", "value", "scope", "evidence", "task", "agent"}
+ANNOTATION_FIELDS = {"predicate", "value", "scope", "evidence", "task", "agent", "withdraw", "reason"}
+MAX_REASON = 512        # characters of a withdrawal's reason (keel.notes)
 
 
 def check_annotation_payload(env: Decoded) -> None:
-    """Structural checks of a keel.annotated payload; the memory policy runs when it is applied."""
+    """Structural checks of a keel.annotated payload, a note or (`withdraw: true`, no value, `reason?`) the
+    withdrawal of one; the memory policy runs when it is applied."""
     p = env.payload
     problems = [f"payload.{k}: unknown field for {ANNOTATED}" for k in p if k not in ANNOTATION_FIELDS]
     if not isinstance(p.get("predicate"), str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$",
                                                                p.get("predicate") or ""):
         problems.append("payload.predicate: required, a name like next_step or note")
-    if "value" not in p:
+    withdraw = p.get("withdraw")
+    if withdraw is not None and withdraw is not True:
+        problems.append("payload.withdraw: true (a withdrawal) or absent (a note)")
+    elif withdraw:
+        if "value" in p:
+            problems.append("payload.value: a withdrawal (withdraw: true) carries no value")
+        reason = p.get("reason")
+        if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON):
+            problems.append(f"payload.reason: expected a string of at most {MAX_REASON} characters")
+    elif "value" not in p:
         problems.append("payload.value: required")
+    if not withdraw and "reason" in p:
+        problems.append("payload.reason: only a withdrawal (withdraw: true) has a reason")
     if p.get("scope") not in ("global", "tenant", "task", "agent"):
         problems.append("payload.scope: one of global, tenant, task, agent")
     for k in ("evidence", "task", "agent"):

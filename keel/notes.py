@@ -9,9 +9,11 @@ from collections.abc import Callable
 from .cartridge import Cartridge
 from .envelope import ENTITY
 from .errors import NoteRefused, UsageError
-from .store.base import GLOBAL_TENANT, EntityView, Store, ViewRequest, Write
+from .store.base import GLOBAL_TENANT, EntityView, Key, Store, ViewRequest, Write
 from .store.provenance import evidence_standing
-from .times import Micros
+from .store.writes import new_write, scope_key
+from .timeline import Assertion, Version, new_assertion
+from .times import Micros, format_time
 
 SCOPES = ("global", "tenant", "task", "agent")
 # A note's name (its predicate), as the keel.annotated payload check in keel.envelope accepts it.
@@ -19,6 +21,7 @@ NOTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
 NOTE_NAME_RULE = ("1 to 128 characters: ASCII letters, digits, _ . and -, starting with a letter or _ "
                   "(e.g. next_step, risk.level)")
 GLOBAL_SOURCE = "global"
+WITHDRAWN = "keel.withdrawn"    # the value of a withdrawal's end: {WITHDRAWN: <event id>, "reason"?: <text>}
 ANONYMOUS = {"source": GLOBAL_SOURCE, "evidence": None, "by": None}
 
 
@@ -89,6 +92,30 @@ class NotePolicy:
         if standing is None:
             raise refuse(f"evidence {evidence!r} wrote nothing about {what}; pass {wanted}")
 
+    def withdrawable(self, tenant: str, entity: str, predicate: str, scope: str, *, task: str | None,
+                     agent: str | None, by: str | None, at: Micros) -> tuple[Key, Version]:
+        """The note a withdrawal by `by` at `at` closes: the version in force at `at` of the caller's timeline of
+        (entity, predicate, scope), written by `by`. Raises NoteRefused saying why there is none to close. The
+        scope, binding and evidence checks are `check`'s, made before (in the tool and when applied)."""
+        def refuse(reason: str) -> NoteRefused:
+            return NoteRefused(reason, tenant=tenant, entity=entity, scope=scope)
+
+        if scope == "global":
+            raise refuse("global notes cannot be withdrawn: they are read in every tenant without their writer, "
+                         "so no agent can show it wrote one")
+        if not by:
+            raise refuse("withdrawing a note needs an agent binding (--agent, or the token's agent): only the "
+                         "agent that wrote a note may withdraw it")
+        key = note_key(entity, predicate, scope, task=task, agent=agent)
+        [version] = self.store.as_of_many(tenant, [key], at, None)
+        if version is None:
+            raise refuse(f"no {scope} note {predicate!r} is in force on this entity at {format_time(at)} "
+                         f"(never written, expired or withdrawn: see history)")
+        if version.assertion.by != by:
+            raise refuse(f"the {scope} note {predicate!r} in force was written by another agent; only its writer "
+                         f"may withdraw it (write a note of your own instead)")
+        return key, version
+
     @staticmethod
     def visible_scopes(*, task: str | None, agent: str | None) -> list[str]:
         """Fact scope keys a caller may read: domain facts, tenant notes, its task's and its own."""
@@ -136,6 +163,39 @@ def check_note_name(name: object) -> str:
         bad = sorted({c for c in name if not NOTE_NAME.fullmatch("a" + c)})
         what = f"holds {', '.join(repr(c) for c in bad)}"
     raise NoteNameError(f"predicate: {shown!r} is not a note name: it {what}; a note name has {NOTE_NAME_RULE}")
+
+
+def note_key(entity: str, predicate: str, scope: str, *, task: str | None, agent: str | None) -> Key:
+    """The timeline of a note: (entity, predicate) in its scope, a task's or an agent's own for those scopes."""
+    owner = task if scope == "task" else agent if scope == "agent" else None
+    return ("f", entity, predicate, scope_key(scope, owner))
+
+
+def withdrawal_write(key: Key, at: Micros, *, event_id: str, reason: str | None, source: str | None,
+                     evidence: str | None, recorded_at: Micros, by: str | None) -> Write:
+    """The end a withdrawal writes on a note's timeline at `at`: valued {WITHDRAWN: event id, reason?}, so
+    `history` tells who (`by`), when (`recorded_at`) and why; an end like any other for every other read."""
+    value: dict[str, str] = {WITHDRAWN: event_id}
+    if reason:
+        value["reason"] = reason
+    return new_write(key, new_assertion(at, value, True, source, evidence or event_id, recorded_at, by))
+
+
+def withdrawal_of(a: Assertion) -> dict | None:
+    """What `history` shows of a note version's withdrawal, from the end that closed it (None: no withdrawal)."""
+    if not (a.closed and type(a.value) is dict and WITHDRAWN in a.value):
+        return None
+    return {"at": format_time(a.recorded_at), "by": a.by, "reason": a.value.get("reason"),
+            "event_id": a.value[WITHDRAWN], "evidence": None if a.evidence == a.value[WITHDRAWN] else a.evidence}
+
+
+def withdrawal_id(tenant: str, by: str, key: Key, target: Version) -> str:
+    """The event id of a withdrawal: an idempotency key of who withdraws which version (its point, recorded_at
+    and evidence). A version is withdrawn once, so a retry of the call sends the same id and nothing else does."""
+    a = target.assertion
+    call = [tenant, by, list(key), a.point, a.recorded_at, a.evidence]
+    text = json.dumps(call, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=str)
+    return "withdrawal-" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def anonymous(fact: dict) -> dict:

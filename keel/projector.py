@@ -12,7 +12,7 @@ from .cartridge import Cartridge
 from .envelope import ANNOTATED, ENTITY, RETRACTED, Catalog, Event, Instant
 from .errors import EnvelopeRejected, HandlerFailed, KeelError
 from .limits import ValueRefused, check_value
-from .notes import NotePolicy
+from .notes import NotePolicy, withdrawal_write
 from .registry import Handler
 from .store.base import EventId, Key, Store, Write
 from .store.writes import checked_label_writes, event_key, fact_write
@@ -309,6 +309,9 @@ class Projector:
 
     def _apply_note(self, event: Event, key: EventId) -> None:
         p = event.payload
+        if p.get("withdraw"):
+            self._apply_withdrawal(event, key)
+            return
         try:
             check_value(p["value"], self.checks.value_bytes, f"note {p['predicate']}")
         except ValueRefused as e:
@@ -330,3 +333,19 @@ class Projector:
             self.store.apply_writes(event.tenant, [], key)
         else:
             self.store.apply_writes(event.tenant, [write], key)
+
+    def _apply_withdrawal(self, event: Event, key: EventId) -> None:
+        """A keel.annotated with `withdraw: true`: the same checks as the tool's (keel.tools.Tools.annotate),
+        on the graph as before this event, then an end on the note's timeline at occurred_at."""
+        p = event.payload
+        try:
+            self.notes.check(event.tenant, event.subject, p["scope"], p.get("evidence"),
+                             task=p.get("task"), agent=p.get("agent"))
+            note, _ = self.notes.withdrawable(event.tenant, event.subject, p["predicate"], p["scope"],
+                                              task=p.get("task"), agent=p.get("agent"), by=event.by,
+                                              at=int(event.occurred_at))
+        except KeelError as e:
+            raise EnvelopeRejected(str(e), event_id=event.id, tenant=event.tenant) from None
+        self.store.apply_writes(event.tenant, [withdrawal_write(
+            note, int(event.occurred_at), event_id=event.id, reason=p.get("reason"), source=event.source,
+            evidence=p.get("evidence"), recorded_at=int(event.recorded_at), by=event.by)], key)

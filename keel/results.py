@@ -35,10 +35,21 @@ class Fact(TypedDict):
     attached_to: NotRequired[str]       # a global note on the entity's type or rule: type:<t> or rule:<r>
 
 
+class Withdrawal(TypedDict):
+    """How a note version was withdrawn (annotate with `withdraw: true`): when it was recorded, by whom, why,
+    the withdrawal's event id and the evidence it cited (None when none)."""
+    at: str
+    by: str | None
+    reason: str | None
+    event_id: str
+    evidence: str | None
+
+
 class FactVersion(Fact):
     """A version of a fact or note in `history`, with what superseded it (None while it is believed)."""
     superseded_at: str | None
     superseded_by: str | None
+    withdrawn: NotRequired[Withdrawal]  # a note closed by its writer's withdrawal
 
 
 class Relation(TypedDict):

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from .cartridge import Cartridge
-from .envelope import ANNOTATED, RETRACTED, Envelope
+from .envelope import ANNOTATED, MAX_REASON, RETRACTED, Envelope
 from .errors import UsageError
 from .upcast import FieldShape, shapes
 
@@ -39,10 +39,15 @@ _ENVELOPE = TypeAdapter(Envelope).json_schema()
 # the core event types' payloads (keel/envelope.py: check_annotation_payload, check_retraction_payload)
 _NULLABLE_STRING = {"type": ["string", "null"]}
 _CORE: dict[str, dict[str, Any]] = {
-    ANNOTATED: {"type": "object", "additionalProperties": False, "required": ["predicate", "value", "scope"],
+    ANNOTATED: {"type": "object", "additionalProperties": False, "required": ["predicate", "scope"],
                 "properties": {"predicate": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"},
                                "value": {}, "scope": {"enum": ["global", "tenant", "task", "agent"]},
-                               "evidence": _NULLABLE_STRING, "task": _NULLABLE_STRING, "agent": _NULLABLE_STRING}},
+                               "evidence": _NULLABLE_STRING, "task": _NULLABLE_STRING, "agent": _NULLABLE_STRING,
+                               "withdraw": {"const": True},
+                               "reason": {"type": ["string", "null"], "maxLength": MAX_REASON}},
+                # a note has a value; a withdrawal (withdraw: true) has none and may have a reason
+                "oneOf": [{"required": ["value"], "not": {"required": ["reason"]}},
+                          {"required": ["withdraw"], "not": {"required": ["value"]}}]},
     RETRACTED: {"type": "object", "additionalProperties": False, "required": ["event"],
                 "properties": {"event": {"type": "string", "minLength": 1, "maxLength": 256},
                                "reason": _NULLABLE_STRING}},

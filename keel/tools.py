@@ -14,12 +14,20 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .cartridge import Cartridge
-from .envelope import ANNOTATED
-from .errors import UnknownEntity, UnknownTenant, UsageError, WriteTimeout
+from .envelope import ANNOTATED, MAX_REASON
+from .errors import NoteRefused, UnknownEntity, UnknownTenant, UsageError, WriteTimeout
 from .eventlog import EventLog
 from .identifiers import ENTITY, TENANT
 from .limits import ValueRefused, check_value
-from .notes import NotePolicy, anonymous, check_note_name, note_id
+from .notes import (
+    NotePolicy,
+    anonymous,
+    check_note_name,
+    note_id,
+    note_key,
+    withdrawal_id,
+    withdrawal_of,
+)
 from .results import (
     AnnotateResult,
     ContextResult,
@@ -37,7 +45,7 @@ from .results import (
 )
 from .rules import verdict
 from .search import SearchIndex
-from .store.base import GLOBAL_TENANT, Freshness, Store, ViewRequest, of_relation
+from .store.base import GLOBAL_TENANT, Freshness, Key, Store, ViewRequest, of_relation
 from .store.writes import scope_key
 from .timeline import Assertion, Version
 from .times import Micros, format_time, now_micros, parse_time
@@ -46,6 +54,7 @@ if TYPE_CHECKING:
     from .log_lag import LogLag
 
 MAX_LIMIT = 100
+NO_VALUE: Any = type("NoValue", (), {"__repr__": lambda self: "NO_VALUE"})()   # annotate without a value
 MAX_TEXT = 4096
 
 Time = str | date | datetime | None
@@ -128,7 +137,8 @@ class Tools:
         predicate = _opt_text(predicate, "predicate")
         self._require(entity, k)
         scopes = self.policy.visible_scopes(task=self.task, agent=self.agent)
-        versions = self.store.history(self.tenant, entity, predicate=predicate, known_at=k, scopes=scopes)
+        versions = self._with_withdrawals(
+            entity, self.store.history(self.tenant, entity, predicate=predicate, known_at=k, scopes=scopes), k)
         keys = self.store.keys(self.tenant, entity)
         labels = sorted(key for key in keys if key[0] == "l" and predicate in (None, key[2]))
         relations = sorted((key for key in keys if key[0] == "r" and predicate in (None, key[2])),
@@ -204,11 +214,25 @@ class Tools:
 
     # ---- the writer -------------------------------------------------------------------------
 
-    def annotate(self, entity: str, predicate: str, value: Any, scope: Scope, *,
-                 evidence: str | None = None) -> AnnotateResult:
+    def annotate(self, entity: str, predicate: str, value: Any = NO_VALUE, scope: Scope | None = None, *,
+                 evidence: str | None = None, withdraw: bool = False, reason: str | None = None) -> AnnotateResult:
         """Write a note (agent memory) as a keel.annotated event; returns the fact as the graph shows it.
-        Its task and agent are the caller's binding, never an argument."""
+        Its task and agent are the caller's binding, never an argument. `withdraw=True` (no value, an optional
+        `reason`) closes the caller's own note of that name and scope on the entity now instead, as a
+        keel.annotated event with `withdraw: true`; the result's fact is the closed version with `withdrawn`."""
+        if not isinstance(withdraw, bool):
+            raise UsageError(f"withdraw: true (close your note of that name) or false, got {_clip(withdraw)}")
+        if scope is None:
+            raise UsageError("scope: required, one of tenant, task, agent, global")
         with self._writing:
+            if withdraw:
+                if value is not NO_VALUE:
+                    raise UsageError("value: a withdrawal takes no value (withdraw: true closes your note)")
+                return self._withdraw(entity, predicate, scope, evidence, reason)
+            if value is NO_VALUE:
+                raise UsageError("value: required, the note (text, number or JSON)")
+            if reason is not None:
+                raise UsageError("reason: only a withdrawal (withdraw: true) has a reason")
             return self._annotate(entity, predicate, value, scope, evidence)
 
     def _annotate(self, entity: str, predicate: str, value: Any, scope: Scope,
@@ -237,7 +261,7 @@ class Tools:
                     "subject": entity, "occurred_at": stamp, "recorded_at": stamp, "source": "keel.annotate",
                     "payload": payload}
         if self.agent:
-            envelope["by"] = self.agent if ":" in self.agent else f"agent:{self.agent}"
+            envelope["by"] = _by(self.agent)
         try:
             self.log.append(envelope)
         except WriteTimeout as e:        # in the log: it will be applied; a retry of this call is the same note
@@ -256,6 +280,94 @@ class Tools:
         result: AnnotateResult = {"fact": cast(FactVersion, anonymous(fact) if scope == "global" else fact),
                                   "applied": True, "event_id": event_id, "known_through": None}
         return self._fresh(result)
+
+    def _withdraw(self, entity: str, predicate: str, scope: Scope, evidence: str | None,
+                  reason: object) -> AnnotateResult:
+        entity = self._entity_arg(entity, notes_on=scope == "global")
+        predicate = check_note_name(predicate)
+        evidence = _opt_text(evidence, "evidence")
+        if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON):
+            raise UsageError(f"reason: expected a string of at most {MAX_REASON} characters, got {_clip(reason)}")
+        if self.log is None:
+            raise UsageError("this Tools instance has no event log to write notes to")
+        self._require_tenant()
+        task = self.task if scope == "task" else None
+        self.policy.check(self.tenant, entity, scope, evidence, task=task, agent=self.agent)
+        by = _by(self.agent)
+        now = self.clock()
+        try:
+            key, target = self.policy.withdrawable(self.tenant, entity, predicate, scope, task=task,
+                                                   agent=self.agent, by=by, at=now)
+        except NoteRefused:
+            done = self._withdrawn_before(entity, predicate, scope, by)     # a retry of a withdrawal applied
+            if done is None:
+                raise
+            key, target = done
+        assert by is not None       # withdrawable refuses a caller bound to no agent
+        event_id = withdrawal_id(self.tenant, by, key, target)
+        if not self.store.has_event(self.tenant, event_id):
+            payload: dict[str, Any] = {"predicate": predicate, "scope": scope, "withdraw": True}
+            if reason:
+                payload["reason"] = reason
+            if evidence:
+                payload["evidence"] = evidence
+            if task:
+                payload["task"] = task
+            if self.agent:
+                payload["agent"] = self.agent
+            stamp = format_time(now)
+            try:
+                self.log.append({"id": event_id, "tenant": self.tenant, "type": ANNOTATED, "subject": entity,
+                                 "occurred_at": stamp, "recorded_at": stamp, "source": "keel.annotate",
+                                 "by": by, "payload": payload})
+            except WriteTimeout as e:
+                pending: AnnotateResult = {
+                    "applied": False, "event_id": event_id, "message": f"{e}. The withdrawal is in the log and "
+                    f"will be applied; calling again with the same arguments does not write it twice.",
+                    "known_through": None}
+                return self._fresh(pending)
+        rows = [r for r in self.store.history(self.tenant, entity, predicate=predicate, scopes=[key[3]])
+                if r["valid_from"] == format_time(target.assertion.point)
+                and r["recorded_at"] == format_time(target.assertion.recorded_at)]
+        closed = self._with_withdrawals(entity, rows, None)
+        if not closed or "withdrawn" not in closed[-1]:
+            raise UsageError(f"withdrawal {event_id} was logged but is not in the graph")
+        result: AnnotateResult = {"fact": cast(FactVersion, _owned_values(closed[-1:])[0]), "applied": True,
+                                  "event_id": event_id, "known_through": None}
+        return self._fresh(result)
+
+    def _withdrawn_before(self, entity: str, predicate: str, scope: str, by: str | None) -> tuple[Key, Version] | None:
+        """(timeline, version) when the latest version of the caller's note was closed by this caller's
+        withdrawal of it, the one a retry of the call would write: the retry then answers as the first call."""
+        if by is None or scope == "global":
+            return None
+        key = note_key(entity, predicate, scope, task=self.task, agent=self.agent)
+        [versions] = self.store.versions_many(self.tenant, [key], None)
+        if not versions:
+            return None
+        last = versions[-1]
+        return (key, last) if self.store.has_event(self.tenant, withdrawal_id(self.tenant, by, key, last)) else None
+
+    def _with_withdrawals(self, entity: str, rows: list[dict[str, Any]], known_at: Micros | None
+                          ) -> list[dict[str, Any]]:
+        """History's fact versions, a note version closed by a withdrawal (recorded by `known_at`) with
+        `withdrawn`: when, by whom and why (keel.notes.withdrawal_of). Reads the ended notes' timelines once."""
+        ended = [r for r in rows if r["scope"] in ("tenant", "task", "agent") and r["valid_to"] is not None]
+        if not ended:
+            return rows
+        keyed = [(note_key(entity, r["predicate"], r["scope"], task=self.task, agent=self.agent), r) for r in ended]
+        keys = sorted({key for key, _ in keyed})
+        last: dict[tuple[Key, Micros], Assertion] = {}
+        for key, assertions in zip(keys, self.store.assertions_many(self.tenant, keys)):
+            for a in assertions:            # by point, then log order: the last one of a point wins it
+                if known_at is None or a.recorded_at <= known_at:
+                    last[(key, a.point)] = a
+        for key, row in keyed:
+            end = last.get((key, parse_time(row["valid_to"])))
+            withdrawn = None if end is None else withdrawal_of(end)
+            if withdrawn is not None:
+                row["withdrawn"] = withdrawn
+        return rows
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -333,6 +445,11 @@ def _version(v: Version, by: Assertion | None) -> dict[str, Any]:
             "recorded_at": format_time(a.recorded_at), "source": a.source, "evidence": a.evidence, "by": a.by,
             "corrected_by": v.corrected_by, "superseded_at": format_time(None if by is None else by.recorded_at),
             "superseded_by": None if by is None else by.evidence}
+
+
+def _by(agent: str | None) -> str | None:
+    """The `by` of a caller's events: its agent binding, as `agent:<id>` unless it names its kind."""
+    return None if not agent else agent if ":" in agent else f"agent:{agent}"
 
 
 def _entity_arg(entity: object) -> str:

@@ -1,0 +1,185 @@
+"""Withdrawing a note (issue 27, item 2): annotate with `withdraw: true` closes the caller's own note now, as a
+keel.annotated event with `withdraw: true` in the log; `history` shows the closed version with who, when and why.
+On the embedded graph here, on Redis with a worker applying the log below (KEEL_REDIS_URL, KEEL_KAFKA_BOOTSTRAP)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.mcp_sessions import FINANCE, TENANT_A, copy_finance
+
+import keel
+from keel.cartridge import load_cartridge
+from keel.digest import digest
+from keel.embedded import replay_file
+from keel.projector import Projector
+from keel.store.memory import MemoryStore
+
+EVIDENCE = "snap-visa-2026-10"      # a domain event of the sample stream that wrote debt:visa
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def notes_named(facts: list[dict[str, Any]], predicate: str) -> list[Any]:
+    return [f["value"] for f in facts if f["predicate"] == predicate]
+
+
+def rebuilt(events: Path) -> MemoryStore:
+    store = MemoryStore()
+    report = replay_file(Projector(load_cartridge(FINANCE), store), events)
+    assert not report.rejected, report.rejected
+    return store
+
+
+@pytest.fixture
+def events(tmp_path: Path) -> Path:
+    return copy_finance(tmp_path)
+
+
+def test_withdrawn_note_leaves_context_and_stays_in_history(events: Path) -> None:
+    with keel.open(FINANCE, events=events) as graph:
+        me = graph.tools(tenant=TENANT_A, agent="a1", task="t1")
+        written = me.annotate("debt:visa", "next_step", "prepay", scope="task")
+        assert notes_named(me.context("debt:visa")["facts"], "next_step") == ["prepay"]
+        done = me.annotate("debt:visa", "next_step", scope="task", withdraw=True, reason="paid already")
+        assert done["applied"] is True and done["event_id"].startswith("withdrawal-")
+        fact = done["fact"]
+        assert fact["value"] == "prepay" and fact["valid_from"] == written["fact"]["valid_from"]
+        assert fact["withdrawn"] == {"at": fact["valid_to"], "by": "agent:a1", "reason": "paid already",
+                                     "event_id": done["event_id"], "evidence": None}
+        assert notes_named(me.context("debt:visa")["facts"], "next_step") == []
+        assert me.search("prepay")["results"] == []
+        [version] = me.history("debt:visa", "next_step")["versions"]
+        assert version == fact
+        # bitemporal: before the withdrawal was recorded, the note was the belief, and history says nothing of it
+        before = written["fact"]["recorded_at"]
+        assert notes_named(me.context("debt:visa", at=before)["facts"], "next_step") == ["prepay"]
+        [then] = me.history("debt:visa", "next_step", known_at=before)["versions"]
+        assert "withdrawn" not in then and then["valid_to"] == then["expires_at"]
+        # the same call again is a retry: the same answer, nothing written twice
+        assert me.annotate("debt:visa", "next_step", scope="task", withdraw=True, reason="paid already") == \
+            {**done, "known_through": done["known_through"]}
+        # a note of the same name written afterwards is a new version, withdrawn by a new event
+        me.annotate("debt:visa", "next_step", "call the bank", scope="task")
+        again = me.annotate("debt:visa", "next_step", scope="task", withdraw=True)
+        assert again["event_id"] != done["event_id"] and again["fact"]["withdrawn"]["reason"] is None
+        assert [v.get("withdrawn", {}).get("event_id") for v in me.history("debt:visa", "next_step")["versions"]] \
+            == [done["event_id"], again["event_id"]]
+    log = lines(events)
+    withdrawals = [e for e in log if e["type"] == "keel.annotated" and e["payload"].get("withdraw")]
+    assert [e["id"] for e in withdrawals] == [done["event_id"], again["event_id"]]
+    assert withdrawals[0]["by"] == "agent:a1" and "value" not in withdrawals[0]["payload"]
+    assert withdrawals[0]["payload"]["reason"] == "paid already"
+
+
+def test_log_replayed_is_the_graph_that_wrote_it(events: Path) -> None:
+    with keel.open(FINANCE, events=events) as graph:
+        me = graph.tools(tenant=TENANT_A, agent="a1", task="t1")
+        me.annotate("debt:visa", "next_step", "prepay", scope="task")
+        me.annotate("debt:visa", "risk", "high", scope="tenant", evidence=EVIDENCE)
+        me.annotate("debt:visa", "mine", 1, scope="agent")
+        me.annotate("debt:visa", "next_step", scope="task", withdraw=True, reason="done")
+        me.annotate("debt:visa", "risk", scope="tenant", withdraw=True, evidence=EVIDENCE, reason="rates fell")
+        me.annotate("debt:visa", "mine", scope="agent", withdraw=True)
+        live = digest(graph.store, TENANT_A)
+        assert me.context("debt:visa")["facts"] == [f for f in me.context("debt:visa")["facts"]
+                                                    if f["predicate"] not in ("next_step", "risk", "mine")]
+    assert digest(rebuilt(events), TENANT_A) == live
+
+
+def test_another_agents_note_is_refused(events: Path) -> None:
+    with keel.open(FINANCE, events=events) as graph:
+        mine = graph.tools(tenant=TENANT_A, agent="a1", task="t1")
+        other = graph.tools(tenant=TENANT_A, agent="b2", task="t1")         # same task: sees the task note
+        mine.annotate("debt:visa", "next_step", "prepay", scope="task")
+        mine.annotate("debt:visa", "risk", "high", scope="tenant", evidence=EVIDENCE)
+        for scope, evidence in (("task", None), ("tenant", EVIDENCE)):
+            pred = "next_step" if scope == "task" else "risk"
+            with pytest.raises(keel.NoteRefused, match="written by another agent; only its writer may withdraw"):
+                other.annotate("debt:visa", pred, scope=scope, withdraw=True, evidence=evidence)
+        with pytest.raises(keel.NoteRefused, match="no agent note 'mine' is in force"):
+            other.annotate("debt:visa", "mine", scope="agent", withdraw=True)      # its own timeline is empty
+        anonymous = graph.tools(tenant=TENANT_A, task="t1")
+        with pytest.raises(keel.NoteRefused, match="needs an agent binding"):
+            anonymous.annotate("debt:visa", "next_step", scope="task", withdraw=True)
+        assert notes_named(mine.context("debt:visa")["facts"], "next_step") == ["prepay"]
+        assert notes_named(mine.context("debt:visa")["facts"], "risk") == ["high"]
+    assert not [e for e in lines(events) if e["payload"].get("withdraw")]        # nothing reached the log
+
+
+def test_tenant_note_needs_evidence_to_be_withdrawn(events: Path) -> None:
+    with keel.open(FINANCE, events=events) as graph:
+        me = graph.tools(tenant=TENANT_A, agent="a1")
+        me.annotate("debt:visa", "risk", "high", scope="tenant", evidence=EVIDENCE)
+        with pytest.raises(keel.NoteRefused, match="this scope requires evidence"):
+            me.annotate("debt:visa", "risk", scope="tenant", withdraw=True, reason="rates fell")
+        with pytest.raises(keel.NoteRefused, match="is not an event of this tenant"):
+            me.annotate("debt:visa", "risk", scope="tenant", withdraw=True, evidence="no-such-event")
+        assert notes_named(me.context("debt:visa")["facts"], "risk") == ["high"]
+        done = me.annotate("debt:visa", "risk", scope="tenant", withdraw=True, evidence=EVIDENCE, reason="rates fell")
+        assert done["fact"]["withdrawn"]["evidence"] == EVIDENCE
+        assert notes_named(me.context("debt:visa")["facts"], "risk") == []
+        with pytest.raises(keel.NoteRefused, match="no tenant note 'risk' is in force"):
+            graph.tools(tenant=TENANT_A, agent="a2").annotate("debt:visa", "risk", scope="tenant", withdraw=True,
+                                                              evidence=EVIDENCE)
+
+
+def test_global_notes_cannot_be_withdrawn(events: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEEL_ALLOW_GLOBAL_NOTES", "1")
+    with keel.open(FINANCE, events=events) as graph:
+        me = graph.tools(tenant=TENANT_A, agent="a1")
+        me.annotate("type:debt", "tip", "compare rates", scope="global", evidence=EVIDENCE)
+        with pytest.raises(keel.NoteRefused, match="global notes cannot be withdrawn"):
+            me.annotate("type:debt", "tip", scope="global", withdraw=True, evidence=EVIDENCE)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"value": "x", "withdraw": True}, "value: a withdrawal takes no value"),
+    ({"value": "x", "reason": "why"}, "reason: only a withdrawal"),
+    ({}, "value: required"),
+    ({"withdraw": "yes"}, "withdraw: true"),
+    ({"withdraw": True, "reason": "x" * 513}, "reason: expected a string of at most 512"),
+])
+def test_bad_arguments_are_usage_errors(events: Path, kwargs: dict[str, Any], message: str) -> None:
+    with keel.open(FINANCE, events=events) as graph, pytest.raises(keel.UsageError, match=message):
+        graph.tools(tenant=TENANT_A, agent="a1", task="t1").annotate("debt:visa", "next_step", scope="task",
+                                                                      **kwargs)
+
+
+def withdrawal(by: str, **payload: Any) -> dict[str, Any]:
+    return {"id": f"w-{by}", "tenant": TENANT_A, "type": "keel.annotated", "subject": "debt:visa",
+            "occurred_at": "2030-01-02T00:00:00Z", "by": by,
+            "payload": {"predicate": "risk", "scope": "tenant", "withdraw": True, "evidence": EVIDENCE, **payload}}
+
+
+def test_the_log_is_checked_again_when_applied(tmp_path: Path) -> None:
+    """A withdrawal in the log (another producer's, or one whose note changed hands meanwhile) gets the tool's
+    checks when applied: refused with the reason, or applied like the tool's."""
+    events = copy_finance(tmp_path)
+    note = {"id": "n-1", "tenant": TENANT_A, "type": "keel.annotated", "subject": "debt:visa",
+            "occurred_at": "2030-01-01T00:00:00Z", "by": "agent:a1",
+            "payload": {"predicate": "risk", "value": "high", "scope": "tenant", "evidence": EVIDENCE}}
+    bad = [withdrawal("agent:b2"), {**withdrawal("agent:a1"), "id": "w-noev", "payload": {
+        "predicate": "risk", "scope": "tenant", "withdraw": True}},
+        {**withdrawal("agent:a1"), "id": "w-value", "payload": {**withdrawal("agent:a1")["payload"], "value": 1}},
+        {**withdrawal("agent:a1"), "id": "w-false", "payload": {**withdrawal("agent:a1")["payload"],
+                                                                "withdraw": False}}]
+    with events.open("a", encoding="utf-8") as f:
+        for e in [note, *bad, withdrawal("agent:a1", reason="rates fell")]:
+            f.write(json.dumps(e) + "\n")
+    store = MemoryStore()
+    report = replay_file(Projector(load_cartridge(FINANCE), store), events)
+    reasons = {r.event_id: r.reason for r in report.rejected}
+    assert set(reasons) == {"w-agent:b2", "w-noev", "w-value", "w-false"}
+    assert "written by another agent" in reasons["w-agent:b2"]
+    assert "this scope requires evidence" in reasons["w-noev"]
+    assert "a withdrawal (withdraw: true) carries no value" in reasons["w-value"]
+    assert "payload.withdraw: true (a withdrawal) or absent" in reasons["w-false"]
+    [(_, assertions)] = [(k, a) for k, a in store.dump(TENANT_A) if k == ("f", "debt:visa", "risk", "tenant")]
+    end = assertions[-1]
+    assert end.closed and end.value == {"keel.withdrawn": "w-agent:a1", "reason": "rates fell"}
+    assert (end.by, end.evidence) == ("agent:a1", EVIDENCE)
