@@ -27,11 +27,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "as known at the record's known_through and says whether the answer is "
                                    "identical, byte for byte.")
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
-    log_help = f"the JSON-lines audit log (env {AUDIT_ENV})"
+    log_help = (f"the JSON-lines audit log, or `kafka` for the topic keel.<cartridge>.audit (env {AUDIT_ENV})")
+    kafka_help = "with --audit kafka: the bootstrap servers (env KEEL_KAFKA_BOOTSTRAP)"
 
     s = verbs.add_parser("show", help="print one record", description="Print the audit record ID.")
     s.add_argument("id", help="the record's id")
-    s.add_argument("--audit", metavar="FILE", help=log_help)
+    s.add_argument("--audit", metavar="FILE|kafka", help=log_help)
+    s.add_argument("--cartridge", metavar="NAME", help="with --audit kafka: the cartridge's name (its topic)")
+    s.add_argument("--kafka", metavar="BOOTSTRAP", help=kafka_help)
     s.add_argument("--json", action="store_true", help="print the record as one JSON object")
     s.set_defaults(run=cmd_show)
 
@@ -47,22 +50,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("cartridge", help="cartridge folder")
     add_events_arguments(r, "the events file the server answered from")
     r.add_argument("--redis", metavar="URL", help="the Redis graph the server answered from (env KEEL_REDIS_URL)")
-    r.add_argument("--audit", metavar="FILE", help=log_help)
+    r.add_argument("--audit", metavar="FILE|kafka", help=log_help)
+    r.add_argument("--kafka", metavar="BOOTSTRAP", help=kafka_help)
     r.add_argument("--entity", help="the entity id the call asked about (checked against the record's sha256)")
     r.add_argument("--query", help="the search query of the call (checked against the record's sha256)")
     r.add_argument("--json", action="store_true", help="print the verdict as JSON")
     r.set_defaults(run=cmd_replay)
 
 
-def _log(args: argparse.Namespace) -> str:
-    path = args.audit or os.environ.get(AUDIT_ENV, "").strip()
-    if not path:
-        raise UsageError(f"give the audit log: --audit FILE or {AUDIT_ENV}")
-    return path
+def find(args: argparse.Namespace, cartridge: str | None) -> dict[str, Any]:
+    """The record args.id of the audit log `--audit FILE|kafka` (else KEEL_AUDIT_LOG)."""
+    where = args.audit or os.environ.get(AUDIT_ENV, "").strip()
+    if not where:
+        raise UsageError(f"give the audit log: --audit FILE (or kafka), or {AUDIT_ENV}")
+    if where != "kafka":
+        return audit.find_record(where, args.id)
+    if not cartridge:
+        raise UsageError("--audit kafka: give --cartridge NAME (the topic is keel.<cartridge>.audit)")
+    # Kafka's client only when the topic is read
+    from .kafka_audit import audit_topic, find_topic_record
+    return find_topic_record(settings_of(args).kafka_bootstrap, audit_topic(cartridge), args.id)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    record = audit.find_record(_log(args), args.id)
+    record = find(args, args.cartridge)
     if args.json:
         print(json.dumps(record, ensure_ascii=False))
         return 0
@@ -110,8 +121,8 @@ def replay_call(record: dict[str, Any], tools: Any, plaintext: dict[str, str | N
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    record = audit.find_record(_log(args), args.id)
     cartridge = load_cartridge(args.cartridge)
+    record = find(args, cartridge.name)
     if record.get("cartridge") not in (None, cartridge.name):
         raise UsageError(f"record {args.id} is of cartridge {record.get('cartridge')!r}, not {cartridge.name!r}")
     events = events_of(args)

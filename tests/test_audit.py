@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -203,3 +204,77 @@ def test_stdio_and_http_servers_append_records(tmp_path: Path, capsys: pytest.Ca
     append(events, later_snapshot(999))
     code, verdict = replay(http_log, events, record["id"], capsys, "--entity", "debt:visa")
     assert (code, verdict["identical"]) == (0, True), verdict
+
+
+@pytest.mark.services
+def test_redis_answer_reproduced_and_kafka_topic_holds_records(tmp_path: Path, redis_url: str, kafka_bootstrap: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """On the Redis graph: records written to a Kafka audit topic and a file, read back by id from the topic, and
+    `keel audit replay --redis` reproducing an answer after a later event changed the entity in Redis."""
+    from keel.config import resolve
+    from keel.embedded import replay_file
+    from keel.kafka_audit import AuditTopic, find_topic_record
+    from keel.projector import Projector
+    from keel.store.redis import RedisStore
+
+    cartridge = load_cartridge(FINANCE)
+    tenant = f"audit-{secrets.token_hex(4)}"
+    store = RedisStore.from_url(redis_url, namespace=cartridge.name)
+    private = f"audit-test-{secrets.token_hex(4)}"
+    topic = f"keel.{private}.audit"             # a private topic, as `--audit kafka` names a cartridge's
+    settings = resolve({"kafka": kafka_bootstrap})
+    try:
+        events = tmp_path / "events.jsonl"
+        events.write_text("".join(json.dumps({**json.loads(line), "tenant": tenant}) + "\n" for line in
+                                  (FINANCE / "events.jsonl").read_text(encoding="utf-8").splitlines()), "utf-8")
+        assert not replay_file(Projector(cartridge, store), events).rejected
+        log = tmp_path / "audit.jsonl"
+        backend = Backend(cartridge, store, None, blocking=True)
+        both = Both(AuditFile(log), AuditTopic(cartridge.name, settings, topic=topic))
+        backend.audit = both
+        server = build_server(ServerConfig(backend, identity=Identity(tenant, "a1")))
+
+        async def go() -> None:
+            async with memory_session(server) as s:
+                await ok(s, "context", {"entity": "debt:visa"})
+        anyio.run(go)
+        both.close()
+        (record,) = read_records(log)
+        assert record["tenant"] == tenant and record["known_through"]
+        assert find_topic_record(kafka_bootstrap, topic, record["id"]) == record
+        assert main(["audit", "show", record["id"], "--audit", "kafka", "--cartridge", private, "--kafka",
+                     kafka_bootstrap, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == record
+
+        later = tmp_path / "later.jsonl"
+        later.write_text(json.dumps({**later_snapshot(777), "tenant": tenant}) + "\n", "utf-8")
+        assert not replay_file(Projector(cartridge, store), later).rejected
+        assert fact_value(store, cartridge, tenant) == 777                # the entity changed in Redis
+        code = main(["audit", "replay", record["id"], str(FINANCE), "--redis", redis_url, "--audit", str(log),
+                     "--kafka", kafka_bootstrap, "--entity", "debt:visa", "--json"])
+        verdict = json.loads(capsys.readouterr().out)
+        assert (code, verdict["identical"]) == (0, True), verdict
+    finally:
+        store.drop_tenant(tenant)
+        store.close()
+
+
+class Both:
+    """Two audit writers at once (the file and the topic), for the test above."""
+
+    def __init__(self, *writers: Any) -> None:
+        self.writers = writers
+
+    def write(self, record: dict[str, Any]) -> None:
+        for w in self.writers:
+            w.write(record)
+
+    def close(self) -> None:
+        for w in self.writers:
+            w.close()
+
+
+def fact_value(store: Any, cartridge: Any, tenant: str) -> Any:
+    from keel.tools import Tools
+    context = Tools(cartridge, store, tenant).context("debt:visa")
+    return next(f["value"] for f in context["facts"] if f["predicate"] == "balance_cop")

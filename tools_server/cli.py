@@ -63,9 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"http: requests one token may send a second (bursts up to N); more get 429 with "
                         f"Retry-After (default {d.calls_per_second}, env {env['calls_per_second']})")
     p.add_argument("--no-call-log", action="store_true", help="do not write the log line per call on stderr")
-    p.add_argument("--audit", metavar="FILE",
-                   help="append an audit record of every tool call to this JSON-lines file (env KEEL_AUDIT_LOG; "
-                        "`keel audit show|replay ID`)")
+    p.add_argument("--audit", metavar="FILE|kafka",
+                   help="append an audit record of every tool call to this JSON-lines file, or with `kafka` to the "
+                        "topic keel.<cartridge>.audit (env KEEL_AUDIT_LOG; `keel audit show|replay ID`)")
     add_log_arguments(p)
     p.set_defaults(run=cmd_serve)
 
@@ -96,7 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     setup_logging(log_format(args.log_format))
     backend = _open_backend(args)
-    backend.audit = open_audit(args.audit)
+    backend.audit = open_audit(args, backend.cartridge.name)
     log = None if args.no_call_log else call_logger()
     try:
         if args.transport == "stdio":
@@ -145,13 +145,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         backend.close()
 
 
-def open_audit(path: str | None):  # -> keel.audit.AuditWriter | None
-    """The audit log of `--audit FILE` (else KEEL_AUDIT_LOG); None when neither is given."""
+def open_audit(args: argparse.Namespace, cartridge: str):  # -> keel.audit.AuditWriter | None
+    """The audit log of `--audit FILE|kafka` (else KEEL_AUDIT_LOG); None when neither is given."""
     import os
 
     from keel.audit import AuditFile
-    path = path or os.environ.get("KEEL_AUDIT_LOG", "").strip()
-    return AuditFile(path) if path else None
+    from keel.commandline import settings_of
+    where = args.audit or os.environ.get("KEEL_AUDIT_LOG", "").strip()
+    if where == "kafka":
+        from keel.kafka_audit import AuditTopic
+        return AuditTopic(cartridge, settings_of(args))
+    return AuditFile(where) if where else None
 
 
 def warn_empty_tenants(backend, tenants: list[str]) -> None:  # backend: Backend (imported lazily)

@@ -13,6 +13,7 @@ from keel.tokens import Identity  # the caller a tool call runs as (shared with 
 
 if TYPE_CHECKING:
     from .backend import Backend
+    from .oauth import OAuthSettings
     from .observe import Metrics
     from .tokens import TokenTable
 
@@ -87,10 +88,12 @@ def _option(name: str, value: object, kind: type, where: str) -> object:
 
 @dataclass
 class ServerConfig:
-    """Everything `build_server` needs. Exactly one of `identity` (stdio, in-process) or `tokens` (HTTP)."""
+    """Everything `build_server` needs: either `identity` (stdio, in-process) or bearer auth (HTTP) by static
+    `tokens`, by `oauth` (JWTs of trusted issuers), or both."""
     backend: Backend
     identity: Identity | None = None
     tokens: TokenTable | None = None
+    oauth: OAuthSettings | None = None
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     allow_hosts: tuple[str, ...] = ()
@@ -99,5 +102,11 @@ class ServerConfig:
     metrics: Metrics | None = None      # the server's series; build_server makes them when None
 
     def __post_init__(self) -> None:
-        if (self.identity is None) == (self.tokens is None):
-            raise UsageError("bind the caller either by a fixed identity (--tenant) or by bearer tokens (--tokens)")
+        if (self.identity is None) == (not self.bearer):
+            raise UsageError("bind the caller either by a fixed identity (--tenant) or by bearer tokens "
+                             "(--tokens, --issuer)")
+
+    @property
+    def bearer(self) -> bool:
+        """Callers are bound by bearer tokens (static, OAuth or both)."""
+        return self.tokens is not None or self.oauth is not None

@@ -24,6 +24,7 @@ from starlette.types import ASGIApp
 
 from keel.errors import UsageError
 
+from .auth import ScopeCheck, metadata_routes
 from .config import MCP_PATH, METRICS_PATH, ServerConfig
 from .fastpath import StatelessToolCalls
 from .observe import Metrics
@@ -102,8 +103,12 @@ def http_app(server: MCPServer, config: ServerConfig, *, json_response: bool = T
                                      stateless_http=opts.stateless, session_idle_timeout=opts.session_idle_timeout,
                                      max_sessions=opts.max_sessions, transport_security=security_settings(config),
                                      host=config.host)
-    # Innermost of the app's middleware, so after the SDK's bearer authentication: limits key on the verified
-    # token (Starlette builds its middleware stack at the first request).
+    # After the SDK's bearer authentication (Starlette builds its middleware stack at the first request): the
+    # scope check of OAuth callers, then limits keyed on the verified caller.
+    resource = config.oauth.resource if config.oauth is not None else None
+    app.user_middleware.append(Middleware(ScopeCheck, path=MCP_PATH, resource=resource))
+    if config.oauth is not None:          # before the SDK's own metadata route, which names one issuer only
+        app.router.routes[:0] = metadata_routes(config.oauth)
     app.user_middleware.append(Middleware(CallLimits, path=MCP_PATH, in_flight=opts.calls_in_flight,
                                           per_second=opts.calls_per_second))
     if opts.stateless and json_response:

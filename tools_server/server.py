@@ -21,7 +21,7 @@ from pydantic.json_schema import PydanticJsonSchemaWarning
 from keel.errors import UsageError
 from keel.tools import Tools
 
-from .auth import TokenFileVerifier, auth_settings, authenticated_identity
+from .auth import BearerVerifier, auth_settings, authenticated_identity
 from .calls import CallRunner
 from .config import Identity, ServerConfig
 from .http import add_metrics_route
@@ -48,8 +48,9 @@ def build_server(config: ServerConfig) -> MCPServer:
     runner = CallRunner(config.backend, _identity_source(config), observer)
     handlers = _handlers(runner)
     auth: dict[str, Any] = {}
-    if config.tokens is not None:
-        auth = {"token_verifier": TokenFileVerifier(config.tokens), "auth": auth_settings(config.host, config.port)}
+    if config.bearer:
+        auth = {"token_verifier": BearerVerifier(config.tokens, config.oauth),
+                "auth": auth_settings(config.host, config.port, config.oauth)}
     server: MCPServer = MCPServer(
         "keel", instructions=INSTRUCTIONS, version=_version(), tools=[_tool(s, handlers[s.name], runner) for s in SPECS],
         log_level="WARNING", cache_hints={"tools/list": CacheHint(ttl_ms=LIST_TOOLS_TTL_MS, scope="public")},
@@ -59,7 +60,7 @@ def build_server(config: ServerConfig) -> MCPServer:
 
 
 def _identity_source(config: ServerConfig) -> Callable[[], Identity | None]:
-    if config.tokens is not None:
+    if config.bearer:
         return authenticated_identity        # HTTP: only the bearer token decides, never a flag or an argument
     fixed = config.identity
     return lambda: fixed

@@ -1,0 +1,361 @@
+"""OAuth 2.1 resource server (tools_server.oauth, tools_server.auth): JWTs minted here with a throwaway RSA key,
+verified against a JWKS served on loopback by a tiny issuer; then `keel serve --transport http --issuer` driven
+with them (401 with resource_metadata, RFC 9728 metadata, 403 insufficient_scope, static tokens beside OAuth)."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from jwt.algorithms import RSAAlgorithm
+from support.mcp_sessions import (
+    FINANCE,
+    MCP_HEADERS,
+    TENANT_A,
+    TENANT_B,
+    TENANT_B_EVENTS,
+    fact,
+    http_server,
+    http_session,
+    make_token,
+    ok,
+    raw_initialize,
+    refused,
+)
+
+from keel.errors import UsageError
+from keel.tokens import Identity
+from tools_server.auth import BearerVerifier, needed_scopes
+from tools_server.oauth import ClaimNames, JwtVerifier, OAuthSettings, TokenRefused, oauth_settings
+
+RESOURCE = "http://127.0.0.1:1/mcp"
+
+
+class Issuer:
+    """A minimal authorization server on loopback: OpenID metadata and a JWKS, with keys it can rotate."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, Any] = {}          # kid -> private key, published in the JWKS
+        self.jwks_fetches = 0
+        issuer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/.well-known/openid-configuration":
+                    body = {"issuer": issuer.url, "jwks_uri": issuer.url + "/jwks"}
+                elif self.path == "/jwks":
+                    issuer.jwks_fetches += 1
+                    body = issuer.jwks()
+                else:
+                    self.send_error(404)
+                    return
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.add_key("k1")
+
+    def add_key(self, kid: str) -> None:
+        self.keys[kid] = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    def jwks(self) -> dict[str, Any]:
+        out = []
+        for kid, key in self.keys.items():
+            jwk = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
+            out.append({**jwk, "kid": kid, "use": "sig", "alg": "RS256"})
+        return {"keys": out}
+
+    def token(self, *, kid: str = "k1", key: Any = None, alg: str = "RS256", aud: Any = RESOURCE,
+              iss: str | None = None, ttl: float = 300, nbf: float | None = None, drop: tuple[str, ...] = (),
+              **claims: Any) -> str:
+        now = time.time()
+        body = {"iss": iss or self.url, "aud": aud, "exp": int(now + ttl), "iat": int(now), "azp": "agent-7",
+                "sub": "svc-1", "tenant": TENANT_A, "scope": "keel:read keel:write", **claims}
+        if nbf is not None:
+            body["nbf"] = int(now + nbf)
+        for name in drop:
+            body.pop(name, None)
+        return jwt.encode(body, key if key is not None else self.keys[kid], algorithm=alg, headers={"kid": kid})
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def issuer() -> Iterator[Issuer]:
+    i = Issuer()
+    yield i
+    i.close()
+
+
+def settings(issuer: Issuer, **rules: Any) -> OAuthSettings:
+    return OAuthSettings(issuers=(issuer.url,), resource=RESOURCE, refetch_after=3600, **rules)
+
+
+def verify(verifier: JwtVerifier, token: str) -> Any:
+    return anyio.run(verifier.verify, token)
+
+
+def refusal(verifier: JwtVerifier, token: str) -> str:
+    with pytest.raises(TokenRefused) as caught:
+        verify(verifier, token)
+    return str(caught.value)
+
+
+def test_a_good_token_gives_tenant_agent_task_and_scopes(issuer: Issuer) -> None:
+    v = JwtVerifier(settings(issuer))
+    got = verify(v, issuer.token(task="q3"))
+    assert got.identity == Identity(TENANT_A, "agent-7", "q3")
+    assert got.scopes == ("keel:read", "keel:write") and got.issuer == issuer.url and got.subject == "svc-1"
+    # the agent falls back to client_id, then sub; the task is optional
+    assert verify(v, issuer.token(drop=("azp",), client_id="cli")).identity == Identity(TENANT_A, "cli")
+    assert verify(v, issuer.token(drop=("azp",))).identity == Identity(TENANT_A, "svc-1")
+    # a scope claim given as a list; the audience given as a list that names this server
+    assert verify(v, issuer.token(scope=["keel:read"], aud=["other", RESOURCE])).scopes == ("keel:read",)
+    assert issuer.jwks_fetches == 1         # the keys are fetched once and kept
+
+
+def test_exp_nbf_iss_aud_are_checked(issuer: Issuer) -> None:
+    v = JwtVerifier(settings(issuer, leeway=5))
+    assert refusal(v, issuer.token(ttl=-60)) == "expired"
+    assert verify(v, issuer.token(ttl=-2)).identity.tenant == TENANT_A       # within the leeway
+    assert refusal(v, issuer.token(nbf=120)) == "not valid yet (nbf/iat)"
+    assert refusal(v, issuer.token(aud="http://elsewhere/mcp")) == "issued for another resource (aud)"
+    assert refusal(v, issuer.token(iss="http://127.0.0.1:9/other")) == "issuer not trusted"
+    assert refusal(v, issuer.token(drop=("exp",))) == "claim 'exp' missing"
+    assert refusal(v, issuer.token(drop=("aud",))) == "claim 'aud' missing"
+    assert refusal(v, issuer.token(drop=("tenant",))) == "no tenant claim 'tenant'"
+    assert refusal(v, issuer.token(tenant="Bad Tenant!")) == "bad tenant, agent or task claim"
+    assert refusal(v, "not.a.jwt") == "not a JWT"
+    assert refusal(v, "opaque-token") == "not a JWT"
+
+
+def test_only_allow_listed_algorithms(issuer: Issuer) -> None:
+    v = JwtVerifier(settings(issuer, algorithms=("RS256",)))
+    assert refusal(v, issuer.token(alg="PS256")) == "algorithm not allowed"
+    # HMAC with the public key as the secret (the classic confusion attack), and alg none
+    public = json.dumps(issuer.jwks()["keys"][0]).encode()
+    assert refusal(v, hmac_token(issuer, public)) == "algorithm not allowed"
+    assert refusal(JwtVerifier(settings(issuer)), hmac_token(issuer, public)) == "algorithm not allowed"
+    unsigned = jwt.encode({"iss": issuer.url, "aud": RESOURCE, "exp": int(time.time()) + 60, "tenant": TENANT_A},
+                          None, algorithm="none", headers={"kid": "k1"})
+    assert refusal(v, unsigned) == "algorithm not allowed"
+    # a token signed with another key under a published kid
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    assert refusal(v, issuer.token(key=other)) == "bad signature"
+    with pytest.raises(UsageError, match="bad algorithm"):       # HMAC cannot even be allowed
+        OAuthSettings(issuers=(issuer.url,), resource=RESOURCE, algorithms=("HS256",))
+
+
+def hmac_token(issuer: Issuer, secret: bytes) -> str:
+    """An HS256 token made by hand (PyJWT refuses to sign with a public key as the secret)."""
+    def part(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+    head = part(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "k1"}).encode())
+    body = part(json.dumps({"iss": issuer.url, "aud": RESOURCE, "exp": int(time.time()) + 60,
+                            "tenant": TENANT_A}).encode())
+    mac = hmac.new(secret, f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{part(mac)}"
+
+
+def test_a_new_kid_is_fetched_once_and_an_unknown_kid_refused(issuer: Issuer) -> None:
+    v = JwtVerifier(settings(issuer))
+    verify(v, issuer.token())
+    assert issuer.jwks_fetches == 1
+    issuer.add_key("k2")                                        # the issuer rotates: a new kid
+    assert verify(v, issuer.token(kid="k2")).identity.tenant == TENANT_A
+    assert issuer.jwks_fetches == 2                             # fetched once for it
+    verify(v, issuer.token(kid="k2"))
+    verify(v, issuer.token(kid="k1"))
+    assert issuer.jwks_fetches == 2                             # then kept
+    stray = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    assert refusal(v, issuer.token(kid="k9", key=stray)) == "unknown signing key (kid)"
+    assert issuer.jwks_fetches == 3                             # one look for the unknown kid
+    for _ in range(5):                                          # then refused without fetching again
+        assert refusal(v, issuer.token(kid="k9", key=stray)) == "unknown signing key (kid)"
+    assert issuer.jwks_fetches == 3
+    del issuer.keys["k1"]                                       # rotated away: a fresh server never accepts it
+    fresh = JwtVerifier(settings(issuer))
+    assert refusal(fresh, issuer.token(kid="k1", key=stray)) == "unknown signing key (kid)"
+    assert verify(fresh, issuer.token(kid="k2")).identity.tenant == TENANT_A
+
+
+def test_unknown_kids_are_looked_for_again_later_and_fetches_capped(issuer: Issuer) -> None:
+    clock = [0.0]
+    v = JwtVerifier(settings(issuer))
+    keys = v.issuers[issuer.url]
+    keys.clock = lambda: clock[0]
+    keys.refetch_after, keys.fetches_per_minute = 300, 3
+    verify(v, issuer.token())
+    stray = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    assert refusal(v, issuer.token(kid="k5", key=stray)) == "unknown signing key (kid)"
+    assert issuer.jwks_fetches == 2
+    issuer.add_key("k5")                                        # published later
+    assert refusal(v, issuer.token(kid="k5")) == "unknown signing key (kid)"    # not looked for again yet
+    clock[0] += 301
+    assert verify(v, issuer.token(kid="k5")).identity.tenant == TENANT_A
+    assert issuer.jwks_fetches == 3
+    for n in range(10):                                         # a flood of made-up kids: 3 fetches a minute
+        refusal(v, issuer.token(kid=f"made-up-{n}", key=stray))
+    assert issuer.jwks_fetches == 3 + 2                         # the minute already had one fetch (k5)
+    clock[0] += 61
+    refusal(v, issuer.token(kid="made-up-x", key=stray))
+    assert issuer.jwks_fetches == 6
+
+
+def test_claim_names_are_configurable_and_tenants_filtered(issuer: Issuer) -> None:
+    names = ClaimNames(tenant="org", agent=("agent_id",), task="job", scope="scp")
+    v = JwtVerifier(settings(issuer, claims=names, tenants=frozenset({TENANT_A})))
+    got = verify(v, issuer.token(org=TENANT_A, agent_id="a-9", job="j1", scp=["keel:read"], drop=("tenant",)))
+    assert got.identity == Identity(TENANT_A, "a-9", "j1") and got.scopes == ("keel:read",)
+    assert refusal(v, issuer.token(org=TENANT_B, drop=("tenant",))) == "tenant not served here"
+    assert refusal(v, issuer.token()) == "no tenant claim 'org'"
+
+
+def test_an_unreachable_issuer_refuses_tokens_without_crashing() -> None:
+    v = JwtVerifier(OAuthSettings(issuers=("http://127.0.0.1:9",), resource=RESOURCE))
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    token = jwt.encode({"iss": "http://127.0.0.1:9", "aud": RESOURCE, "exp": int(time.time()) + 60,
+                        "tenant": TENANT_A}, key, algorithm="RS256", headers={"kid": "k"})
+    assert refusal(v, token) == "issuer's signing keys unavailable"
+
+
+def test_settings_from_flags_and_environment() -> None:
+    assert oauth_settings([], None, host="127.0.0.1", port=8765, env={}) is None
+    s = oauth_settings([], None, host="::1", port=9000, env={"KEEL_OAUTH_ISSUER": "https://a/x, https://b"})
+    assert s is not None and s.issuers == ("https://a/x", "https://b") and s.resource == "http://[::1]:9000/mcp"
+    s = oauth_settings(["https://idp"], "https://keel.example/mcp", host="h", port=1, env={})
+    assert s is not None and s.resource == "https://keel.example/mcp"
+    with pytest.raises(UsageError, match="--resource is for OAuth"):
+        oauth_settings([], "https://keel.example/mcp", host="h", port=1, env={})
+    with pytest.raises(UsageError, match="bad URL"):
+        oauth_settings(["idp.example"], None, host="h", port=1, env={})
+
+
+def test_scopes_needed_by_a_body() -> None:
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "annotate", "arguments": {}}}
+    assert needed_scopes(json.dumps(call).encode()) == {"keel:write"}
+    call["params"]["name"] = "context"
+    assert needed_scopes(json.dumps(call).encode()) == {"keel:read"}
+    assert needed_scopes(b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}') is None
+    assert needed_scopes(b"not json") is None
+
+
+def test_static_tokens_and_oauth_in_one_verifier(issuer: Issuer, tmp_path: Path) -> None:
+    from keel.tokens import TokenTable
+    tokens = tmp_path / "tokens.jsonl"
+    static = make_token(tokens, TENANT_B, "b1")
+    verifier = BearerVerifier(TokenTable.load(tokens), settings(issuer))
+    a = anyio.run(verifier.verify_token, static)
+    assert a is not None and a.claims == {"keel_tenant": TENANT_B, "keel_agent": "b1", "keel_task": None}
+    assert a.scopes == ["keel:read", "keel:write"]
+    o = anyio.run(verifier.verify_token, issuer.token())
+    assert o is not None and o.claims["keel_tenant"] == TENANT_A and o.resource == RESOURCE
+    assert o.token != issuer.token() and len(o.token) == 64      # limits key on a digest, never the token
+    assert anyio.run(verifier.verify_token, issuer.token(ttl=-600)) is None
+    assert anyio.run(verifier.verify_token, "nope") is None
+
+
+# ---- `keel serve --transport http --issuer`, end to end ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Issuer, str]]:
+    tmp = tmp_path_factory.mktemp("oauth")
+    events = tmp / "events.jsonl"
+    shutil.copyfile(FINANCE / "events.jsonl", events)
+    with events.open("a", encoding="utf-8") as f:
+        f.writelines(json.dumps(e) + "\n" for e in TENANT_B_EVENTS)
+    tokens = tmp / "tokens.jsonl"
+    static = make_token(tokens, TENANT_B, "b1")
+    issuer = Issuer()
+    try:
+        with http_server(tmp, str(FINANCE), "--events", str(events), "--tokens", str(tokens),
+                         "--issuer", issuer.url) as server:
+            yield server, issuer, static
+    finally:
+        issuer.close()
+
+
+def _resource(server: Any) -> str:
+    return f"{server.base}/mcp"
+
+
+def test_served_401_names_the_metadata_and_metadata_names_the_issuer(served: tuple[Any, Issuer, str]) -> None:
+    server, issuer, _ = served
+    r = raw_initialize(server.url)
+    assert r.status_code == 401
+    meta_url = f"{server.base}/.well-known/oauth-protected-resource/mcp"
+    assert f'resource_metadata="{meta_url}"' in r.headers["www-authenticate"]
+    meta = httpx2.get(meta_url, timeout=10).json()
+    assert meta["resource"] == _resource(server) and meta["authorization_servers"] == [issuer.url]
+    assert meta["scopes_supported"] == ["keel:read", "keel:write"]
+    for bad in (issuer.token(aud=_resource(server), ttl=-600), issuer.token(aud="http://127.0.0.1:1/mcp"),
+                issuer.token(aud=_resource(server), iss="http://127.0.0.1:9")):
+        assert raw_initialize(server.url, authorization=f"Bearer {bad}").status_code == 401
+    assert server.alive()
+
+
+def test_served_scopes_and_identity(served: tuple[Any, Issuer, str]) -> None:
+    server, issuer, static = served
+    aud = _resource(server)
+    reader = issuer.token(aud=aud, scope="keel:read", task="t1")
+    both = issuer.token(aud=aud)
+    neither = issuer.token(aud=aud, scope="openid profile")
+    assert raw_initialize(server.url, authorization=f"Bearer {reader}").status_code == 200
+    r = raw_initialize(server.url, authorization=f"Bearer {neither}")
+    assert r.status_code == 403 and 'error="insufficient_scope"' in r.headers["www-authenticate"]
+
+    annotate = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "annotate", "arguments": {
+        "entity": "debt:visa", "predicate": "note", "value": "x"}}}
+    init = raw_initialize(server.url, authorization=f"Bearer {reader}")
+    sid = init.headers["mcp-session-id"]
+    r = httpx2.post(server.url, json=annotate, timeout=10, headers={
+        **MCP_HEADERS, "authorization": f"Bearer {reader}", "mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"})
+    assert r.status_code == 403
+    assert 'error="insufficient_scope"' in r.headers["www-authenticate"]
+    assert 'scope="keel:write"' in r.headers["www-authenticate"]
+
+    async def as_reader(s: Any) -> None:
+        assert fact(await ok(s, "context", {"entity": "debt:visa"}), "balance_cop")["value"] == 3870000
+        assert "unknown entity" in await refused(s, "context", {"entity": "debt:mastercard"})    # tenant B's
+        assert (await s.list_tools()).tools       # tools/list needs no more than one of Keel's scopes
+
+    async def as_writer(s: Any) -> None:
+        got = await ok(s, "annotate", {"entity": "debt:visa", "predicate": "note", "value": "seen", "scope": "agent"})
+        assert got
+
+    async def static_b(s: Any) -> None:              # the static token beside OAuth: tenant B, both scopes
+        assert fact(await ok(s, "context", {"entity": "debt:visa"}), "balance_cop")["value"] == 111000
+
+    async def go() -> None:
+        async with http_session(server.url, reader) as s:
+            await as_reader(s)
+        async with http_session(server.url, both) as s:
+            await as_writer(s)
+        async with http_session(server.url, static) as s:
+            await static_b(s)
+    anyio.run(go)
+    assert server.alive()
