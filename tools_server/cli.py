@@ -37,6 +37,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", help="stdio: the caller's task id (task-scope notes)")
     p.add_argument("--tokens", metavar="FILE", help="http: bearer tokens file (env KEEL_TOKENS_FILE); "
                                                     "make entries with `keel token`")
+    p.add_argument("--issuer", action="append", default=[], metavar="URL",
+                   help="http: accept OAuth access tokens (JWT) of this authorization server; repeatable "
+                        "(env KEEL_OAUTH_ISSUER, space-separated); works beside --tokens")
+    p.add_argument("--resource", metavar="URL", help="http, OAuth: this server's public URL, the audience tokens "
+                                                     "must name (env KEEL_OAUTH_RESOURCE; default http://HOST:PORT/mcp)")
+    p.add_argument("--tenant-claim", default="tenant", metavar="NAME", help="OAuth: the claim naming the tenant "
+                                                                             "(default tenant)")
+    p.add_argument("--agent-claim", action="append", metavar="NAME",
+                   help="OAuth: the claim naming the agent; repeatable, the first present wins "
+                        "(default azp, client_id, sub)")
+    p.add_argument("--task-claim", default="task", metavar="NAME", help="OAuth: the claim naming the task "
+                                                                         "(optional in tokens; default task)")
+    p.add_argument("--oauth-algorithms", metavar="LIST", help="OAuth: comma-separated signing algorithms accepted "
+                                                               "(default RS256..512, PS256..512, ES256..512, EdDSA)")
+    p.add_argument("--oauth-leeway", type=float, default=30.0, metavar="SECONDS",
+                   help="OAuth: clock skew allowed for exp/nbf (default 30)")
     p.add_argument("--allow-host", action="append", default=[], metavar="H",
                    help="http: also accept this Host (NAME[:PORT]) or Origin (http(s)://NAME[:PORT]); repeatable; "
                         "for deployments behind a proxy")
@@ -100,8 +116,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log = None if args.no_call_log else call_logger()
     try:
         if args.transport == "stdio":
-            if args.tokens:
-                raise UsageError("--tokens is for --transport http; stdio binds the caller with --tenant/--agent/--task")
+            if args.tokens or args.issuer:
+                raise UsageError("--tokens and --issuer are for --transport http; stdio binds the caller with "
+                                 "--tenant/--agent/--task")
             identity = Identity(pick_tenant(args.tenant, backend.tenants), args.agent, args.task)
             warn_empty_tenants(backend, [identity.tenant])
             server = build_server(ServerConfig(backend, identity=identity, call_log=log))
@@ -112,14 +129,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .http import serve_http
         from .tokens import TokenTable, tokens_path
         path = tokens_path(args.tokens)
-        if not path:
+        oauth = _oauth_settings(args)
+        if not path and oauth is None:
             raise UsageError("HTTP binds callers by bearer token: give --tokens FILE or KEEL_TOKENS_FILE "
-                             "(make one with `keel token --tenant T --tokens FILE`)")
+                             "(make one with `keel token --tenant T --tokens FILE`), or --issuer URL for OAuth")
         if args.agent or args.task:
             raise UsageError("on HTTP the agent and task come from each token; drop --agent/--task")
-        table = TokenTable.load(path, tenant=args.tenant)
+        table = TokenTable.load(path, tenant=args.tenant) if path else None
         opts = http_options(vars(args))
-        config = ServerConfig(backend, tokens=table, host=args.host, port=args.port,
+        config = ServerConfig(backend, tokens=table, oauth=oauth, host=args.host, port=args.port,
                               allow_hosts=tuple(args.allow_host), call_log=log, http=opts)
         server = build_server(config)
         shown = f"[{args.host}]" if ":" in args.host else args.host
@@ -130,8 +148,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             say.error(f"cannot listen on {shown}:{args.port}: {e.strerror or e} (another server on this port? "
                       f"pick another with --port)")
             return EXIT_UNAVAILABLE
-        warn_empty_tenants(backend, table.tenants())
-        say.info(f"http://{shown}:{args.port}{MCP_PATH} ({len(table)} token(s)); /metrics, /healthz, /readyz")
+        if table is not None:
+            warn_empty_tenants(backend, table.tenants())
+        elif args.tenant:
+            warn_empty_tenants(backend, [args.tenant])
+        bound = [f"{len(table)} token(s)"] if table is not None else []
+        if oauth is not None:
+            bound.append(f"OAuth: {', '.join(oauth.issuers)} for {oauth.resource}")
+        say.info(f"http://{shown}:{args.port}{MCP_PATH} ({'; '.join(bound)}); /metrics, /healthz, /readyz")
         sessions = ("stateless (no sessions)" if opts.stateless else f"sessions close after "
                     f"{opts.session_idle_timeout:g} s idle, at most {opts.max_sessions}")
         say.info(f"{sessions}; per token at most {opts.calls_in_flight} calls in flight and "
@@ -143,6 +167,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     finally:
         backend.close()
+
+
+def _oauth_settings(args: argparse.Namespace):  # -> OAuthSettings | None (imported lazily)
+    """OAuth settings from the serve flags and KEEL_OAUTH_*; None when no issuer is given."""
+    from .oauth import ALGORITHMS, ClaimNames, oauth_settings
+    if args.transport != "http":
+        return None
+    algorithms = tuple(a.strip() for a in args.oauth_algorithms.split(",") if a.strip()) \
+        if args.oauth_algorithms else ALGORITHMS
+    if not args.oauth_leeway >= 0:
+        raise UsageError(f"bad --oauth-leeway {args.oauth_leeway!r}: seconds, 0 or more")
+    claims = ClaimNames(tenant=args.tenant_claim, agent=tuple(args.agent_claim or ClaimNames().agent),
+                        task=args.task_claim)
+    return oauth_settings(args.issuer, args.resource, host=args.host, port=args.port, algorithms=algorithms,
+                          leeway=args.oauth_leeway, claims=claims,
+                          tenants=frozenset([args.tenant]) if args.tenant else None)
 
 
 def open_audit(args: argparse.Namespace, cartridge: str):  # -> keel.audit.AuditWriter | None
