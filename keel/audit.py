@@ -8,7 +8,7 @@ exact bytes MCP sent, and `answer_sha256`, the sha256 of the answer's reproducib
 
 Values that may be personal data are never written: entity ids, search queries and evidence ids are kept as
 `{"sha256": ...}` of their compact JSON (a replay is given the plaintext and checks it against the hash); note
-values are not kept at all (annotate writes, so a replay of it means nothing). Names from the cartridge's
+values and a withdrawal's reason are not kept at all (annotate writes, so a replay of it means nothing). Names from the cartridge's
 vocabulary (predicate, relation, type, scope), numbers and times are kept as given when they look like one.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .errors import UsageError
 from .times import format_time, now_micros
 
 HASHED = frozenset({"entity", "query", "evidence"})     # may be personal data: kept as sha256 only
-DROPPED = frozenset({"value"})                           # annotate's note value: not kept at all
+DROPPED = frozenset({"value", "reason"})                 # annotate's note value, a withdrawal's reason: not kept
 NAMES = frozenset({"predicate", "relation", "type", "scope"})
 TIMES = frozenset({"at", "known_at"})
 NOT_REPRODUCIBLE = ("lag", "lag_measured_at", "applied_through", "at", "known_at")   # see answer_bytes
@@ -82,7 +82,7 @@ def kept_arguments(tool: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
             kept[name] = value
         elif name in TIMES and isinstance(value, str) and _TIME.fullmatch(value.strip()):
             kept[name] = value.strip()
-        elif name == "limit" and isinstance(value, int) and not isinstance(value, bool):
+        elif isinstance(value, bool) or (name == "limit" and isinstance(value, int)):   # a switch, a count
             kept[name] = value
         else:                                   # anything else (a malformed argument): its hash, never its text
             kept[name] = {"sha256": value_sha256(value)}

@@ -68,6 +68,9 @@ def test_kept_arguments_hash_free_text_and_drop_note_values() -> None:
                                        "scope": "tenant", "evidence": "snap-visa"})
     assert "value" not in kept and set(kept["entity"]) == {"sha256"} and set(kept["evidence"]) == {"sha256"}
     assert kept["predicate"] == "next_step" and kept["scope"] == "tenant"
+    kept = kept_arguments("annotate", {"entity": "debt:visa", "predicate": "next_step", "withdraw": True,
+                                       "reason": "Ana asked us to forget it"})
+    assert kept["withdraw"] is True and "reason" not in kept
     # a malformed argument in a name's place (free text, an object) is hashed, never kept as text
     kept = kept_arguments("history", {"entity": "debt:visa", "predicate": "Ana Pérez's diagnosis",
                                       "known_at": {"x": 1}})
