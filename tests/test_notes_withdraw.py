@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-from support.mcp_sessions import FINANCE, TENANT_A, copy_finance
+from support.mcp_sessions import FINANCE, TENANT_A, copy_finance, memory_session, ok, refused
 
 import keel
 from keel.cartridge import load_cartridge
@@ -16,6 +17,9 @@ from keel.digest import digest
 from keel.embedded import replay_file
 from keel.projector import Projector
 from keel.store.memory import MemoryStore
+from tools_server.backend import Backend
+from tools_server.config import Identity, ServerConfig
+from tools_server.server import build_server
 
 EVIDENCE = "snap-visa-2026-10"      # a domain event of the sample stream that wrote debt:visa
 
@@ -183,3 +187,34 @@ def test_the_log_is_checked_again_when_applied(tmp_path: Path) -> None:
     end = assertions[-1]
     assert end.closed and end.value == {"keel.withdrawn": "w-agent:a1", "reason": "rates fell"}
     assert (end.by, end.evidence) == ("agent:a1", EVIDENCE)
+
+
+def test_withdraw_over_mcp(events: Path) -> None:
+    """The annotate tool takes withdraw and reason; its result is the Python call's (the closed version)."""
+    backend = Backend.embedded(load_cartridge(FINANCE), events)
+    visa = {"entity": "debt:visa", "predicate": "risk", "scope": "tenant", "evidence": EVIDENCE}
+
+    async def writer(s: Any) -> None:
+        await ok(s, "annotate", {**visa, "value": "high"})
+        assert "takes no value" in await refused(s, "annotate", {**visa, "value": "x", "withdraw": True})
+        assert "only a withdrawal" in await refused(s, "annotate", {**visa, "value": "x", "reason": "r"})
+        assert "requires evidence" in await refused(s, "annotate", {**visa, "evidence": None, "withdraw": True})
+
+    async def other(s: Any) -> None:
+        assert "written by another agent" in await refused(s, "annotate", {**visa, "withdraw": True})
+
+    async def withdraw(s: Any) -> None:
+        done = await ok(s, "annotate", {**visa, "withdraw": True, "reason": "rates fell"})
+        assert done["fact"]["withdrawn"]["reason"] == "rates fell" and done["fact"]["withdrawn"]["by"] == "agent:a1"
+        assert not [f for f in (await ok(s, "context", {"entity": "debt:visa"}))["facts"] if f["predicate"] == "risk"]
+        [version] = (await ok(s, "history", {"entity": "debt:visa", "predicate": "risk"}))["versions"]
+        assert version == done["fact"]
+
+    for identity, body in ((Identity(TENANT_A, "a1"), writer), (Identity(TENANT_A, "b2"), other),
+                           (Identity(TENANT_A, "a1"), withdraw)):
+        server = build_server(ServerConfig(backend, identity=identity))
+
+        async def go(server: Any = server, body: Any = body) -> None:
+            async with memory_session(server) as session:
+                await body(session)
+        anyio.run(go)

@@ -108,11 +108,6 @@ def _refuse(message: str) -> dict[str, Any]:
 def _handlers(run: CallRunner) -> dict[str, Handler]:
     missing: Any = _Missing()
 
-    def required(name: str, value: Any) -> Any:
-        if value is missing:
-            raise UsageError(f"{name}: required")
-        return value
-
     async def context(entity: Any = None, at: Any = None, known_at: Any = None) -> CallToolResult:
         return await run.call("context", lambda t: t.context(entity, at=at, known_at=known_at),
                               arguments={"entity": entity, "at": at, "known_at": known_at})
@@ -127,10 +122,11 @@ def _handlers(run: CallRunner) -> dict[str, Handler]:
                               arguments={"query": query, "type": type, "limit": limit, "at": at, "known_at": known_at})
 
     async def annotate(entity: Any = None, predicate: Any = None, value: Any = missing, scope: Any = None,
-                       evidence: Any = None) -> CallToolResult:
-        def write(t: Tools) -> dict[str, Any]:
-            required("value", value)
-            return t.annotate(entity, predicate, value, scope, evidence=evidence)
+                       evidence: Any = None, withdraw: Any = False, reason: Any = None) -> CallToolResult:
+        def write(t: Tools) -> dict[str, Any]:       # no value: Tools says whether one was needed
+            given = {} if value is missing else {"value": value}
+            return t.annotate(entity, predicate, **given, scope=scope, evidence=evidence, withdraw=withdraw,
+                              reason=reason)
         return await run.call("annotate", write, write=True, arguments={
             "entity": entity, "predicate": predicate, "value": None, "scope": scope, "evidence": evidence})
 

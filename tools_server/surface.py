@@ -25,8 +25,8 @@ def _arg(description: str, **schema: Any) -> dict[str, Any]:
     return {"type": "string", **schema, "description": description}
 
 
-_ENTITY = _arg("<type>:<id>, e.g. from search")
-_AT = _arg("World time, YYYY-MM-DD or RFC 3339; default now")
+_ENTITY = _arg("<type>:<id> from search")
+_AT = _arg("World time: date or RFC 3339")
 _KNOWN_AT = _arg("As known then; default now")
 
 _FACT = {"type": "object", "properties": {
@@ -72,14 +72,13 @@ class ToolSpec(NamedTuple):
 
 
 _READER = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-_WRITER = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
-                          open_world_hint=False)
+_WRITER = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)   # not idempotent:
+# MCP's default, left out (a withdrawal closes a note but keeps it in history: nothing is destroyed)
 
 SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "context",
-        "An entity's labels, facts with evidence, relations, rules with Keel's verdicts. Use it for what "
-        "is true.",
+        "An entity's labels, facts with evidence, relations, rules with verdicts. Use it for what is true.",
         _input({"entity": _ENTITY, "at": _AT, "known_at": _KNOWN_AT}, ["entity"]),
         _result({"entity": _S, "type": _S, "ref": _SN, "labels": {"type": "object"},
                  "facts": _array(_FACT), "relations": _array(_RELATION), "rules": _RULES}),
@@ -93,7 +92,7 @@ SPECS: tuple[ToolSpec, ...] = (
         _READER),
     ToolSpec(
         "search",
-        "Find entity ids by words of ids, types, labels or visible notes. Use it first when you lack an id.",
+        "Find entity ids by words of ids, types, labels or notes. Use it first when you lack an id.",
         _input({"query": _arg("Words of a name, label, note or type"), "type": _arg("Only this entity type"),
                 "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,
                           "description": "Max results"},
@@ -104,15 +103,17 @@ SPECS: tuple[ToolSpec, ...] = (
         _READER),
     ToolSpec(
         "annotate",
-        "Save a note on an entity for later context and history. Use it for a conclusion or next step, "
-        "citing its event as evidence.",
+        "Save a note on an entity for context and history, or withdraw yours. Use it for a conclusion or "
+        "next step, citing evidence.",
         _input({"entity": _ENTITY,
                 "predicate": _arg("Note name, e.g. next_step"),
                 "value": {"description": "Text, number or JSON"},
-                "scope": _arg("tenant: every agent; task: your task; agent: you; global: all tenants, "
-                              "if enabled", enum=["tenant", "task", "agent", "global"]),
-                "evidence": _arg("Id of an event that wrote this entity; some scopes need it")},
-               ["entity", "predicate", "value", "scope"]),
+                "scope": _arg("tenant: all agents; task: your task; agent: you; global: all tenants",
+                              enum=["tenant", "task", "agent", "global"]),
+                "evidence": _arg("Id of an event that wrote this entity; some scopes need it"),
+                "withdraw": {"type": "boolean", "description": "Close your note of this name"},
+                "reason": _arg("Why you withdraw")},
+               ["entity", "predicate", "scope"]),
         _result({"fact": _FACT, "applied": {"type": "boolean"}, "event_id": _S, "message": _S}),
         _WRITER),
     ToolSpec(
