@@ -4,12 +4,27 @@ On the embedded graph here, on Redis with a worker applying the log below (KEEL_
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from support.mcp_sessions import FINANCE, TENANT_A, copy_finance, memory_session, ok, refused
+from support.mcp_sessions import (
+    FINANCE,
+    ROOT,
+    TENANT_A,
+    copy_finance,
+    memory_session,
+    ok,
+    refused,
+    stop_process,
+)
 
 import keel
 from keel.cartridge import load_cartridge
@@ -218,3 +233,79 @@ def test_withdraw_over_mcp(events: Path) -> None:
             async with memory_session(server) as session:
                 await body(session)
         anyio.run(go)
+
+
+# ---- Redis: a worker applies the log -----------------------------------------------------------------
+
+@pytest.fixture
+def tenant() -> str:
+    return f"wd-{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def redis_store(redis_url: str, tenant: str) -> Iterator[Any]:
+    from keel.store.redis import RedisStore
+    store = RedisStore.from_url(redis_url, namespace=load_cartridge(FINANCE).name)
+    try:
+        yield store
+    finally:
+        store.drop_tenant(tenant)
+        store.close()
+
+
+def moved(tmp_path: Path, tenant: str) -> Path:
+    """The finance stream moved to a private tenant."""
+    out = tmp_path / "events.jsonl"
+    out.write_text("".join(json.dumps({**e, "tenant": tenant}) + "\n" for e in lines(FINANCE / "events.jsonl")),
+                   encoding="utf-8")
+    return out
+
+
+@pytest.mark.services
+def test_redis_worker_builds_the_embedded_graph(tmp_path: Path, tenant: str, redis_url: str, kafka_bootstrap: str,
+                                               redis_store: Any) -> None:
+    """Notes written and withdrawn on the embedded graph, the log published, a worker applying it to Redis: the
+    same digest; then withdrawals through Kafka and the worker behave as embedded ones do."""
+    events = moved(tmp_path, tenant)
+    with keel.open(FINANCE, events=events) as graph:
+        me = graph.tools(tenant=tenant, agent="a1", task="t1")
+        me.annotate("debt:visa", "next_step", "prepay", scope="task")
+        me.annotate("debt:visa", "risk", "high", scope="tenant", evidence=EVIDENCE)
+        me.annotate("debt:visa", "next_step", scope="task", withdraw=True, reason="done")
+        last = me.annotate("debt:visa", "risk", scope="tenant", withdraw=True, evidence=EVIDENCE, reason="rates fell")
+        embedded = digest(graph.store, tenant)
+        embedded_history = me.history("debt:visa")["versions"]
+    env = {**os.environ, "KEEL_REDIS_URL": redis_url, "KEEL_KAFKA_BOOTSTRAP": kafka_bootstrap}
+    cli = [sys.executable, "-m", "keel.cli"]
+    subprocess.run([*cli, "publish", str(FINANCE), str(events)], cwd=str(ROOT), env=env, check=True,
+                   capture_output=True, timeout=120)
+    with (tmp_path / "worker.log").open("wb") as log:
+        proc = subprocess.Popen([*cli, "worker", str(FINANCE)], cwd=str(ROOT), env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not redis_store.has_event(tenant, last["event_id"]):
+            assert proc.poll() is None, (tmp_path / "worker.log").read_text()
+            assert time.monotonic() < deadline, "the worker did not apply the log in 120 s"
+            time.sleep(0.2)
+        assert digest(redis_store, tenant) == embedded
+        with keel.open(FINANCE, redis=redis_url, kafka=kafka_bootstrap) as graph:
+            me = graph.tools(tenant=tenant, agent="a1", task="t1")
+            assert me.history("debt:visa")["versions"] == embedded_history
+            other = graph.tools(tenant=tenant, agent="b2", task="t1")
+            me.annotate("debt:visa", "next_step", "call the bank", scope="task")
+            assert notes_named(other.context("debt:visa")["facts"], "next_step") == ["call the bank"]
+            with pytest.raises(keel.NoteRefused, match="written by another agent"):
+                other.annotate("debt:visa", "next_step", scope="task", withdraw=True)
+            me.annotate("debt:visa", "risk", "low", scope="tenant", evidence=EVIDENCE)
+            with pytest.raises(keel.NoteRefused, match="this scope requires evidence"):
+                me.annotate("debt:visa", "risk", scope="tenant", withdraw=True)
+            done = me.annotate("debt:visa", "next_step", scope="task", withdraw=True, reason="called")
+            assert done["applied"] is True
+            assert done["fact"]["withdrawn"]["by"] == "agent:a1" and done["fact"]["withdrawn"]["reason"] == "called"
+            assert notes_named(me.context("debt:visa")["facts"], "next_step") == []
+            assert notes_named(me.context("debt:visa")["facts"], "risk") == ["low"]
+            assert [v["withdrawn"]["reason"] for v in me.history("debt:visa", "next_step")["versions"]] == \
+                ["done", "called"]
+    finally:
+        stop_process(proc, 30)
