@@ -35,6 +35,7 @@ from tools_server.config import Identity, ServerConfig
 from tools_server.server import build_server
 
 NOTE = "pay due:visa-2026-11 first"
+WHY = "Ana asked to forget it"
 
 
 def later_snapshot(balance: int) -> dict[str, Any]:
@@ -103,6 +104,8 @@ def test_replay_reproduces_answers_after_the_entity_changed(tmp_path: Path, caps
             assert sorted_json(canonical_tools(tools)) == sorted_json(golden_text())   # the surface is unchanged
             await call(s, "annotate", {"entity": "debt:visa", "predicate": "next_step", "value": NOTE,
                                        "scope": "tenant", "evidence": "snap-visa-2026-09"})
+            await call(s, "annotate", {"entity": "debt:visa", "predicate": "next_step", "scope": "tenant",
+                                       "evidence": "snap-visa-2026-09", "withdraw": True, "reason": WHY})
             now = await call(s, "context", {"entity": "debt:visa"})
             await call(s, "history", {"entity": "debt:visa", "predicate": "balance_cop"})
             await call(s, "search", {"query": "Visa", "type": "debt"})
@@ -116,10 +119,12 @@ def test_replay_reproduces_answers_after_the_entity_changed(tmp_path: Path, caps
         backend.close()
 
     records = list(read_records(log))
-    assert [r["tool"] for r in records] == ["annotate", "context", "history", "search", "related", "context"]
-    by_tool = {r["tool"]: r for r in records[:5]}
+    assert [r["tool"] for r in records] == ["annotate", "annotate", "context", "history", "search", "related",
+                                            "context"]
+    assert records[1]["arguments"]["withdraw"] is True and "reason" not in records[1]["arguments"]
+    by_tool = {r["tool"]: r for r in records[1:6]}
     text = log.read_text(encoding="utf-8")
-    for secret in ("debt:visa", "Visa", NOTE, "snap-visa"):          # entity ids, queries and note values never written
+    for secret in ("debt:visa", "Visa", NOTE, "snap-visa", WHY):          # entity ids, queries and note values never written
         assert secret not in text
     for tool, record in by_tool.items():
         assert (record["tenant"], record["agent"], record["task"], record["subject"]) == \

@@ -127,8 +127,8 @@ def _handlers(run: CallRunner) -> dict[str, Handler]:
             given = {} if value is missing else {"value": value}
             return t.annotate(entity, predicate, **given, scope=scope, evidence=evidence, withdraw=withdraw,
                               reason=reason)
-        return await run.call("annotate", write, write=True, arguments={
-            "entity": entity, "predicate": predicate, "value": None, "scope": scope, "evidence": evidence})
+        return await run.call("annotate", write, write=True, arguments={   # the value and reason never kept
+            "entity": entity, "predicate": predicate, "scope": scope, "evidence": evidence, "withdraw": withdraw})
 
     async def related(entity: Any = None, relation: Any = None, at: Any = None,
                       known_at: Any = None) -> CallToolResult:
