@@ -46,8 +46,8 @@ _CORE: dict[str, dict[str, Any]] = {
                                "withdraw": {"const": True},
                                "reason": {"type": ["string", "null"], "maxLength": MAX_REASON}},
                 # a note has a value; a withdrawal (withdraw: true) has none and may have a reason
-                "oneOf": [{"required": ["value"], "not": {"required": ["reason"]}},
-                          {"required": ["withdraw"], "not": {"required": ["value"]}}]},
+                "oneOf": [{"required": ["value"], "properties": {"withdraw": False, "reason": False}},
+                          {"required": ["withdraw"], "properties": {"value": False}}]},
     RETRACTED: {"type": "object", "additionalProperties": False, "required": ["event"],
                 "properties": {"event": {"type": "string", "minLength": 1, "maxLength": 256},
                                "reason": _NULLABLE_STRING}},

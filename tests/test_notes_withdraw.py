@@ -235,6 +235,36 @@ def test_withdraw_over_mcp(events: Path) -> None:
         anyio.run(go)
 
 
+@pytest.mark.parametrize(("payload", "valid"), [
+    ({"predicate": "risk", "scope": "tenant", "withdraw": True}, True),
+    ({"predicate": "risk", "scope": "tenant", "withdraw": True, "reason": "rates fell", "evidence": EVIDENCE}, True),
+    ({"predicate": "risk", "scope": "tenant", "value": "high"}, True),
+    ({"predicate": "risk", "scope": "tenant", "withdraw": True, "value": "high"}, False),
+    ({"predicate": "risk", "scope": "tenant", "value": "high", "reason": "why"}, False),
+    ({"predicate": "risk", "scope": "tenant", "withdraw": False}, False),
+    ({"predicate": "risk", "scope": "tenant"}, False),
+    ({"predicate": "risk", "scope": "tenant", "withdraw": True, "reason": "x" * 513}, False),
+])
+def test_the_json_schema_and_keel_agree_on_withdrawals(payload: dict[str, Any], valid: bool) -> None:
+    """keel schema's document for keel.annotated (what producers validate with) says what the envelope check
+    says about a withdrawal's payload."""
+    import jsonschema
+
+    from keel.envelope import Catalog
+    from keel.errors import EnvelopeRejected
+    from keel.schema import cartridge_document
+    cartridge = load_cartridge(FINANCE)
+    env = {"id": "w", "tenant": TENANT_A, "type": "keel.annotated", "subject": "debt:visa",
+           "occurred_at": "2026-10-01", "payload": payload}
+    assert jsonschema.Draft202012Validator(cartridge_document(cartridge)).is_valid(env) is valid
+    try:
+        Catalog(cartridge).parse(env)
+    except EnvelopeRejected:
+        assert not valid
+    else:
+        assert valid
+
+
 # ---- Redis: a worker applies the log -----------------------------------------------------------------
 
 @pytest.fixture
