@@ -9,9 +9,9 @@ from collections.abc import Callable
 from .cartridge import Cartridge
 from .envelope import ENTITY
 from .errors import NoteRefused, UsageError
-from .store.base import GLOBAL_TENANT, EntityView, Key, Store, ViewRequest, Write
+from .store.base import GLOBAL_TENANT, EntityView, Store, ViewRequest, Write
 from .store.provenance import evidence_standing
-from .store.writes import new_write, scope_key
+from .store.writes import Key, new_write, scope_key
 from .timeline import Assertion, Version, new_assertion
 from .times import Micros, format_time
 

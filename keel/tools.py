@@ -45,8 +45,8 @@ from .results import (
 )
 from .rules import verdict
 from .search import SearchIndex
-from .store.base import GLOBAL_TENANT, Freshness, Key, Store, ViewRequest, of_relation
-from .store.writes import scope_key
+from .store.base import GLOBAL_TENANT, Freshness, Store, ViewRequest, of_relation
+from .store.writes import Key, scope_key
 from .timeline import Assertion, Version
 from .times import Micros, format_time, now_micros, parse_time
 
