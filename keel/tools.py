@@ -352,7 +352,8 @@ class Tools:
                           ) -> list[dict[str, Any]]:
         """History's fact versions, a note version closed by a withdrawal (recorded by `known_at`) with
         `withdrawn`: when, by whom and why (keel.notes.withdrawal_of). Reads the ended notes' timelines once."""
-        ended = [r for r in rows if r["scope"] in ("tenant", "task", "agent") and r["valid_to"] is not None]
+        ended = [r for r in rows if r["scope"] in ("tenant", "task", "agent") and r["valid_to"] is not None
+                 and r["valid_to"] != r["expires_at"]]     # a withdrawn version ended before its expiry
         if not ended:
             return rows
         keyed = [(note_key(entity, r["predicate"], r["scope"], task=self.task, agent=self.agent), r) for r in ended]
