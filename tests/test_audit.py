@@ -25,6 +25,7 @@ from support.mcp_sessions import (
     sorted_json,
     stdio_session,
 )
+from test_oauth import Issuer
 
 from keel import audit
 from keel.audit import AuditFile, answer_bytes, kept_arguments, read_records
@@ -201,14 +202,25 @@ def test_stdio_and_http_servers_append_records(tmp_path: Path, capsys: pytest.Ca
     assert (record["tool"], record["tenant"], record["agent"]) == ("context", TENANT_A, "debts")
 
     token = make_token(tokens, TENANT_A, agent="planner")
-    with http_server(tmp_path, str(FINANCE), "--events", str(events), "--tokens", str(tokens),
-                     "--audit", str(http_log), "--no-call-log") as server:
-        async def over_http() -> None:
-            async with http_session(server.url, token) as s:
-                await ok(s, "related", {"entity": "debt:visa"})
-        anyio.run(over_http)
-    (record,) = read_records(http_log)
+    issuer = Issuer()                       # an OAuth issuer on loopback (tests/test_oauth.py)
+    try:
+        with http_server(tmp_path, str(FINANCE), "--events", str(events), "--tokens", str(tokens), "--issuer",
+                         issuer.url, "--audit", str(http_log), "--no-call-log", "--stateless") as server:
+            jwt = issuer.token(aud=server.url, task="t9")
+
+            async def over_http() -> None:
+                async with http_session(server.url, token) as s:
+                    await ok(s, "related", {"entity": "debt:visa"})
+                async with http_session(server.url, jwt) as s:
+                    await ok(s, "history", {"entity": "debt:visa"})
+            anyio.run(over_http)
+    finally:
+        issuer.close()
+    record, signed = read_records(http_log)
     assert (record["tool"], record["tenant"], record["agent"]) == ("related", TENANT_A, "planner")
+    assert record["subject"] == hashlib.sha256(token.encode()).hexdigest()   # a static token: its sha256
+    assert (signed["tool"], signed["tenant"], signed["agent"], signed["task"], signed["subject"]) == \
+        ("history", TENANT_A, "agent-7", "t9", "svc-1")                    # an OAuth token: its claims and sub
     append(events, later_snapshot(999))
     code, verdict = replay(http_log, events, record["id"], capsys, "--entity", "debt:visa")
     assert (code, verdict["identical"]) == (0, True), verdict

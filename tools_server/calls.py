@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import msgspec
+from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 
@@ -109,7 +110,7 @@ class CallRunner:
         record = audit.new_record(
             cartridge=self.backend.cartridge.name, tool=tool, tenant=who.tenant if who else None,
             agent=who.agent if who else None, task=who.task if who else None,
-            subject=getattr(who, "subject", None), arguments=arguments,
+            subject=_subject(), arguments=arguments,
             at=format_time(pinned) if pinned is not None else None)
         if pinned is None and tool in WORLD_TIME_TOOLS:
             record["at"] = record["arguments"].get("at") if isinstance(record["arguments"].get("at"), str) else None
@@ -129,6 +130,13 @@ class CallRunner:
             with self.backend.write_lock:
                 return fn(tools)
         return run
+
+
+def _subject() -> str | None:
+    """The bearer token's subject (HTTP): an OAuth token's `sub`, a static token's sha256; None on stdio."""
+    token = get_access_token()
+    subject = token.subject if token is not None else None
+    return subject if isinstance(subject, str) else None
 
 
 def _clip(message: str) -> str:
