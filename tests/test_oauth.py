@@ -359,3 +359,20 @@ def test_served_scopes_and_identity(served: tuple[Any, Issuer, str]) -> None:
             await static_b(s)
     anyio.run(go)
     assert server.alive()
+
+
+def test_stateless_fast_path_checks_scopes_too(issuer: Issuer, tmp_path: Path) -> None:
+    """--stateless answers tool calls in StatelessToolCalls, before the SDK: the scope check sits in front of it."""
+    with http_server(tmp_path, str(FINANCE), "--events", str(FINANCE / "events.jsonl"), "--issuer", issuer.url,
+                     "--stateless") as server:
+        reader = issuer.token(aud=_resource(server), scope="keel:read")
+        headers = {**MCP_HEADERS, "authorization": f"Bearer {reader}", "mcp-protocol-version": "2025-06-18"}
+
+        def call(name: str, arguments: dict[str, Any]) -> httpx2.Response:
+            return httpx2.post(server.url, timeout=10, headers=headers, json={
+                "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": arguments}})
+        r = call("context", {"entity": "debt:visa"})
+        assert r.status_code == 200 and not r.json()["result"].get("isError"), r.text
+        r = call("annotate", {"entity": "debt:visa", "predicate": "note", "value": "x", "scope": "agent"})
+        assert r.status_code == 403 and 'scope="keel:write"' in r.headers["www-authenticate"]
+        assert server.alive()
