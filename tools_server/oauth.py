@@ -198,7 +198,7 @@ def jwks_uri(issuer: str) -> str:
         if not isinstance(meta, dict) or meta.get("issuer") != issuer or not isinstance(meta.get("jwks_uri"), str):
             reasons.append(f"{url}: not metadata of issuer {issuer} with a jwks_uri")
             continue
-        return meta["jwks_uri"]
+        return str(meta["jwks_uri"])
     raise UsageError("; ".join(reasons))
 
 
@@ -227,8 +227,10 @@ class JwtVerifier:
             raise TokenRefused("issuer not trusted")
         if not isinstance(kid, str) or not kid:
             raise TokenRefused("no signing key id (kid)")
-        key = keys.cached(kid) or await anyio.to_thread.run_sync(keys.fetch_for, kid)
-        return self.check(token, key, iss)
+        key = keys.cached(kid)
+        if key is None:
+            key = await anyio.to_thread.run_sync(keys.fetch_for, kid)
+        return self.check(token, key, keys.issuer)
 
     def check(self, token: str, key: PyJWK, issuer: str) -> VerifiedToken:
         s = self.settings
