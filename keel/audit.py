@@ -93,9 +93,12 @@ def new_record(*, cartridge: str, tool: str, tenant: str | None, agent: str | No
                subject: str | None, arguments: Mapping[str, Any], at: str | None, when: int | None = None,
                ) -> dict[str, Any]:
     """A record of one call, before its outcome (`finish` adds it). `at` is the world time the answer is of (the
-    call's own, or the clock's when it gave none); `subject` is the token subject (OAuth) when there is one."""
+    call's own, or the clock's when it gave none); `subject` is the bearer token's subject when there is one, kept
+    only as its sha256 (an identity provider may put an e-mail address in `sub`: personal data never enters a
+    record; an operator finds a caller's records by hashing the subject they know)."""
     return {"id": uuid.uuid4().hex, "when": format_time(when if when is not None else now_micros()),
-            "cartridge": cartridge, "tenant": tenant, "agent": agent, "task": task, "subject": subject,
+            "cartridge": cartridge, "tenant": tenant, "agent": agent, "task": task,
+            "subject": None if subject is None else sha256(subject.encode()),
             "tool": tool, "arguments": kept_arguments(tool, arguments), "at": at}
 
 

@@ -218,9 +218,11 @@ def test_stdio_and_http_servers_append_records(tmp_path: Path, capsys: pytest.Ca
         issuer.close()
     record, signed = read_records(http_log)
     assert (record["tool"], record["tenant"], record["agent"]) == ("related", TENANT_A, "planner")
-    assert record["subject"] == hashlib.sha256(token.encode()).hexdigest()   # a static token: its sha256
+    digest = hashlib.sha256(token.encode()).hexdigest()                        # a static token's subject: its digest
+    assert record["subject"] == hashlib.sha256(digest.encode()).hexdigest()  # kept hashed, like every subject
     assert (signed["tool"], signed["tenant"], signed["agent"], signed["task"], signed["subject"]) == \
-        ("history", TENANT_A, "agent-7", "t9", "svc-1")                    # an OAuth token: its claims and sub
+        ("history", TENANT_A, "agent-7", "t9", hashlib.sha256(b"svc-1").hexdigest())   # an OAuth token: claims, sub hashed
+    assert "svc-1" not in http_log.read_text()
     append(events, later_snapshot(999))
     code, verdict = replay(http_log, events, record["id"], capsys, "--entity", "debt:visa")
     assert (code, verdict["identical"]) == (0, True), verdict

@@ -82,7 +82,7 @@ def test_serve_usage_errors(finance_events: Path, tmp_path: Path, monkeypatch: p
     assert "not found" in serve_fails(capsys, "--events", str(tmp_path / "missing.jsonl"))
     assert "give one of an events file" in serve_fails(capsys, "--events", events, "--redis", "redis://127.0.0.1:1")
     assert "two events files" in serve_fails(capsys, events, "--events", str(tmp_path / "other.jsonl"))
-    assert "--tokens is for --transport http" in serve_fails(capsys, "--events", events, "--tokens", "x")
+    assert "--tokens and --issuer are for --transport http" in serve_fails(capsys, "--events", events, "--tokens", "x")
     assert "bearer token" in serve_fails(capsys, "--events", events, "--transport", "http")
     assert "agent and task come from each token" in serve_fails(
         capsys, "--events", events, "--transport", "http", "--tokens", "x", "--agent", "a")
