@@ -18,6 +18,7 @@ import heapq
 import json
 import math
 import unicodedata
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -132,6 +133,7 @@ class SearchIndex:
         self.s_length: list[int] = []
         self.postings: dict[str, list[tuple[int, int]]] = {}   # term -> (segment, tf); segment -1-e: entity e's id
         total = 0
+        changes: list[tuple[Micros, int, int]] = []   # (knowledge time, entities, words) the corpus gains or loses
         for e, (entity, first, timelines) in enumerate(entities):
             self.names.append(entity)
             self.first.append(first)
@@ -139,6 +141,7 @@ class SearchIndex:
             starts: list[int] = []
             words = tokens(entity.replace(":", " "))
             self.id_length.append(len(words))
+            changes.append((first, 1, len(words)))
             self._post(words, -1 - e)
             current = len(words)
             for key, assertions in timelines:
@@ -157,13 +160,40 @@ class SearchIndex:
                     self.s_length.append(len(seg_words))
                     self._post(seg_words, s)
                     (starts if kind != "f" else segs).append(s)
-                    if rect.known_to == NEVER and rect.valid_to == NEVER:
-                        current += len(seg_words)
+                    if rect.valid_to == NEVER:             # the open version, as known from known_from on
+                        changes.append((rect.known_from, 0, len(seg_words)))
+                        if rect.known_to != NEVER:
+                            changes.append((rect.known_to, 0, -len(seg_words)))
+                        else:
+                            current += len(seg_words)
             self.segments.append(segs + starts)
             self.starts.append(starts)
             self.settled.append(self._settled(segs, starts, current))
             total += current
         self.avg = (total / len(self.names) if self.names else 0.0) or 1.0
+        # The corpus statistics BM25 needs, as known at any time: a question asked again later as known at the
+        # same time scores the same (an audited answer is reproduced byte for byte), whatever was learnt since.
+        changes.sort()
+        self.stat_times: list[Micros] = []
+        self.stat_counts: list[tuple[int, int]] = []  # (entities, words) known up to and including stat_times[i]
+        entities_known = words_known = 0
+        for when, de, dw in changes:
+            entities_known += de
+            words_known += dw
+            if self.stat_times and self.stat_times[-1] == when:
+                self.stat_counts[-1] = (entities_known, words_known)
+            else:
+                self.stat_times.append(when)
+                self.stat_counts.append((entities_known, words_known))
+
+    def corpus(self, known: Micros) -> tuple[int, float]:
+        """(entities known, their average length in words) as known at `known` (the open versions of labels
+        and notes, and ids); the whole index's figures when `known` is after everything."""
+        i = bisect_right(self.stat_times, known) - 1
+        if i < 0:
+            return 0, 1.0
+        n, words = self.stat_counts[i]
+        return n, (words / n if n else 0.0) or 1.0
 
     def _settled(self, notes: list[int], starts: list[int], length: int) -> tuple[Micros, Micros, int] | None:
         """(world, knowledge, length) when an entity has no notes and only label versions that never end nor
@@ -214,13 +244,14 @@ class SearchIndex:
                 if state == 2 or (state == 1 and (s < 0 or self._visible(s, at, known, allowed))):
                     tfs[e] = tfs.get(e, 0) + tf
             per_term.append(tfs)
-        n, norms, scores = len(self.names), {}, {}
+        n, avg = self.corpus(known)
+        norms, scores = {}, {}
         for tfs in per_term:
             idf = math.log(1 + (n - len(tfs) + 0.5) / (len(tfs) + 0.5))
             for e, tf in tfs.items():
                 norm = norms.get(e)
                 if norm is None:
-                    norm = norms[e] = K1 * (1 - B + B * self._length(e, status[e], at, known, allowed) / self.avg)
+                    norm = norms[e] = K1 * (1 - B + B * self._length(e, status[e], at, known, allowed) / avg)
                 scores[e] = scores.get(e, 0.0) + idf * tf * (K1 + 1) / (tf + norm)
         names = self.names
         ranked = heapq.nsmallest(limit, ((-score, names[e], e) for e, score in scores.items()))
