@@ -15,14 +15,15 @@ from .cartridge_spec import (
     EntitySpec,
     EventSpec,
     FieldSpec,  # noqa: F401 - keel.cartridge names the schema it loads (tests import it from here)
+    PersonalSpec,
     RelationSpec,
     RuleSpec,
 )
-from .errors import CartridgeInvalid
+from .errors import BadTime, CartridgeInvalid
 from .projection import compile_projections
 from .registry import Registry
 from .rules import RESERVED, Rule, check_names, compile_rule
-from .times import parse_duration
+from .times import parse_duration, parse_time
 from .upcast import Upcasts, compile_upcasts
 from .wire import dlq_topic, events_topic
 
@@ -112,7 +113,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 _SECTIONS: dict[str, type[BaseModel]] = {"entities": EntitySpec, "relations": RelationSpec, "events": EventSpec,
-                                         "rules": RuleSpec}
+                                         "rules": RuleSpec, "personal": PersonalSpec}
 
 
 def _load_spec(folder: Path) -> tuple[CartridgeSpec | None, list[str], set[str]]:
@@ -249,6 +250,7 @@ def check_spec(spec: CartridgeSpec, registry: Registry) -> list[str]:
     for scope in spec.memory.requires_evidence:
         if scope not in SCOPES:
             problems.append(f"memory.requires_evidence: unknown scope {scope!r}")
+    problems += check_personal(spec)
     handled = set(registry.event_types())
     for ev in sorted(set(spec.events) - handled):
         if spec.events[ev].project is None:
@@ -259,3 +261,51 @@ def check_spec(spec: CartridgeSpec, registry: Registry) -> list[str]:
     for ev, count in registry.duplicates().items():
         problems.append(f"handlers.py: {count} handlers for {ev!r}; exactly one is allowed")
     return problems
+
+
+def check_personal(spec: CartridgeSpec) -> list[str]:
+    """`personal:` names declared event types and payload fields; `of` is `subject` or a declared payload field
+    that is not itself personal (it names whose key encrypts the others); the mask fits each field's type."""
+    problems = []
+    for ev, p in sorted(spec.personal.items()):
+        event = spec.events.get(ev)
+        if event is None:
+            problems.append(f"personal.{ev}: not an event type of the catalog")
+            continue
+        fields = event.fields()
+        for name in p.fields:
+            if name not in fields:
+                problems.append(f"personal.{ev}.fields: {name!r} is not a payload field of {ev}")
+            elif not _mask_fits(fields[name].type, p.mask):
+                problems.append(f"personal.{ev}.mask: {p.mask!r} does not fit the type of "
+                                f"payload.{name} ({fields[name].type}); give a mask of that type")
+        if len(set(p.fields)) != len(p.fields):
+            problems.append(f"personal.{ev}.fields: a field is named twice")
+        if p.of != "subject":
+            owner = p.subject_field()
+            if owner is None or not owner:
+                problems.append(f"personal.{ev}.of: {p.of!r}; use subject or payload.<field>")
+            elif owner not in fields:
+                problems.append(f"personal.{ev}.of: {owner!r} is not a payload field of {ev}")
+            elif fields[owner].type != "string" or fields[owner].optional:
+                problems.append(f"personal.{ev}.of: payload.{owner} must be a required string (it names the data "
+                                f"subject)")
+            elif owner in p.fields:
+                problems.append(f"personal.{ev}.of: payload.{owner} is personal itself; the field naming the data "
+                                f"subject stays in clear (use an id, not personal data)")
+    return problems
+
+
+def _mask_fits(kind: str, value: Any) -> bool:
+    """Whether a mask is a value of a payload type (what keel.envelope's payload check would accept)."""
+    if kind in ("date", "datetime"):
+        if not isinstance(value, str) or (kind == "date" and len(value) != 10):
+            return False
+        try:
+            parse_time(value)
+        except BadTime:
+            return False
+        return True
+    plain = {"string": (str,), "number": (int, float), "integer": (int,), "boolean": (bool,), "object": (dict,),
+             "array": (list,)}.get(kind, ())
+    return isinstance(value, plain) and (kind == "boolean" or not isinstance(value, bool))

@@ -73,6 +73,19 @@ class MemorySpec(_Strict):
         return parse_duration(self.ttl.get(scope, "never"))
 
 
+class PersonalSpec(_Strict):
+    """An event type's personal data (docs/privacy.md): the payload `fields` that are personal data, whose they
+    are (`of`: the event's `subject`, or `payload.<field>` naming the data subject), and what reads show once
+    the data subject's key is erased (`mask`, a value of each field's type)."""
+    fields: list[str] = Field(min_length=1)
+    of: str = "subject"
+    mask: Any = "[erased]"
+
+    def subject_field(self) -> str | None:
+        """The payload field naming the data subject (None: the event's subject)."""
+        return self.of.removeprefix("payload.") if self.of.startswith("payload.") else None
+
+
 class CartridgeSpec(_Strict):
     name: str
     description: str = ""
@@ -82,3 +95,4 @@ class CartridgeSpec(_Strict):
     rules: dict[str, RuleSpec] = Field(default_factory=dict)
     memory: MemorySpec = Field(default_factory=MemorySpec)
     limits: Limits = Field(default_factory=Limits)
+    personal: dict[str, PersonalSpec] = Field(default_factory=dict)    # event type -> its personal fields
