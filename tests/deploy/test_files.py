@@ -58,6 +58,7 @@ def test_a_tokens_file_that_cannot_be_written_is_refused_with_its_reason(tmp_pat
 
 # ---- one tag: deploy/engine names the images, everything else agrees ---------------------------------------
 
+NOT_IMAGES = {"keel:keel", "keel:read", "keel:write"}   # chown keel:keel; the OAuth scopes of keel serve
 IMAGE = re.compile(r"(?<![\w./-])(keel(?:-kafka|-redis|-postgres)?):([A-Za-z0-9][\w.-]*)")
 DOCS = ["README.md", "deploy/README.md", "deploy/Containerfile", "deploy/Containerfile.cartridge",
         "deploy/compose.yaml"]
@@ -100,7 +101,7 @@ def test_the_docs_name_the_images_as_the_engine_does() -> None:
     names = set(engine_names().values())
     for doc in DOCS:
         text = (ROOT / doc).read_text()
-        other = {f"{m[0]}:{m[1]}" for m in IMAGE.findall(text)} - names - {"keel:keel"}   # (chown keel:keel)
+        other = {f"{m[0]}:{m[1]}" for m in IMAGE.findall(text)} - names - NOT_IMAGES
         assert not other, f"{doc} names {sorted(other)}; deploy/engine names {sorted(names)}"
         untagged = re.findall(r"-t keel(?:-kafka|-redis|-postgres)?(?=\s)", text)
         assert not untagged, f"{doc}: `docker build {untagged[0]}` tags :latest, not deploy/engine's tag"
