@@ -1,0 +1,320 @@
+"""Personal data by crypto-shredding (docs/privacy.md): a cartridge's `personal:` fields are encrypted with
+AES-256-GCM (the `cryptography` package) under a data key per (tenant, data subject); data keys are kept
+wrapped by a master key in a key store; erasing a data subject deletes its keys, after which every copy of the
+ciphertext reads as the cartridge's mask, deterministically.
+
+An encrypted field's wire form (version 1):
+
+    {"keel.enc": "v1", "kid": "<key id>", "iv": "<base64 12 bytes>", "ct": "<base64 ciphertext + 16-byte tag>"}
+
+The plaintext is the field's JSON value (UTF-8, compact); the associated data is the UTF-8 JSON array
+`["keel.enc/v1", tenant, data subject, event id, field]`, so a ciphertext moved to another tenant, subject,
+event or field does not verify. Nothing here logs or puts a personal value in an error message.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import secrets
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from .cartridge import Cartridge
+from .cartridge_spec import PersonalSpec
+from .errors import EnvelopeRejected, UsageError
+from .times import format_time, now_micros
+
+ENC = "keel.enc"            # the key that marks an encrypted field
+WIRE = "v1"
+KEYS_FORMAT = "keel.keys/1"
+MASTER_ENV = "KEEL_MASTER_KEY"              # base64 of 32 bytes
+MASTER_FILE_ENV = "KEEL_MASTER_KEY_FILE"    # a file holding that base64 text
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: object, what: str) -> bytes:
+    if not isinstance(text, str):
+        raise ValueError(f"{what}: not base64 text")  # noqa: TRY004 - one error type for every bad wire form
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{what}: not base64 text") from None
+
+
+def master_key(given: bytes | None = None, *, file: str | Path | None = None,
+               env: Mapping[str, str] | None = None) -> bytes:
+    """The master key: `given`, else the key `file`, else KEEL_MASTER_KEY, else KEEL_MASTER_KEY_FILE. A usage
+    error when none is given or it is not base64 of 32 bytes (the message never shows the key)."""
+    env = os.environ if env is None else env
+    if given is not None:
+        key, where = given, "the master key given"
+    else:
+        path = file or env.get(MASTER_FILE_ENV)
+        if path:
+            try:
+                text = Path(path).read_text(encoding="ascii").strip()
+            except (OSError, UnicodeDecodeError) as e:
+                raise UsageError(f"master key file {path} cannot be read: {getattr(e, 'strerror', None) or e}"
+                                 ) from None
+            where = f"master key file {path}"
+        elif env.get(MASTER_ENV):
+            text, where = env[MASTER_ENV].strip(), MASTER_ENV
+        else:
+            raise UsageError(f"no master key: set {MASTER_ENV} (base64 of 32 random bytes, e.g. "
+                             f"`openssl rand -base64 32`) or {MASTER_FILE_ENV} (a file holding it)")
+        try:
+            key = unb64(text, where)
+        except ValueError:
+            raise UsageError(f"{where}: not base64 text (give base64 of 32 random bytes)") from None
+    if len(key) != 32:
+        raise UsageError(f"{where}: {len(key)} bytes; AES-256 needs 32 (base64 of 32 random bytes)")
+    return key
+
+
+class KeyStore(Protocol):
+    """Where data keys live, wrapped by the master key. Separate from the graph: the graph is rebuilt from the
+    log, and the keys are what make the log's personal fields readable."""
+
+    def key_for(self, tenant: str, subject: str) -> tuple[str, bytes]:
+        """(key id, data key) of a data subject, created when it has none."""
+        ...
+
+    def key(self, kid: str) -> bytes | None:
+        """A data key by id; None when it was erased. Raises UsageError for an id the store never held."""
+        ...
+
+    def erase(self, tenant: str, subject: str, *, reason: str | None = None) -> int:
+        """Delete every key of a data subject; the number deleted (0: none, or erased before)."""
+        ...
+
+    def erasure(self, tenant: str, subject: str) -> dict[str, Any] | None:
+        """The record of an erasure of a data subject (when, how many keys), or None."""
+        ...
+
+
+class FileKeyStore:
+    """The key store of embedded mode: a JSON file, rewritten atomically (a temporary file in the same folder,
+    fsync, rename) with mode 0600 on every change. It holds per key its tenant, data subject and the data key
+    wrapped by the master key (AES-256-GCM, the associated data naming tenant, subject and key id); per erased
+    key only its id and when; per erasure the tenant, subject, time and count. One process at a time."""
+
+    def __init__(self, path: str | Path, master: bytes, *, create: bool = True) -> None:
+        self.path = Path(path)
+        self._master = AESGCM(master)
+        self._fingerprint = hashlib.sha256(b"keel.master/v1\0" + master).hexdigest()[:16]
+        self._current: dict[tuple[str, str], str] = {}
+        if self.path.exists():
+            self.doc = self._read()
+        elif create:
+            self.doc = {"format": KEYS_FORMAT, "master": self._fingerprint, "keys": {}, "erased": {},
+                        "erasures": []}
+        else:
+            raise UsageError(f"key file {self.path} not found")
+        for kid, entry in self.doc["keys"].items():
+            self._current[(entry["tenant"], entry["subject"])] = kid
+
+    def _read(self) -> dict[str, Any]:
+        if self.path.is_dir():
+            raise UsageError(f"key file {self.path} is a folder")
+        try:
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise UsageError(f"key file {self.path} cannot be read: {e.strerror or e}") from None
+        except ValueError:
+            raise UsageError(f"key file {self.path} is not JSON") from None
+        if not isinstance(doc, dict) or doc.get("format") != KEYS_FORMAT or not all(
+                isinstance(doc.get(k), t) for k, t in (("keys", dict), ("erased", dict), ("erasures", list))):
+            raise UsageError(f"key file {self.path} is not a Keel key file ({KEYS_FORMAT})")
+        if doc.get("master") != self._fingerprint:
+            raise UsageError(f"key file {self.path} was written under another master key (check "
+                             f"{MASTER_ENV} / {MASTER_FILE_ENV})")
+        for kid, entry in doc["keys"].items():
+            if not (isinstance(entry, dict) and isinstance(entry.get("tenant"), str)
+                    and isinstance(entry.get("subject"), str) and isinstance(entry.get("wrapped"), str)):
+                raise UsageError(f"key file {self.path}: key {kid!r} is malformed")
+        return doc
+
+    def _save(self) -> None:
+        folder = self.path.parent if str(self.path.parent) else Path(".")
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=folder)
+        try:
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(self.doc, f, indent=1, sort_keys=True)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    @staticmethod
+    def _wrap_ad(tenant: str, subject: str, kid: str) -> bytes:
+        return json.dumps(["keel.key/v1", tenant, subject, kid], ensure_ascii=False).encode()
+
+    def key_for(self, tenant: str, subject: str) -> tuple[str, bytes]:
+        kid = self._current.get((tenant, subject))
+        if kid is not None:
+            key = self.key(kid)
+            assert key is not None
+            return kid, key
+        kid, key = secrets.token_hex(16), AESGCM.generate_key(bit_length=256)
+        iv = secrets.token_bytes(12)
+        wrapped = iv + self._master.encrypt(iv, key, self._wrap_ad(tenant, subject, kid))
+        self.doc["keys"][kid] = {"tenant": tenant, "subject": subject, "wrapped": b64(wrapped),
+                                 "created_at": format_time(now_micros())}
+        self._current[(tenant, subject)] = kid
+        self._save()
+        return kid, key
+
+    def key(self, kid: str) -> bytes | None:
+        entry = self.doc["keys"].get(kid)
+        if entry is None:
+            if kid in self.doc["erased"]:
+                return None
+            raise UsageError(f"key {kid!r} is not in key file {self.path} (another key file?)")
+        try:
+            wrapped = unb64(entry["wrapped"], "wrapped")
+            return self._master.decrypt(wrapped[:12], wrapped[12:],
+                                        self._wrap_ad(entry["tenant"], entry["subject"], kid))
+        except (ValueError, InvalidTag):
+            raise UsageError(f"key file {self.path}: key {kid!r} does not unwrap (altered)") from None
+
+    def erase(self, tenant: str, subject: str, *, reason: str | None = None) -> int:
+        kids = sorted(k for k, e in self.doc["keys"].items() if e["tenant"] == tenant and e["subject"] == subject)
+        if not kids:
+            return 0
+        at = format_time(now_micros())
+        for kid in kids:
+            del self.doc["keys"][kid]
+            self.doc["erased"][kid] = at
+        self._current.pop((tenant, subject), None)
+        self.doc["erasures"].append({"tenant": tenant, "subject": subject, "at": at, "keys": len(kids)})
+        self._save()
+        return len(kids)
+
+    def erasure(self, tenant: str, subject: str) -> dict[str, Any] | None:
+        done = [e for e in self.doc["erasures"] if e.get("tenant") == tenant and e.get("subject") == subject]
+        return done[-1] if done else None
+
+
+def is_encrypted(value: object) -> bool:
+    return isinstance(value, dict) and ENC in value
+
+
+def _field_ad(tenant: str, subject: str, event_id: str, field: str) -> bytes:
+    return json.dumps(["keel.enc/v1", tenant, subject, event_id, field], ensure_ascii=False).encode()
+
+
+def encrypt_field(value: Any, key: bytes, kid: str, *, tenant: str, subject: str, event_id: str,
+                  field: str) -> dict[str, str]:
+    """A JSON value as its wire form, bound to tenant, data subject, event and field."""
+    iv = secrets.token_bytes(12)
+    plain = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    ct = AESGCM(key).encrypt(iv, plain, _field_ad(tenant, subject, event_id, field))
+    return {ENC: WIRE, "kid": kid, "iv": b64(iv), "ct": b64(ct)}
+
+
+def decrypt_field(wire: Mapping[str, Any], key: bytes, *, tenant: str, subject: str, event_id: str,
+                  field: str) -> Any:
+    """The JSON value of a wire form. Raises ValueError (never naming the value) when it does not verify."""
+    if wire.get(ENC) != WIRE or set(wire) != {ENC, "kid", "iv", "ct"}:
+        raise ValueError(f"not a {ENC} {WIRE} value (keys {ENC}, kid, iv, ct)")
+    iv, ct = unb64(wire["iv"], "iv"), unb64(wire["ct"], "ct")
+    if len(iv) != 12:
+        raise ValueError("iv: 12 bytes expected")
+    try:
+        plain = AESGCM(key).decrypt(iv, ct, _field_ad(tenant, subject, event_id, field))
+    except InvalidTag:
+        raise ValueError("does not verify (altered, or moved from another event, field or data subject)") from None
+    return json.loads(plain)
+
+
+class Privacy:
+    """A cartridge's personal fields over a key store: `seal` encrypts an envelope's, `reveal` decrypts them (the
+    mask for an erased key) so that the envelope reads exactly as it was written in clear."""
+
+    def __init__(self, cartridge: Cartridge, keys: KeyStore) -> None:
+        self.cartridge = cartridge
+        self.keys = keys
+        self.personal: dict[str, PersonalSpec] = dict(cartridge.spec.personal)
+
+    def data_subject(self, envelope: Mapping[str, Any]) -> str:
+        """Whose the personal fields of an envelope are: its subject, or the payload field `of` names."""
+        spec = self.personal[envelope["type"]]
+        name = spec.subject_field()
+        value = envelope.get("subject") if name is None else (envelope.get("payload") or {}).get(name)
+        if not isinstance(value, str) or not value:
+            raise EnvelopeRejected(f"{spec.of}: required, a string naming the data subject of the personal "
+                                   f"fields", event_id=_str(envelope.get("id")), tenant=_str(envelope.get("tenant")))
+        return value
+
+    def _applies(self, envelope: object) -> bool:
+        return (isinstance(envelope, dict) and envelope.get("type") in self.personal
+                and isinstance(envelope.get("payload"), dict) and isinstance(envelope.get("id"), str)
+                and isinstance(envelope.get("tenant"), str))
+
+    def seal(self, envelope: dict[str, Any]) -> dict[str, Any]:
+        """The envelope with its personal fields encrypted (keys created as needed); fields already encrypted,
+        absent or null are kept. Other envelopes are returned as they are."""
+        if not self._applies(envelope):
+            return envelope
+        payload = envelope["payload"]
+        fields = [f for f in self.personal[envelope["type"]].fields
+                  if payload.get(f) is not None and not is_encrypted(payload[f])]
+        if not fields:
+            return envelope
+        tenant, event_id, subject = envelope["tenant"], envelope["id"], self.data_subject(envelope)
+        kid, key = self.keys.key_for(tenant, subject)
+        sealed = dict(payload)
+        for f in fields:
+            sealed[f] = encrypt_field(payload[f], key, kid, tenant=tenant, subject=subject, event_id=event_id,
+                                      field=f)
+        return {**envelope, "payload": sealed}
+
+    def reveal(self, envelope: dict[str, Any]) -> dict[str, Any]:
+        """The envelope with its encrypted personal fields decrypted, or masked when their key was erased.
+        Raises EnvelopeRejected (naming the field, never its value) when a field does not verify."""
+        if not self._applies(envelope):
+            return envelope
+        spec = self.personal[envelope["type"]]
+        payload = envelope["payload"]
+        fields = [f for f in spec.fields if is_encrypted(payload.get(f))]
+        if not fields:
+            return envelope
+        tenant, event_id, subject = envelope["tenant"], envelope["id"], self.data_subject(envelope)
+        clear = dict(payload)
+        for f in fields:
+            wire = payload[f]
+            try:
+                kid = wire.get("kid")
+                if not isinstance(kid, str):
+                    raise ValueError("kid: required, the id of the data key")  # noqa: TRY004 - as above
+                key = self.keys.key(kid)
+                clear[f] = spec.mask if key is None else decrypt_field(
+                    wire, key, tenant=tenant, subject=subject, event_id=event_id, field=f)
+            except ValueError as e:
+                raise EnvelopeRejected(f"payload.{f}: encrypted value {e}", event_id=event_id,
+                                       tenant=tenant) from None
+        return {**envelope, "payload": clear}
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
