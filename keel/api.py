@@ -11,10 +11,11 @@ from .cartridge import Cartridge, load_cartridge
 from .config import resolve
 from .connect import Graph, open_graph
 from .errors import UsageError
+from .privacy import open_key_file
 
 
 def open(cartridge: str | Path | Cartridge, *, events: str | Path | None = None, redis: str | None = None,
-         kafka: str | None = None) -> Graph:
+         kafka: str | None = None, keys: str | Path | None = None) -> Graph:
     """Open a cartridge's graph: built in memory from an `events` file (embedded: annotate appends to that
     file), or the Redis graph the workers maintain (`redis` URL, else KEEL_REDIS_URL; annotate produces to
     the cartridge's topic at `kafka`, else KEEL_KAFKA_BOOTSTRAP, else 127.0.0.1:9092, and returns once a
@@ -22,11 +23,14 @@ def open(cartridge: str | Path | Cartridge, *, events: str | Path | None = None,
 
     KEEL_ALLOW_GLOBAL_NOTES, KEEL_APPLY_TIMEOUT and KEEL_REDIS_LAYOUT apply as they do to the commands. Raises
     UsageError (no graph named, both named, a bad cartridge: CartridgeInvalid) or ServiceUnavailable (Redis
-    cannot be reached). Bad lines of an events file are reported on stderr and skipped, as the CLI does."""
+    cannot be reached). Bad lines of an events file are reported on stderr and skipped, as the CLI does.
+
+    `keys`: the key file (docs/privacy.md) that decrypts a sealed events file's personal fields, under the
+    master key of KEEL_MASTER_KEY or KEEL_MASTER_KEY_FILE; an erased data subject's fields read as the mask."""
     if events is not None and redis is not None:
         raise UsageError("give one of events= (a JSONL file, embedded) or redis= (a Redis URL), not both")
     settings = resolve({"redis": redis, "kafka": kafka})
     if events is None and not settings.redis_url:
         raise UsageError("give events= (a JSONL file, embedded) or redis= (a Redis URL), or set KEEL_REDIS_URL")
     loaded = cartridge if isinstance(cartridge, Cartridge) else load_cartridge(cartridge)
-    return open_graph(loaded, settings, events)
+    return open_graph(loaded, settings, events, keys=None if keys is None else open_key_file(keys))

@@ -44,6 +44,8 @@ from .errors import (
     UsageError,
 )
 from .logs import install as install_log_limit
+from .privacy import FileKeyStore, open_key_file
+from .privacy_commands import register as register_privacy
 
 QUERY_HELP = {
     "context": "an entity as of a world time and a knowledge time: labels, facts, relations, rules",
@@ -103,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--events", metavar="FILE", help="the events file, when not given as the first ARG")
     common.add_argument("--allow-global-notes", action="store_true", default=None,
                         help="operator switch: allow notes in global scope (env KEEL_ALLOW_GLOBAL_NOTES)")
+    common.add_argument("--keys", metavar="FILE", help="key file that decrypts a sealed events file's personal "
+                        "fields (docs/privacy.md; master key from KEEL_MASTER_KEY or KEEL_MASTER_KEY_FILE)")
 
     def query(name: str, run: Callable[..., int], usage_tail: str) -> argparse.ArgumentParser:
         q = sub.add_parser(name, parents=[common], help=QUERY_HELP[name], description=QUERY_HELP[name],
@@ -139,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_events_arguments(p, "build from this events file")
     p.add_argument("--tenant", help="tenant (default: the only tenant in the file)")
     p.add_argument("--redis", metavar="URL", help="read the Redis graph")
+    p.add_argument("--keys", metavar="FILE", help="key file of a sealed events file (docs/privacy.md)")
     p.set_defaults(run=cmd_digest)
 
     p = sub.add_parser("demo", help="the finance story end to end, embedded (no servers)",
@@ -148,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_demo)
 
     register_audit(sub)
+    register_privacy(sub)
     register_plugins(sub)
     return parser
 
@@ -222,7 +228,7 @@ class Session:
                 raise UsageError("give the events file (or --redis URL)")
             if not settings.redis_url or Path(rest[0]).exists() or rest[0].endswith(".jsonl"):
                 events = rest.pop(0)
-        self.graph = open_graph(self.cartridge, settings, events)
+        self.graph = open_graph(self.cartridge, settings, events, keys=keys_of(args))
         self.store, self.log = self.graph.store, self.graph.log
         self.rest = rest
         self.tenant = pick_tenant(args.tenant, self.graph.tenants)
@@ -233,6 +239,11 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.graph.close()
+
+
+def keys_of(args: argparse.Namespace) -> FileKeyStore | None:
+    """The key file of `--keys FILE` (None: not given)."""
+    return None if args.keys is None else open_key_file(args.keys)
 
 
 def take(rest: list[str], names: str, optional: int = 0) -> list[str | None]:
@@ -303,7 +314,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
     events = events_of(args)
     if events and args.redis:
         raise UsageError("give exactly one of an events file or --redis URL")
-    with open_graph(cartridge, settings_of(args), events) as graph:
+    with open_graph(cartridge, settings_of(args), events, keys=keys_of(args)) as graph:
         tenant = pick_tenant(args.tenant, graph.tenants)
         if not graph.store.has_tenant(tenant):
             raise UnknownTenant(tenant)

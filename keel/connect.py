@@ -21,6 +21,7 @@ from .config import Settings
 from .embedded import build_embedded
 from .errors import UsageError
 from .eventlog import EventLog, FileLog
+from .privacy import KeyStore, Privacy
 from .store.base import Store
 from .tools import SearchIndexes, Tools
 from .wire import events_topic
@@ -103,12 +104,16 @@ def open_event_log(cartridge: Cartridge, store: Store, settings: Settings) -> Ev
 
 
 def open_graph(cartridge: Cartridge, settings: Settings, events: str | Path | None = None, *,
-               stream: TextIO | None = None) -> Graph:
-    """An events file when given (embedded), else the Redis graph of the settings (usage error when neither)."""
+               stream: TextIO | None = None, keys: KeyStore | None = None) -> Graph:
+    """An events file when given (embedded), else the Redis graph of the settings (usage error when neither).
+    `keys`: the key store that decrypts the personal fields of an events file (docs/privacy.md)."""
+    if keys is not None and events is None:
+        raise UsageError("a key store (--keys) decrypts an events file; the Redis graph does not take one yet")
     if events is not None:
         path = Path(events)         # a missing, unreadable or folder path: build_embedded says which (usage)
         # reading the file's global notes needs no switch; Tools applies it to writing them (docs/semantics.md)
-        projector, report = build_embedded(cartridge, path, allow_global_notes=True, stream=stream)
+        reveal = None if keys is None else Privacy(cartridge, keys).reveal_line
+        projector, report = build_embedded(cartridge, path, allow_global_notes=True, stream=stream, reveal=reveal)
         return Graph(cartridge, projector.store, FileLog(projector, path), sorted(report.tenants), path, True,
                      settings.allow_global_notes)
     if not settings.redis_url:

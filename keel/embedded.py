@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from .cartridge import Cartridge
 from .echo import cut, printable
@@ -77,9 +77,13 @@ def bulk_allocation() -> Iterator[None]:
             gc.enable()
 
 
+Reveal = Callable[[bytes], bytes | dict[str, Any]]     # a line before it is parsed: personal fields decrypted
+
+
 def replay_file(projector: Projector, path: str | Path, *,
-                on_reject: Callable[[Rejected], None] | None = None) -> ReplayReport:
-    """Apply every line of a JSONL file in order; bad lines are reported and skipped, never fatal."""
+                on_reject: Callable[[Rejected], None] | None = None, reveal: Reveal | None = None) -> ReplayReport:
+    """Apply every line of a JSONL file in order; bad lines are reported and skipped, never fatal. `reveal`
+    (keel.privacy.reveal_line) decrypts a line's personal fields first."""
     report = ReplayReport()
     with open_events(path) as f, bulk_allocation():
         for number, raw in enumerate(f, 1):
@@ -89,7 +93,8 @@ def replay_file(projector: Projector, path: str | Path, *,
             if raw.isspace() or not raw:     # a blank line
                 continue
             try:
-                event, outcome = projector.apply_raw(raw, origin=f"at line {number}")
+                event, outcome = projector.apply_raw(raw if reveal is None else reveal(raw),
+                                                     origin=f"at line {number}")
             except (EnvelopeRejected, HandlerFailed) as e:
                 reason = e.reason if isinstance(e, EnvelopeRejected) else str(e)
                 rejected = Rejected(number, e.event_id, reason)
@@ -116,9 +121,11 @@ def print_reject(path: str | Path, stream: TextIO | None = None) -> Callable[[Re
 
 
 def build_embedded(cartridge: Cartridge, path: str | Path, *, store: Store | None = None,
-                   allow_global_notes: bool = False, stream: TextIO | None = None) -> tuple[Projector, ReplayReport]:
-    """A memory store built from an events file; rejects go to `stream` with their line numbers."""
+                   allow_global_notes: bool = False, stream: TextIO | None = None,
+                   reveal: Reveal | None = None) -> tuple[Projector, ReplayReport]:
+    """A memory store built from an events file; rejects go to `stream` with their line numbers; `reveal`
+    decrypts each line's personal fields (keel.privacy)."""
     projector = Projector(cartridge, store if store is not None else MemoryStore(),
                           allow_global_notes=allow_global_notes)
-    report = replay_file(projector, path, on_reject=print_reject(path, stream))
+    report = replay_file(projector, path, on_reject=print_reject(path, stream), reveal=reveal)
     return projector, report

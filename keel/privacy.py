@@ -20,7 +20,8 @@ import json
 import os
 import secrets
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -114,6 +115,8 @@ class FileKeyStore:
         self._master = AESGCM(master)
         self._fingerprint = hashlib.sha256(b"keel.master/v1\0" + master).hexdigest()[:16]
         self._current: dict[tuple[str, str], str] = {}
+        self._deferred = 0          # inside batch(): the file is written once, at its end
+        self._dirty = False
         if self.path.exists():
             self.doc = self._read()
         elif create:
@@ -145,7 +148,23 @@ class FileKeyStore:
                 raise UsageError(f"key file {self.path}: key {kid!r} is malformed")
         return doc
 
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Keys created inside are written to the file once, when the block ends (also on an error, so no key
+        that sealed a value is lost)."""
+        self._deferred += 1
+        try:
+            yield
+        finally:
+            self._deferred -= 1
+            if not self._deferred and self._dirty:
+                self._save()
+
     def _save(self) -> None:
+        if self._deferred:
+            self._dirty = True
+            return
+        self._dirty = False
         folder = self.path.parent if str(self.path.parent) else Path(".")
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=folder)
         try:
@@ -213,6 +232,13 @@ class FileKeyStore:
     def erasure(self, tenant: str, subject: str) -> dict[str, Any] | None:
         done = [e for e in self.doc["erasures"] if e.get("tenant") == tenant and e.get("subject") == subject]
         return done[-1] if done else None
+
+
+def open_key_file(path: str | Path, *, create: bool = False, master_file: str | Path | None = None
+                  ) -> FileKeyStore:
+    """The key file of `--keys FILE` under the configured master key; `create`: a missing file starts empty
+    (`keel seal`), else it is a usage error (reads and erasure need the keys the file holds)."""
+    return FileKeyStore(path, master_key(file=master_file), create=create)
 
 
 def is_encrypted(value: object) -> bool:
@@ -314,6 +340,18 @@ class Privacy:
                 raise EnvelopeRejected(f"payload.{f}: encrypted value {e}", event_id=event_id,
                                        tenant=tenant) from None
         return {**envelope, "payload": clear}
+
+
+    def reveal_line(self, raw: bytes) -> bytes | dict[str, Any]:
+        """An events file's line with its personal fields revealed: the line itself when it holds no encrypted
+        field or is not a JSON object (the envelope checks then say what is wrong with it)."""
+        if ENC.encode() not in raw:
+            return raw
+        try:
+            envelope = json.loads(raw)
+        except ValueError:
+            return raw
+        return self.reveal(envelope) if isinstance(envelope, dict) else raw
 
 
 def _str(value: object) -> str | None:

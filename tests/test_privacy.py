@@ -32,7 +32,7 @@ events:
     payload: {client: string, remark: string, price: number}
     project:
       - upsert: {labels: {remark: "{remark}"}}
-      - link: {relation: visit_of, to: "client:{client}"}
+      - link: {relation: visit_of, to: "{client}"}
       - facts: {set: {price: "{price}"}}
 """
 
@@ -185,3 +185,120 @@ def test_reveal_decrypts_masks_after_erasure_and_refuses_tampering(tmp_path: Pat
     privacy.keys.erase("t1", "client:c1")
     masked = privacy.reveal(sealed)["payload"]
     assert masked == {"name": "[erased]", "phone": "[erased]", "channel": "web"}
+
+
+# ---- keel seal, and reads of a sealed file ----------------------------------------------------------------
+
+def envelope(n: int, tenant: str, kind: str, subject: str, payload: dict) -> dict:
+    return {"id": f"e{n}", "tenant": tenant, "type": kind, "subject": subject,
+            "occurred_at": f"2026-01-{n:02d}T10:00:00Z", "payload": payload}
+
+
+STREAM = [
+    envelope(1, "t1", "client.registered", "client:c1", {"name": SECRET_NAME, "phone": "+57 300 555 0101",
+                                                         "channel": "web"}),
+    envelope(2, "t1", "client.registered", "client:c2", {"name": "Ana Ruiz", "phone": "+57 300 555 0202"}),
+    envelope(3, "t1", "visit.completed", "visit:v1", {"client": "client:c1", "remark": "alérgica al látex",
+                                                      "price": 40}),
+    envelope(4, "t1", "client.registered", "client:c1", {"name": SECRET_NAME + " (2)", "phone": "+57 300 555 0103"}),
+    envelope(5, "t1", "visit.completed", "visit:v2", {"client": "client:c2", "remark": "prefiere la mañana",
+                                                      "price": 25}),
+    envelope(6, "t2", "client.registered", "client:c1", {"name": "Other Tenant", "phone": "+1 555 0100"}),
+]
+
+
+def write_lines(path: Path, envelopes: list[dict]) -> Path:
+    import json
+    path.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in envelopes), encoding="utf-8")
+    return path
+
+
+def masked(envelopes: list[dict], tenant: str, subject: str, cartridge: Path) -> list[dict]:
+    """The stream as it would read with `subject`'s personal fields replaced by the mask (in clear)."""
+    spec = load_cartridge(cartridge).spec.personal
+    out = []
+    for e in envelopes:
+        p = spec.get(e["type"])
+        whose = e["subject"] if p is None or p.subject_field() is None else e["payload"][p.subject_field()]
+        if p is not None and e["tenant"] == tenant and whose == subject:
+            e = {**e, "payload": {k: (p.mask if k in p.fields else v) for k, v in e["payload"].items()}}
+        out.append(e)
+    return out
+
+
+def digests(cartridge: Path, events: Path, keys: Path | None = None) -> dict[str, str]:
+    import keel
+    from keel.digest import digest
+    with keel.open(cartridge, events=events, keys=keys) as graph:
+        return {t: digest(graph.store, t) for t in graph.tenants}
+
+
+@pytest.fixture
+def master(monkeypatch: pytest.MonkeyPatch) -> None:
+    import base64
+    monkeypatch.setenv("KEEL_MASTER_KEY", base64.b64encode(MASTER).decode())
+    monkeypatch.delenv("KEEL_MASTER_KEY_FILE", raising=False)
+
+
+@pytest.fixture
+def sealed(tmp_path: Path, master: None, capsys: pytest.CaptureFixture[str]) -> tuple[Path, Path, Path, Path]:
+    """(cartridge, clear file, sealed file, key file)"""
+    folder = write_cartridge(tmp_path / "c")
+    clear, out, keys = write_lines(tmp_path / "clear.jsonl", STREAM), tmp_path / "sealed.jsonl", tmp_path / "k.json"
+    assert main(["seal", str(folder), str(clear), str(out), "--keys", str(keys)]) == 0
+    assert "6 lines, 6 sealed, 0 refused" in capsys.readouterr().out
+    return folder, clear, out, keys
+
+
+def test_seal_encrypts_every_personal_field(sealed: tuple[Path, Path, Path, Path]) -> None:
+    import json
+    _, _, out, keys = sealed
+    text = out.read_text(encoding="utf-8")
+    for e in STREAM:
+        for value in e["payload"].values():
+            if isinstance(value, str) and value not in ("web",) and not value.startswith("client:"):
+                assert value not in text and json.dumps(value) not in text
+    lines = [json.loads(x) for x in text.splitlines()]
+    assert lines[0]["payload"]["channel"] == "web" and lines[0]["payload"]["name"]["keel.enc"] == "v1"
+    assert lines[2]["payload"]["client"] == "client:c1" and lines[2]["payload"]["price"] == 40
+    assert len(json.loads(keys.read_text())["keys"]) == 3       # (t1, client:c1), (t1, client:c2), (t2, client:c1)
+
+
+def test_a_sealed_file_builds_the_clear_file_graph(sealed: tuple[Path, Path, Path, Path]) -> None:
+    folder, clear, out, keys = sealed
+    assert digests(folder, out, keys) == digests(folder, clear)
+
+
+def test_a_shredded_key_reads_as_the_mask(sealed: tuple[Path, Path, Path, Path], tmp_path: Path) -> None:
+    from keel.privacy import open_key_file
+    folder, clear, out, keys = sealed
+    assert open_key_file(keys).erase("t1", "client:c1") == 1
+    expected = digests(folder, write_lines(tmp_path / "masked.jsonl", masked(STREAM, "t1", "client:c1", folder)))
+    got = digests(folder, out, keys)
+    assert got == expected
+    assert got["t2"] == digests(folder, clear)["t2"] and got["t1"] != digests(folder, clear)["t1"]
+
+
+def test_keel_context_reads_a_sealed_file_with_its_keys(sealed: tuple[Path, Path, Path, Path],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    folder, clear, out, keys = sealed
+    assert main(["context", str(folder), str(out), "client:c1", "--tenant", "t1", "--keys", str(keys),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["labels"]["name"] == SECRET_NAME + " (2)"
+    assert main(["digest", str(folder), str(out), "--tenant", "t2", "--keys", str(keys)]) == 0
+    assert capsys.readouterr().out.strip() == digests(folder, clear)["t2"]
+    assert main(["digest", str(folder), str(out), "--tenant", "t1", "--keys", str(out.parent / "none.json")]) == 2
+    assert "key file" in capsys.readouterr().err
+
+
+def test_seal_refuses_a_line_that_is_not_json_without_showing_it(tmp_path: Path, master: None,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    folder = write_cartridge(tmp_path / "c")
+    clear = write_lines(tmp_path / "clear.jsonl", STREAM[:1])
+    with clear.open("a") as f:
+        f.write('{"name": "' + SECRET_NAME + '"\n')
+    assert main(["seal", str(folder), str(clear), str(tmp_path / "out.jsonl"), "--keys", str(tmp_path / "k")]) == 2
+    err = capsys.readouterr().err
+    assert "line 2: refused" in err and SECRET_NAME not in err
+    assert SECRET_NAME not in (tmp_path / "out.jsonl").read_text(encoding="utf-8")
