@@ -1,4 +1,4 @@
-"""OAuth 2.1 resource server (tools_server.oauth, tools_server.auth): JWTs minted here with a throwaway RSA key,
+"""OAuth 2.1 resource server (keel.oauth, tools_server.auth): JWTs minted here with a throwaway RSA key,
 verified against a JWKS served on loopback by a tiny issuer; then `keel serve --transport http --issuer` driven
 with them (401 with resource_metadata, RFC 9728 metadata, 403 insufficient_scope, static tokens beside OAuth)."""
 from __future__ import annotations
@@ -37,9 +37,9 @@ from support.mcp_sessions import (
 )
 
 from keel.errors import UsageError
+from keel.oauth import ClaimNames, JwtVerifier, OAuthSettings, TokenRefused, oauth_settings
 from keel.tokens import Identity
 from tools_server.auth import BearerVerifier, needed_scopes
-from tools_server.oauth import ClaimNames, JwtVerifier, OAuthSettings, TokenRefused, oauth_settings
 
 RESOURCE = "http://127.0.0.1:1/mcp"
 
@@ -376,3 +376,59 @@ def test_stateless_fast_path_checks_scopes_too(issuer: Issuer, tmp_path: Path) -
         r = call("annotate", {"entity": "debt:visa", "predicate": "note", "value": "x", "scope": "agent"})
         assert r.status_code == 403 and 'scope="keel:write"' in r.headers["www-authenticate"]
         assert server.alive()
+
+
+def test_the_webhook_takes_the_same_oauth_tokens(issuer: Issuer) -> None:
+    """`keel webhook --issuer`: a bearer token with keel:write for the webhook's resource produces the tenant's
+    events (the tenant from the token); a read-only token is 403, another audience 401, another tenant's header
+    403, an envelope of another tenant refused; signed requests keep working beside it."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+    from support.outbox import sample_envelopes
+    from test_webhook import RecordingSink
+
+    from keel.cartridge import load_cartridge
+    from keel.ingress.auth import Secrets, sign
+    from keel.ingress.webhook import Limits, WebhookHandler, create_app
+
+    resource = "http://127.0.0.1:1/events"
+    verifier = JwtVerifier(OAuthSettings(issuers=(issuer.url,), resource=resource, refetch_after=3600))
+    sink, limits = RecordingSink(), Limits(max_body=64 * 1024, max_batch=50)
+    secret = "a-signing-secret"
+    handler = WebhookHandler([load_cartridge(FINANCE)], lambda: Secrets({TENANT_A: (secret.encode(),)}), sink,
+                             limits, oauth=verifier)
+    envelopes = sample_envelopes()[:2]
+    body = "".join(json.dumps(e) + "\n" for e in envelopes).encode()
+    foreign = "".join(json.dumps({**e, "tenant": TENANT_B}) + "\n" for e in envelopes).encode()
+
+    async def go() -> None:
+        async with TestClient(TestServer(create_app(handler, limits))) as client:
+            async def post(data: bytes, **headers: str) -> tuple[int, dict[str, Any]]:
+                response = await client.post("/events/finance", data=data,
+                                             headers={"Content-Type": "application/x-ndjson", **headers})
+                return response.status, await response.json()
+            status, doc = await post(body, Authorization=f"Bearer {issuer.token(aud=resource)}")
+            assert status == 202 and doc["tenant"] == TENANT_A and doc["accepted"] == [e["id"] for e in envelopes]
+            status, doc = await post(body, Authorization=f"Bearer {issuer.token(aud=resource, scope='keel:read')}")
+            assert status == 403 and "keel:write" in doc["error"]
+            status, doc = await post(body, Authorization=f"Bearer {issuer.token()}")          # issued for /mcp
+            assert status == 401 and "another resource" in doc["error"]
+            status, doc = await post(body, **{"Authorization": f"Bearer {issuer.token(aud=resource)}",
+                                              "X-Keel-Tenant": TENANT_B})
+            assert status == 403
+            status, doc = await post(foreign, Authorization=f"Bearer {issuer.token(aud=resource)}")
+            assert status == 400 and not doc["accepted"]               # the token's tenant, not the body's
+            status, doc = await post(body)
+            assert status == 401 and "OAuth bearer token" in doc["error"]
+            status, doc = await post(body, **{"X-Keel-Tenant": TENANT_A, "X-Keel-Signature": sign(secret, body)})
+            assert status == 202                                         # signatures still work beside it
+    asyncio.run(go())
+    assert len(sink.records) == 4
+
+
+def test_webhook_needs_secrets_or_an_issuer(capsys: pytest.CaptureFixture[str]) -> None:
+    from keel.cli import main
+    assert main(["webhook", str(FINANCE), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--secrets FILE" in err and "--issuer URL" in err

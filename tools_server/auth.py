@@ -21,8 +21,9 @@ from pydantic import AnyHttpUrl
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from keel.oauth import READ_SCOPE, SCOPES, WRITE_SCOPE, JwtVerifier, OAuthSettings, TokenRefused
+
 from .config import Identity
-from .oauth import READ_SCOPE, SCOPES, WRITE_SCOPE, JwtVerifier, OAuthSettings, TokenRefused
 from .tokens import TokenTable
 
 WRITE_TOOLS = frozenset({"annotate"})

@@ -171,7 +171,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _oauth_settings(args: argparse.Namespace):  # -> OAuthSettings | None (imported lazily)
     """OAuth settings from the serve flags and KEEL_OAUTH_*; None when no issuer is given."""
-    from .oauth import ALGORITHMS, ClaimNames, oauth_settings
+    from keel.oauth import ALGORITHMS, ClaimNames, oauth_settings
     if args.transport != "http":
         return None
     algorithms = tuple(a.strip() for a in args.oauth_algorithms.split(",") if a.strip()) \

@@ -12,8 +12,9 @@ from keel.errors import UsageError
 from keel.tokens import Identity  # the caller a tool call runs as (shared with `keel inspect`)
 
 if TYPE_CHECKING:
+    from keel.oauth import OAuthSettings
+
     from .backend import Backend
-    from .oauth import OAuthSettings
     from .observe import Metrics
     from .tokens import TokenTable
 

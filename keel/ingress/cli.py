@@ -77,8 +77,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("cartridges", nargs="+", metavar="cartridge", help="cartridge folder(s)")
     p.add_argument("--port", type=int, required=True, help="TCP port (0: any free port, logged)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--secrets", required=True, metavar="FILE",
-                   help="YAML/JSON mapping tenant -> secret (or a list of secrets); SIGHUP reloads it")
+    p.add_argument("--secrets", metavar="FILE",
+                   help="YAML/JSON mapping tenant -> secret (or a list of secrets); SIGHUP reloads it (needed "
+                        "unless --issuer is given)")
+    p.add_argument("--issuer", action="append", metavar="URL",
+                   help="also accept OAuth bearer tokens of this authorization server (repeatable; env "
+                        "KEEL_OAUTH_ISSUER): the tenant comes from the token's tenant claim, keel:write is needed")
+    p.add_argument("--resource", metavar="URL",
+                   help="with --issuer: this server's public URL, the audience tokens must name (env "
+                        "KEEL_OAUTH_RESOURCE; default http://HOST:PORT/events)")
     p.add_argument("--max-body", type=positive_int, default=1 << 20, metavar="BYTES",
                    help="largest request body (default 1048576)")
     p.add_argument("--max-batch", type=positive_int, default=1000, metavar="N",
@@ -151,8 +158,10 @@ def cmd_outbox_relay(args: argparse.Namespace) -> int:
 
 
 def cmd_webhook(args: argparse.Namespace) -> int:
+    from keel.oauth import JwtVerifier, oauth_settings
+
     from .producer import TopicSpec
-    from .run import SecretsFile, process_log, webhook_main
+    from .run import NoSecrets, SecretsFile, process_log, webhook_main
     from .webhook import Limits
 
     cartridges = [load_cartridge(path) for path in args.cartridges]
@@ -161,11 +170,14 @@ def cmd_webhook(args: argparse.Namespace) -> int:
         raise UsageError(f"two cartridge folders have the same name: {', '.join(sorted(names))}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: not a TCP port")
+    oauth = oauth_settings(args.issuer, args.resource, host=args.host, port=args.port, path="/events")
+    if args.secrets is None and oauth is None:
+        raise UsageError("give --secrets FILE (signed requests) or --issuer URL (OAuth bearer tokens), or both")
     process = process_options(args)
     log = process_log("keel.webhook")
-    secrets = SecretsFile(Path(args.secrets), log)
+    secrets = SecretsFile(Path(args.secrets), log) if args.secrets else NoSecrets()
     settings = resolve(vars(args))
     return asyncio.run(webhook_main(cartridges, secrets, args.host, args.port, settings.kafka_bootstrap,
                                     Limits(args.max_body, args.max_batch, args.kafka_timeout),
                                     TopicSpec(args.partitions, args.replication_factor), log, args.progress,
-                                    process))
+                                    process, oauth=JwtVerifier(oauth) if oauth is not None else None))

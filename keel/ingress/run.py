@@ -15,6 +15,7 @@ from aiohttp import web
 
 from keel.cartridge import Cartridge
 from keel.health import DEFAULT_STALL_S, Health, HealthServer
+from keel.oauth import JwtVerifier
 
 from .auth import Secrets, load_secrets, loose_permissions
 from .errors import ListenFailed, SecretsInvalid
@@ -76,6 +77,16 @@ async def relay_main(cartridge: Cartridge, dsn: str, tables: OutboxTables, boots
                                log, stop, topics=topics, probes=probes)
 
 
+class NoSecrets:
+    """No signing secrets (`keel webhook --issuer` without `--secrets`): only bearer tokens are accepted."""
+
+    def __call__(self) -> Secrets:
+        return Secrets({})
+
+    def reload(self) -> None:
+        return
+
+
 class SecretsFile:
     """The webhook's secrets, reloadable (SIGHUP) without a restart; a bad file keeps the old secrets."""
 
@@ -98,16 +109,18 @@ class SecretsFile:
         self.log(f"reloaded secrets of {len(self._secrets)} tenant(s) from {self.path}")
 
 
-async def webhook_main(cartridges: list[Cartridge], secrets: SecretsFile, host: str, port: int, bootstrap: str,
-                       limits: Limits, topics: TopicSpec, log: Log, progress_s: float = 10.0,
-                       process: ProcessOptions | None = None) -> int:
+async def webhook_main(cartridges: list[Cartridge], secrets: SecretsFile | NoSecrets, host: str, port: int,
+                       bootstrap: str, limits: Limits, topics: TopicSpec, log: Log, progress_s: float = 10.0,
+                       process: ProcessOptions | None = None, *, oauth: JwtVerifier | None = None) -> int:
     """`keel webhook` until SIGTERM/SIGINT: in-flight requests are answered before the producer closes."""
     with process_probes(process or ProcessOptions(), log) as probes:
-        return await _webhook(cartridges, secrets, host, port, bootstrap, limits, topics, log, progress_s, probes)
+        return await _webhook(cartridges, secrets, host, port, bootstrap, limits, topics, log, progress_s, probes,
+                              oauth)
 
 
-async def _webhook(cartridges: list[Cartridge], secrets: SecretsFile, host: str, port: int, bootstrap: str,
-                   limits: Limits, topics: TopicSpec, log: Log, progress_s: float, probes: Probes) -> int:
+async def _webhook(cartridges: list[Cartridge], secrets: SecretsFile | NoSecrets, host: str, port: int,
+                   bootstrap: str, limits: Limits, topics: TopicSpec, log: Log, progress_s: float, probes: Probes,
+                   oauth: JwtVerifier | None) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop, log)
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, secrets.reload)
@@ -117,7 +130,7 @@ async def _webhook(cartridges: list[Cartridge], secrets: SecretsFile, host: str,
     try:
         await sink.ensure_topics([t for c in cartridges for t in (c.topic, c.dlq_topic)], topics)
         probes.reachable("kafka")
-        handler = WebhookHandler(cartridges, secrets, sink, limits, probes=probes)
+        handler = WebhookHandler(cartridges, secrets, sink, limits, probes=probes, oauth=oauth)
         runner = web.AppRunner(create_app(handler, limits), access_log=None, handle_signals=False,
                                shutdown_timeout=30)
         await runner.setup()

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from keel.cartridge import Cartridge
 from keel.envelope import Catalog
+from keel.oauth import WRITE_SCOPE, JwtVerifier, TokenRefused
 from keel.times import Micros
 
 from .auth import SIGNATURE_HEADER, TENANT_HEADER, Secrets
@@ -83,9 +84,10 @@ class WebhookHandler:
 
     def __init__(self, cartridges: Sequence[Cartridge], secrets: Callable[[], Secrets], sink: Sink,
                  limits: Limits, *, clock: Callable[[], Micros] = wall_clock_micros,
-                 probes: Probes | None = None) -> None:
+                 probes: Probes | None = None, oauth: JwtVerifier | None = None) -> None:
         self.routes = {c.name: Route(c, Catalog(c)) for c in cartridges}
         self.secrets = secrets
+        self.oauth = oauth              # OAuth bearer tokens (`--issuer`), beside the signatures
         self.sink = sink
         self.limits = limits
         self.clock = clock
@@ -116,9 +118,21 @@ class WebhookHandler:
         if body is None:
             return _error(413, f"body over {self.limits.max_body} bytes (--max-body)")
         tenant = request.headers.get(TENANT_HEADER)
-        if not self.secrets().verify(tenant, body, request.headers.get(SIGNATURE_HEADER)):
+        bearer = _bearer(request.headers.get("Authorization"))
+        if bearer is not None and self.oauth is not None:
+            try:
+                token = await self.oauth.verify(bearer)
+            except TokenRefused as e:
+                return _error(401, f"bearer token refused: {e}")
+            if WRITE_SCOPE not in token.scopes:
+                return _error(403, f"insufficient_scope: the token lacks {WRITE_SCOPE}")
+            if tenant is not None and tenant != token.identity.tenant:
+                return _error(403, f"{TENANT_HEADER} names another tenant than the token")
+            tenant = token.identity.tenant
+        elif not self.secrets().verify(tenant, body, request.headers.get(SIGNATURE_HEADER)):
             return _error(401, f"missing or bad signature: send {TENANT_HEADER} and {SIGNATURE_HEADER}: "
-                               f"sha256=<hex HMAC-SHA256 of the raw body with the tenant's secret>")
+                               f"sha256=<hex HMAC-SHA256 of the raw body with the tenant's secret>"
+                               + (", or an OAuth bearer token" if self.oauth is not None else ""))
         assert tenant is not None
         try:
             items = split_body(body, request.content_type)
@@ -211,3 +225,11 @@ def create_app(handler: WebhookHandler, limits: Limits) -> web.Application:
     app.router.add_post("/events", handler.post)
     app.router.add_get("/healthz", handler.health)
     return app
+
+
+def _bearer(header: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, else None."""
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None

@@ -1,4 +1,4 @@
-"""OAuth 2.1 resource server for the HTTP transport: JWT access tokens verified against the issuers' JWKS.
+"""OAuth 2.1 resource server: JWT access tokens verified against the issuers' JWKS (keel serve over HTTP, keel webhook).
 
 The MCP specification (2025-06-18) makes an MCP server an OAuth 2.1 resource server: it accepts only access
 tokens an authorization server it trusts issued for it (the `aud` claim names the server's resource URL,
@@ -39,8 +39,8 @@ import anyio
 import jwt
 from jwt import PyJWK, PyJWKClient
 
-from keel.errors import UsageError
-from keel.tokens import Identity
+from .errors import UsageError
+from .tokens import Identity
 
 ISSUER_ENV = "KEEL_OAUTH_ISSUER"          # one issuer URL, or several separated by spaces or commas
 RESOURCE_ENV = "KEEL_OAUTH_RESOURCE"
@@ -94,9 +94,10 @@ class OAuthSettings:
 
 
 def oauth_settings(issuers: list[str] | None, resource: str | None, *, host: str, port: int,
-                   env: Mapping[str, str] | None = None, **rules: Any) -> OAuthSettings | None:
+                   env: Mapping[str, str] | None = None, path: str = "/mcp", **rules: Any) -> OAuthSettings | None:
     """Settings from the flags, then KEEL_OAUTH_ISSUER / KEEL_OAUTH_RESOURCE; None when no issuer is given.
-    Without a resource URL the server's own http://HOST:PORT/mcp is the audience required. Issuers are compared
+    Without a resource URL the server's own http://HOST:PORT<path> is the audience required (`/mcp` for keel
+    serve, `/events` for keel webhook). Issuers are compared
     as exact strings (RFC 8414), so give them as the issuer spells them in its metadata."""
     env = os.environ if env is None else env
     given = [i for i in (issuers or []) if i.strip()]
@@ -109,7 +110,7 @@ def oauth_settings(issuers: list[str] | None, resource: str | None, *, host: str
         return None
     if resource is None:
         shown = f"[{host}]" if ":" in host else host
-        resource = f"http://{shown}:{port}/mcp"
+        resource = f"http://{shown}:{port}{path}"
     return OAuthSettings(issuers=tuple(given), resource=resource, **rules)
 
 
