@@ -27,6 +27,7 @@ from .upcast import UpcastFailed
 
 ANNOTATED = "keel.annotated"
 RETRACTED = "keel.retracted"
+ERASED = "keel.erased"      # the receipt of a data subject's erasure (keel erase, docs/privacy.md): no writes
 
 Tenant = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
 EntityRef = Annotated[str, StringConstraints(pattern=ENTITY_PATTERN)]
@@ -215,15 +216,15 @@ class Catalog:
         corrects = env.corrects
         version = env.version
         payload = recorded_payload = env.payload
-        if event_type in (ANNOTATED, RETRACTED):
+        if event_type in (ANNOTATED, RETRACTED, ERASED):
             if version is not None and version != 1:
                 raise VersionUnknown(event_type, version, 1, event_id=env.id, tenant=env.tenant)
             if corrects is not None:
                 raise EnvelopeRejected(f"corrects: a {event_type} event corrects nothing (retract a note "
                                        f"with keel.retracted, correct it with a new note)",
                                        event_id=env.id, tenant=env.tenant)
-            (check_annotation_payload if event_type == ANNOTATED else check_retraction_payload)(env)
-            if source is None and event_type == RETRACTED:
+            _CORE_CHECKS[event_type](env)
+            if source is None and event_type != ANNOTATED:
                 source = "keel"
         else:
             known = self._types.get(event_type)
@@ -517,3 +518,22 @@ def check_retraction_payload(env: Decoded) -> None:
         problems.append("payload.reason: expected string")
     if problems:
         raise EnvelopeRejected("; ".join(problems), event_id=env.id, tenant=env.tenant)
+
+
+def check_erasure_payload(env: Decoded) -> None:
+    """A keel.erased payload, the PII-free receipt of an erasure of the envelope's subject (the data subject):
+    `{keys: <how many keys were deleted>, reason?: string}`."""
+    p = env.payload
+    problems = [f"payload.{k}: unknown field for {ERASED}" for k in p if k not in ("keys", "reason")]
+    keys = p.get("keys")
+    if not isinstance(keys, int) or isinstance(keys, bool) or keys < 0:
+        problems.append("payload.keys: required, the number of keys deleted (an integer from 0)")
+    reason = p.get("reason")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON):
+        problems.append(f"payload.reason: expected a string of at most {MAX_REASON} characters")
+    if problems:
+        raise EnvelopeRejected("; ".join(problems), event_id=env.id, tenant=env.tenant)
+
+
+_CORE_CHECKS = {ANNOTATED: check_annotation_payload, RETRACTED: check_retraction_payload,
+                ERASED: check_erasure_payload}

@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from .cartridge import Cartridge
 from .cartridge_spec import PersonalSpec
 from .errors import EnvelopeRejected, UsageError
+from .identifiers import ENTITY
 from .times import format_time, now_micros
 
 ENC = "keel.enc"            # the key that marks an encrypted field
@@ -287,9 +288,10 @@ class Privacy:
         spec = self.personal[envelope["type"]]
         name = spec.subject_field()
         value = envelope.get("subject") if name is None else (envelope.get("payload") or {}).get(name)
-        if not isinstance(value, str) or not value:
-            raise EnvelopeRejected(f"{spec.of}: required, a string naming the data subject of the personal "
-                                   f"fields", event_id=_str(envelope.get("id")), tenant=_str(envelope.get("tenant")))
+        if not isinstance(value, str) or not ENTITY.match(value):
+            raise EnvelopeRejected(f"{spec.of}: required, the entity reference (type:id) of the data subject whose "
+                                   f"personal fields these are", event_id=_str(envelope.get("id")),
+                                   tenant=_str(envelope.get("tenant")))
         return value
 
     def _applies(self, envelope: object) -> bool:

@@ -4,6 +4,7 @@ key store are keel/privacy.py. This slice covers embedded mode (events files and
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -11,10 +12,15 @@ import tempfile
 from pathlib import Path
 
 from .cartridge import load_cartridge
+from .commandline import settings_of
+from .connect import open_graph
 from .echo import cut, printable
 from .embedded import BOM, open_events
-from .errors import EXIT_USAGE, EnvelopeRejected, UsageError
+from .envelope import ERASED, MAX_REASON
+from .errors import EXIT_DOMAIN, EXIT_USAGE, EnvelopeRejected, UsageError
+from .identifiers import ENTITY, TENANT
 from .privacy import Privacy, open_key_file
+from .times import format_time, now_micros
 
 MASTER_HELP = "a file holding the master key (default: KEEL_MASTER_KEY, else KEEL_MASTER_KEY_FILE)"
 
@@ -33,6 +39,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keys", metavar="FILE", required=True, help="the key file (created when missing; mode 0600)")
     p.add_argument("--master-key-file", metavar="FILE", help=MASTER_HELP)
     p.set_defaults(run=cmd_seal)
+
+    p = sub.add_parser("erase", help="erase a data subject's personal data: delete its keys, log a receipt",
+                       description="Delete every key of the data subject S of tenant T from the key file, so "
+                                   "that every copy of its sealed personal fields reads as the cartridge's mask, "
+                                   "and append a keel.erased receipt (no personal data: the subject, how many "
+                                   "keys, the reason) to the events file. Idempotent: a second call says when it "
+                                   "was done. Embedded mode only in this version (docs/privacy.md). Exit 1 when "
+                                   "the key file never held a key of S.")
+    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("--events", metavar="FILE", required=True, help="the sealed events file (the receipt is "
+                   "appended)")
+    p.add_argument("--keys", metavar="FILE", required=True, help="the key file")
+    p.add_argument("--tenant", required=True, help="the tenant")
+    p.add_argument("--subject", required=True, help="the data subject, an entity reference (type:id)")
+    p.add_argument("--reason", help="why (kept in the receipt: never write personal data here)")
+    p.add_argument("--master-key-file", metavar="FILE", help=MASTER_HELP)
+    p.set_defaults(run=cmd_erase)
 
 
 def cmd_seal(args: argparse.Namespace) -> int:
@@ -85,3 +108,41 @@ def cmd_seal(args: argparse.Namespace) -> int:
         raise
     print(f"{target}: {lines} lines, {sealed} sealed, {refused} refused; keys in {args.keys}")
     return EXIT_USAGE if refused else 0
+
+
+def cmd_erase(args: argparse.Namespace) -> int:
+    tenant, subject, reason = args.tenant, args.subject, args.reason
+    if not TENANT.match(tenant):
+        raise UsageError(f"--tenant {tenant!r}: ASCII letters, digits and . _ - (at most 64 characters)")
+    if not ENTITY.match(subject):
+        raise UsageError(f"--subject {subject!r}: the data subject's entity reference, type:id")
+    if reason is not None and len(reason) > MAX_REASON:
+        raise UsageError(f"--reason: at most {MAX_REASON} characters")
+    cartridge = load_cartridge(args.cartridge)
+    events = Path(args.events)
+    open_events(events).close()             # a missing or unreadable events file: a usage error, before any change
+    keys = open_key_file(args.keys, master_file=args.master_key_file)
+    deleted = keys.erase(tenant, subject, reason=reason)
+    done = keys.erasure(tenant, subject)
+    if done is None:
+        print(f"keel: the key file {args.keys} never held a key of {subject} in tenant {tenant}: nothing to erase",
+              file=sys.stderr)
+        return EXIT_DOMAIN
+    receipt_id = "erased-" + hashlib.sha256(f"{tenant}\0{subject}\0{done['at']}".encode()).hexdigest()[:24]
+    with open_graph(cartridge, settings_of(argparse.Namespace()), events, keys=keys,
+                    stream=sys.stderr) as graph:
+        if graph.store.has_event(tenant, receipt_id):
+            print(f"{subject} of tenant {tenant}: already erased at {done['at']} ({done['keys']} keys; receipt "
+                  f"{receipt_id} in {events})")
+            return 0
+        payload: dict[str, object] = {"keys": done["keys"]}
+        if reason is not None:
+            payload["reason"] = reason
+        assert graph.log is not None
+        graph.log.append({"id": receipt_id, "tenant": tenant, "type": ERASED, "subject": subject,
+                          "occurred_at": done["at"], "recorded_at": format_time(now_micros()), "source": "keel",
+                          "payload": payload})
+    what = "erased" if deleted else f"already erased at {done['at']}; its receipt was missing and is"
+    print(f"{subject} of tenant {tenant}: {what} ({done['keys']} keys deleted); receipt {receipt_id} appended to "
+          f"{events}")
+    return 0

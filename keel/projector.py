@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from .cartridge import Cartridge
-from .envelope import ANNOTATED, ENTITY, RETRACTED, Catalog, Event, Instant
+from .envelope import ANNOTATED, ENTITY, ERASED, RETRACTED, Catalog, Event, Instant
 from .errors import EnvelopeRejected, HandlerFailed, KeelError
 from .limits import ValueRefused, check_value
 from .notes import NotePolicy, withdrawal_write
@@ -230,6 +230,9 @@ class Projector:
         key = event_key(event.id, f"{event.content_hash()} {origin or 'earlier in the log'}", int(event.recorded_at))
         if event.type == ANNOTATED:
             self._apply_note(event, key)
+            return "applied"
+        if event.type == ERASED:             # a receipt: the keys are gone, reads already show the mask
+            store.apply_writes(event.tenant, [], key)
             return "applied"
         superseding = [] if event.supersedes is None else self._supersede(event)
         if event.type == RETRACTED:

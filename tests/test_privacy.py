@@ -302,3 +302,71 @@ def test_seal_refuses_a_line_that_is_not_json_without_showing_it(tmp_path: Path,
     err = capsys.readouterr().err
     assert "line 2: refused" in err and SECRET_NAME not in err
     assert SECRET_NAME not in (tmp_path / "out.jsonl").read_text(encoding="utf-8")
+
+
+# ---- keel erase -------------------------------------------------------------------------------------------
+
+def plaintext_forms(value: str) -> list[bytes]:
+    """A value as written, JSON-escaped (ASCII escapes too) and in base64."""
+    import base64
+    import json
+    raw = value.encode()
+    return [raw, json.dumps(value).encode(), json.dumps(value, ensure_ascii=False).encode(),
+            base64.b64encode(raw), base64.urlsafe_b64encode(raw)]
+
+
+def test_erase_shreds_a_subject_everywhere_once(sealed: tuple[Path, Path, Path, Path], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import keel
+    folder, _, out, keys = sealed
+    before = digests(folder, out, keys)
+    with keel.open(folder, events=out, keys=keys) as graph:
+        assert graph.tools(tenant="t1").context("client:c1")["labels"]["name"] == SECRET_NAME + " (2)"
+    erase = ["erase", str(folder), "--events", str(out), "--keys", str(keys), "--tenant", "t1",
+             "--subject", "client:c1", "--reason", "request 2026-117 (Ley 1581)"]
+    assert main(erase) == 0
+    first = capsys.readouterr().out
+    assert "client:c1 of tenant t1: erased (1 keys deleted)" in first
+    receipt = json.loads(out.read_text(encoding="utf-8").splitlines()[-1])
+    assert receipt["type"] == "keel.erased" and receipt["subject"] == "client:c1" and receipt["tenant"] == "t1"
+    assert receipt["payload"] == {"keys": 1, "reason": "request 2026-117 (Ley 1581)"}
+
+    assert main(erase) == 0                                   # idempotent: said, not done again
+    assert "already erased at" in capsys.readouterr().out
+    assert out.read_text(encoding="utf-8").count("keel.erased") == 1
+
+    with keel.open(folder, events=out, keys=keys) as graph:
+        tools = graph.tools(tenant="t1")
+        assert tools.context("client:c1")["labels"]["name"] == "[erased]"
+        assert tools.context("client:c1")["labels"]["phone"] == "[erased]"
+        assert tools.context("visit:v1")["labels"]["remark"] == "(erased)"
+        assert tools.context("client:c2")["labels"]["name"] == "Ana Ruiz"            # others unchanged
+        history = json.dumps(tools.history("client:c1"), ensure_ascii=False)
+        assert SECRET_NAME not in history and "300 555 01" not in history
+        assert graph.tools(tenant="t2").context("client:c1")["labels"]["name"] == "Other Tenant"
+    # the graph equals the clear stream with c1's fields masked, plus the receipt
+    expected = write_lines(tmp_path / "expected.jsonl", [*masked(STREAM, "t1", "client:c1", folder), receipt])
+    after = digests(folder, out, keys)
+    assert after == digests(folder, expected) and after["t2"] == before["t2"]
+
+    stored = out.read_bytes() + keys.read_bytes()
+    erased_values = [SECRET_NAME, SECRET_NAME + " (2)", "+57 300 555 0101", "+57 300 555 0103", "alérgica al látex"]
+    for value in erased_values:
+        for form in plaintext_forms(value):
+            assert form not in stored, value
+    assert main(["erase", str(folder), "--events", str(out), "--keys", str(keys), "--tenant", "t1",
+                 "--subject", "client:c9"]) == 1
+    assert "never held a key of client:c9" in capsys.readouterr().err
+
+
+def test_erase_refuses_bad_arguments_before_changing_anything(sealed: tuple[Path, Path, Path, Path],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    folder, _, out, keys = sealed
+    text = keys.read_text()
+    for extra in (["--tenant", "t1", "--subject", "c1"], ["--tenant", "t 1", "--subject", "client:c1"]):
+        assert main(["erase", str(folder), "--events", str(out), "--keys", str(keys), *extra]) == 2
+    assert main(["erase", str(folder), "--events", str(out.parent / "missing.jsonl"), "--keys", str(keys),
+                 "--tenant", "t1", "--subject", "client:c1"]) == 2
+    assert keys.read_text() == text
