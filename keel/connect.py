@@ -112,7 +112,7 @@ def open_graph(cartridge: Cartridge, settings: Settings, events: str | Path | No
     if events is not None:
         path = Path(events)         # a missing, unreadable or folder path: build_embedded says which (usage)
         # reading the file's global notes needs no switch; Tools applies it to writing them (docs/semantics.md)
-        reveal = None if keys is None else Privacy(cartridge, keys).reveal_line
+        reveal = Privacy(cartridge, keys).reveal_line if keys is not None or cartridge.spec.personal else None
         projector, report = build_embedded(cartridge, path, allow_global_notes=True, stream=stream, reveal=reveal)
         return Graph(cartridge, projector.store, FileLog(projector, path), sorted(report.tenants), path, True,
                      settings.allow_global_notes)

@@ -278,7 +278,8 @@ class Privacy:
     """A cartridge's personal fields over a key store: `seal` encrypts an envelope's, `reveal` decrypts them (the
     mask for an erased key) so that the envelope reads exactly as it was written in clear."""
 
-    def __init__(self, cartridge: Cartridge, keys: KeyStore) -> None:
+    def __init__(self, cartridge: Cartridge, keys: KeyStore | None) -> None:
+        """`keys` None: no key store was given; `reveal` then refuses an encrypted field, saying so."""
         self.cartridge = cartridge
         self.keys = keys
         self.personal: dict[str, PersonalSpec] = dict(cartridge.spec.personal)
@@ -310,6 +311,8 @@ class Privacy:
         if not fields:
             return envelope
         tenant, event_id, subject = envelope["tenant"], envelope["id"], self.data_subject(envelope)
+        if self.keys is None:
+            raise UsageError("sealing needs a key store (--keys FILE)")
         kid, key = self.keys.key_for(tenant, subject)
         sealed = dict(payload)
         for f in fields:
@@ -327,6 +330,10 @@ class Privacy:
         fields = [f for f in spec.fields if is_encrypted(payload.get(f))]
         if not fields:
             return envelope
+        if self.keys is None:
+            raise EnvelopeRejected(f"payload.{fields[0]}: encrypted personal data; give the key file (--keys FILE, "
+                                   f"keel.open(keys=...)) to read it", event_id=_str(envelope.get("id")),
+                                   tenant=_str(envelope.get("tenant")))
         tenant, event_id, subject = envelope["tenant"], envelope["id"], self.data_subject(envelope)
         clear = dict(payload)
         for f in fields:

@@ -370,3 +370,11 @@ def test_erase_refuses_bad_arguments_before_changing_anything(sealed: tuple[Path
     assert main(["erase", str(folder), "--events", str(out.parent / "missing.jsonl"), "--keys", str(keys),
                  "--tenant", "t1", "--subject", "client:c1"]) == 2
     assert keys.read_text() == text
+
+
+def test_a_sealed_file_read_without_keys_says_so(sealed: tuple[Path, Path, Path, Path],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    folder, _, out, _ = sealed
+    assert main(["digest", str(folder), str(out), "--tenant", "t1"]) == 1     # every t1 line refused: no tenant
+    err = capsys.readouterr().err
+    assert "line 1: event e1: payload.name: encrypted personal data; give the key file (--keys FILE" in err
