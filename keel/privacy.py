@@ -117,6 +117,7 @@ class FileKeyStore:
         self._fingerprint = hashlib.sha256(b"keel.master/v1\0" + master).hexdigest()[:16]
         self._current: dict[tuple[str, str], str] = {}
         self._deferred = 0          # inside batch(): the file is written once, at its end
+        self._unwrapped: dict[str, bytes] = {}      # key id -> data key, unwrapped once per process
         self._dirty = False
         if self.path.exists():
             self.doc = self._read()
@@ -205,6 +206,9 @@ class FileKeyStore:
         return kid, key
 
     def key(self, kid: str) -> bytes | None:
+        known = self._unwrapped.get(kid)
+        if known is not None:
+            return known
         entry = self.doc["keys"].get(kid)
         if entry is None:
             if kid in self.doc["erased"]:
@@ -212,10 +216,11 @@ class FileKeyStore:
             raise UsageError(f"key {kid!r} is not in key file {self.path} (another key file?)")
         try:
             wrapped = unb64(entry["wrapped"], "wrapped")
-            return self._master.decrypt(wrapped[:12], wrapped[12:],
-                                        self._wrap_ad(entry["tenant"], entry["subject"], kid))
+            key = self._master.decrypt(wrapped[:12], wrapped[12:], self._wrap_ad(entry["tenant"], entry["subject"], kid))
         except (ValueError, InvalidTag):
             raise UsageError(f"key file {self.path}: key {kid!r} does not unwrap (altered)") from None
+        self._unwrapped[kid] = key
+        return key
 
     def erase(self, tenant: str, subject: str, *, reason: str | None = None) -> int:
         kids = sorted(k for k, e in self.doc["keys"].items() if e["tenant"] == tenant and e["subject"] == subject)
@@ -224,6 +229,7 @@ class FileKeyStore:
         at = format_time(now_micros())
         for kid in kids:
             del self.doc["keys"][kid]
+            self._unwrapped.pop(kid, None)
             self.doc["erased"][kid] = at
         self._current.pop((tenant, subject), None)
         self.doc["erasures"].append({"tenant": tenant, "subject": subject, "at": at, "keys": len(kids)})
@@ -259,7 +265,7 @@ def encrypt_field(value: Any, key: bytes, kid: str, *, tenant: str, subject: str
     return {ENC: WIRE, "kid": kid, "iv": b64(iv), "ct": b64(ct)}
 
 
-def decrypt_field(wire: Mapping[str, Any], key: bytes, *, tenant: str, subject: str, event_id: str,
+def decrypt_field(wire: Mapping[str, Any], key: bytes | AESGCM, *, tenant: str, subject: str, event_id: str,
                   field: str) -> Any:
     """The JSON value of a wire form. Raises ValueError (never naming the value) when it does not verify."""
     if wire.get(ENC) != WIRE or set(wire) != {ENC, "kid", "iv", "ct"}:
@@ -268,7 +274,8 @@ def decrypt_field(wire: Mapping[str, Any], key: bytes, *, tenant: str, subject: 
     if len(iv) != 12:
         raise ValueError("iv: 12 bytes expected")
     try:
-        plain = AESGCM(key).decrypt(iv, ct, _field_ad(tenant, subject, event_id, field))
+        cipher = key if isinstance(key, AESGCM) else AESGCM(key)
+        plain = cipher.decrypt(iv, ct, _field_ad(tenant, subject, event_id, field))
     except InvalidTag:
         raise ValueError("does not verify (altered, or moved from another event, field or data subject)") from None
     return json.loads(plain)
@@ -342,7 +349,7 @@ class Privacy:
                 kid = wire.get("kid")
                 if not isinstance(kid, str):
                     raise ValueError("kid: required, the id of the data key")  # noqa: TRY004 - as above
-                key = self.keys.key(kid)
+                key = self.keys.key(kid)        # asked every time: an erasure in this process counts at once
                 clear[f] = spec.mask if key is None else decrypt_field(
                     wire, key, tenant=tenant, subject=subject, event_id=event_id, field=f)
             except ValueError as e:
