@@ -7,9 +7,9 @@ An encrypted field's wire form (version 1):
 
     {"keel.enc": "v1", "kid": "<key id>", "iv": "<base64 12 bytes>", "ct": "<base64 ciphertext + 16-byte tag>"}
 
-The plaintext is the field's JSON value (UTF-8, compact); the associated data is the UTF-8 JSON array
-`["keel.enc/v1", tenant, data subject, event id, field]`, so a ciphertext moved to another tenant, subject,
-event or field does not verify. Nothing here logs or puts a personal value in an error message.
+The plaintext is the field's JSON value (UTF-8, compact); the associated data (`field_ad`) is `keel.enc/v1`
+followed by tenant, data subject, event id and field, each as a 4-byte big-endian length and its UTF-8 bytes, so
+a ciphertext moved to another tenant, subject, event or field does not verify. Nothing here logs or puts a personal value in an error message.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -252,8 +253,14 @@ def is_encrypted(value: object) -> bool:
     return isinstance(value, dict) and ENC in value
 
 
-def _field_ad(tenant: str, subject: str, event_id: str, field: str) -> bytes:
-    return json.dumps(["keel.enc/v1", tenant, subject, event_id, field], ensure_ascii=False).encode()
+def field_ad(tenant: str, subject: str, event_id: str, field: str) -> bytes:
+    """The associated data of a field: `keel.enc/v1`, then tenant, data subject, event id and field name, each
+    as its UTF-8 length (4 bytes, big-endian) and its UTF-8 bytes: unambiguous, and the same in any language."""
+    out = bytearray(b"keel.enc/v1")
+    for part in (tenant, subject, event_id, field):
+        data = part.encode()
+        out += len(data).to_bytes(4, "big") + data
+    return bytes(out)
 
 
 def encrypt_field(value: Any, key: bytes, kid: str, *, tenant: str, subject: str, event_id: str,
@@ -261,7 +268,7 @@ def encrypt_field(value: Any, key: bytes, kid: str, *, tenant: str, subject: str
     """A JSON value as its wire form, bound to tenant, data subject, event and field."""
     iv = secrets.token_bytes(12)
     plain = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-    ct = AESGCM(key).encrypt(iv, plain, _field_ad(tenant, subject, event_id, field))
+    ct = AESGCM(key).encrypt(iv, plain, field_ad(tenant, subject, event_id, field))
     return {ENC: WIRE, "kid": kid, "iv": b64(iv), "ct": b64(ct)}
 
 
@@ -275,10 +282,10 @@ def decrypt_field(wire: Mapping[str, Any], key: bytes | AESGCM, *, tenant: str, 
         raise ValueError("iv: 12 bytes expected")
     try:
         cipher = key if isinstance(key, AESGCM) else AESGCM(key)
-        plain = cipher.decrypt(iv, ct, _field_ad(tenant, subject, event_id, field))
+        plain = cipher.decrypt(iv, ct, field_ad(tenant, subject, event_id, field))
     except InvalidTag:
         raise ValueError("does not verify (altered, or moved from another event, field or data subject)") from None
-    return json.loads(plain)
+    return _decode(plain)
 
 
 class Privacy:
@@ -357,17 +364,32 @@ class Privacy:
                                        tenant=tenant) from None
         return {**envelope, "payload": clear}
 
-
-    def reveal_line(self, raw: bytes) -> bytes | dict[str, Any]:
-        """An events file's line with its personal fields revealed: the line itself when it holds no encrypted
-        field or is not a JSON object (the envelope checks then say what is wrong with it)."""
-        if ENC.encode() not in raw:
+    def reveal_line(self, raw: bytes) -> bytes:
+        """An events file's line with its personal fields revealed, as JSON text again (so the envelope checks
+        take their msgspec fast path); the line itself when it holds no encrypted field or is not a JSON object
+        (the envelope checks then say what is wrong with it)."""
+        if _ENC_BYTES not in raw:
             return raw
         try:
-            envelope = json.loads(raw)
+            envelope = _decode(raw)
         except ValueError:
             return raw
-        return self.reveal(envelope) if isinstance(envelope, dict) else raw
+        if not isinstance(envelope, dict):
+            return raw
+        revealed = self.reveal(envelope)
+        return raw if revealed is envelope else msgspec.json.encode(revealed)
+
+
+_ENC_BYTES = ENC.encode()
+
+
+def _decode(text: bytes) -> Any:
+    """JSON text → value, by msgspec (C), else by the json module (integers beyond 64 bits); ValueError when
+    it is not JSON."""
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return json.loads(text)
 
 
 def _str(value: object) -> str | None:

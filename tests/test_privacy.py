@@ -378,3 +378,18 @@ def test_a_sealed_file_read_without_keys_says_so(sealed: tuple[Path, Path, Path,
     assert main(["digest", str(folder), str(out), "--tenant", "t1"]) == 1     # every t1 line refused: no tenant
     err = capsys.readouterr().err
     assert "line 1: event e1: payload.name: encrypted personal data; give the key file (--keys FILE" in err
+
+
+def test_the_documented_wire_form_is_what_a_producer_in_another_language_writes() -> None:
+    """docs/privacy.md: built by hand from the documented bytes, with AESGCM only, the field decrypts."""
+    import base64
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from keel.privacy import decrypt_field
+    key, iv = bytes(range(32, 64)), bytes(range(12))
+    ad = bytes.fromhex("6b65656c2e656e632f7631" "00000002" "7431" "00000009" "636c69656e743a6331" "00000002" "6531"
+                       "00000004" "6e616d65")
+    ct = AESGCM(key).encrypt(iv, '"Zoë"'.encode(), ad)
+    wire = {"keel.enc": "v1", "kid": "k1", "iv": base64.b64encode(iv).decode(), "ct": base64.b64encode(ct).decode()}
+    assert decrypt_field(wire, key, tenant="t1", subject="client:c1", event_id="e1", field="name") == "Zoë"
