@@ -174,7 +174,9 @@ class Catalog:
         self._versioned = frozenset(ev for ev, spec in cartridge.spec.events.items() if spec.version != 1)
         self._twice = check_upcasters     # `keel validate`: each Python upcaster runs twice, and must agree
         # event type -> (payload check, subject entity type, owner: the default source)
-        self._types = {ev: (PayloadCheck(ev, spec.fields()), spec.subject, spec.owner)
+        personal = cartridge.spec.personal
+        self._types = {ev: (PayloadCheck(ev, spec.fields(), frozenset(personal[ev].fields) if ev in personal else
+                                         frozenset()), spec.subject, spec.owner)
                        for ev, spec in cartridge.spec.events.items()}
         self._instants: dict[str, Instant] = {}
         self._max_bytes = cartridge.spec.limits.envelope_bytes
@@ -406,10 +408,11 @@ _PLAIN_TYPES: dict[str, frozenset[type]] = {
 class PayloadCheck:
     """One event type's payload schema, compiled: a pass at C speed over the common payload (every field of a
     plain JSON type, no unknown field, time fields parse), else a field-by-field pass naming every problem."""
-    __slots__ = ("_accepts", "_order", "_shape", "_times", "event_type", "fields", "names")
+    __slots__ = ("_accepts", "_order", "_shape", "_times", "event_type", "fields", "names", "personal")
 
-    def __init__(self, event_type: str, fields: dict[str, FieldSpec]) -> None:
+    def __init__(self, event_type: str, fields: dict[str, FieldSpec], personal: frozenset[str] = frozenset()) -> None:
         self.event_type = event_type
+        self.personal = personal        # fields whose values a refusal never shows (docs/privacy.md)
         self.fields = [(name, spec.type, _CHECKS[spec.type], spec.optional, _PLAIN_TYPES[spec.type])
                        for name, spec in fields.items()]
         self.names = frozenset(fields)
@@ -458,7 +461,8 @@ class PayloadCheck:
                 if not optional:
                     problems.append(f"payload.{name}: required {kind} missing")
             elif not check(value):
-                problems.append(f"payload.{name}: expected {kind}, got {quote(value)}")
+                got = f"a value of type {type(value).__name__} (personal data, not shown)" if name in self.personal else quote(value)
+                problems.append(f"payload.{name}: expected {kind}, got {got}")
         if not self.names.issuperset(payload):
             problems += [f"payload.{k}: unknown field for {self.event_type}" for k in payload if k not in self.names]
         return problems

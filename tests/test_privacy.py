@@ -393,3 +393,22 @@ def test_the_documented_wire_form_is_what_a_producer_in_another_language_writes(
     ct = AESGCM(key).encrypt(iv, '"Zoë"'.encode(), ad)
     wire = {"keel.enc": "v1", "kid": "k1", "iv": base64.b64encode(iv).decode(), "ct": base64.b64encode(ct).decode()}
     assert decrypt_field(wire, key, tenant="t1", subject="client:c1", event_id="e1", field="name") == "Zoë"
+
+
+def test_a_refused_personal_field_is_never_shown(tmp_path: Path, master: None,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A personal value of the wrong type, in clear or sealed, is refused by name and type, never by value."""
+    folder = write_cartridge(tmp_path / "c")
+    bad = [envelope(1, "t1", "client.registered", "client:c1", {"name": 31415926, "phone": "+57 300 555 0101"}),
+           envelope(2, "t1", "client.registered", "client:c2", {"name": "Ana", "phone": "+57 300 555 0202",
+                                                                "channel": 27182818})]
+    clear = write_lines(tmp_path / "clear.jsonl", bad)
+    sealed, keys = tmp_path / "sealed.jsonl", tmp_path / "k.json"
+    assert main(["seal", str(folder), str(clear), str(sealed), "--keys", str(keys)]) == 0
+    for events, extra in ((clear, []), (sealed, ["--keys", str(keys)])):
+        capsys.readouterr()
+        main(["digest", str(folder), str(events), "--tenant", "t1", *extra])
+        err = capsys.readouterr().err
+        assert "payload.name: expected string, got a value of type int (personal data, not shown)" in err
+        assert "31415926" not in err
+        assert "payload.channel: expected string, got 27182818" in err       # not personal: shown as before
