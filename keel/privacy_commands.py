@@ -132,7 +132,7 @@ def cmd_erase(args: argparse.Namespace) -> int:
     with open_graph(cartridge, settings_of(argparse.Namespace()), events, keys=keys,
                     stream=sys.stderr) as graph:
         if graph.store.has_event(tenant, receipt_id):
-            print(f"{subject} of tenant {tenant}: already erased at {done['at']} ({done['keys']} keys; receipt "
+            print(f"{subject} of tenant {tenant}: already erased at {done['at']} ({keys_text(done['keys'])}; receipt "
                   f"{receipt_id} in {events})")
             return 0
         payload: dict[str, object] = {"keys": done["keys"]}
@@ -143,6 +143,10 @@ def cmd_erase(args: argparse.Namespace) -> int:
                           "occurred_at": done["at"], "recorded_at": format_time(now_micros()), "source": "keel",
                           "payload": payload})
     what = "erased" if deleted else f"already erased at {done['at']}; its receipt was missing and is"
-    print(f"{subject} of tenant {tenant}: {what} ({done['keys']} keys deleted); receipt {receipt_id} appended to "
+    print(f"{subject} of tenant {tenant}: {what} ({keys_text(done['keys'])} deleted); receipt {receipt_id} appended to "
           f"{events}")
     return 0
+
+
+def keys_text(count: int) -> str:
+    return f"{count} key" if count == 1 else f"{count} keys"

@@ -328,7 +328,7 @@ def test_erase_shreds_a_subject_everywhere_once(sealed: tuple[Path, Path, Path, 
              "--subject", "client:c1", "--reason", "request 2026-117 (Ley 1581)"]
     assert main(erase) == 0
     first = capsys.readouterr().out
-    assert "client:c1 of tenant t1: erased (1 keys deleted)" in first
+    assert "client:c1 of tenant t1: erased (1 key deleted)" in first
     receipt = json.loads(out.read_text(encoding="utf-8").splitlines()[-1])
     assert receipt["type"] == "keel.erased" and receipt["subject"] == "client:c1" and receipt["tenant"] == "t1"
     assert receipt["payload"] == {"keys": 1, "reason": "request 2026-117 (Ley 1581)"}
