@@ -17,6 +17,7 @@ from .diff import compare, render
 from .echo import cut, printable
 from .errors import EXIT_DOMAIN, EXIT_OK, EXIT_USAGE, UsageError
 from .log_check import LogBuild, read_file, read_topic
+from .privacy import FileKeyStore, Privacy, open_key_file
 from .rule_checks import stream_problems, unmet_rules
 from .schema import cartridge_document, payload_document
 from .times import now_micros
@@ -64,10 +65,24 @@ def print_refusals(source: LogSource, build: LogBuild) -> None:
               file=sys.stderr)
 
 
+def keys_of(args: argparse.Namespace) -> FileKeyStore | None:
+    """The key file of `--keys FILE`, which decrypts a sealed log's personal fields (None: not given)."""
+    path = getattr(args, "keys", None)
+    return None if path is None else open_key_file(path)
+
+
+def reveal_of(cartridge: Cartridge, keys: FileKeyStore | None) -> Callable[[bytes], bytes] | None:
+    """How a log's envelopes are revealed for a cartridge: decrypted with `keys`; without them, a cartridge
+    with personal fields refuses a sealed envelope saying that it needs the key file (docs/privacy.md)."""
+    if keys is None and not cartridge.spec.personal:
+        return None
+    return Privacy(cartridge, keys).reveal_line
+
+
 def validate_log(args: argparse.Namespace, cartridge: Cartridge, source: LogSource) -> int:
     """`keel validate CARTRIDGE (EVENTS | --kafka)`: every envelope of the log must parse, upcast and project
     under the cartridge (each Python upcaster called twice must agree); then the rules' checks."""
-    build = LogBuild(cartridge, check_upcasters=True)
+    build = LogBuild(cartridge, check_upcasters=True, reveal=reveal_of(cartridge, keys_of(args)))
     read = source.read([build])
     print_refusals(source, build)
     if build.refused:
@@ -89,7 +104,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     source = log_source(args, old)
     if source is None:
         raise UsageError("give the log to compare on: an events file (or --events FILE), or --kafka")
-    builds = [LogBuild(old), LogBuild(new, check_upcasters=True)]
+    keys = keys_of(args)
+    builds = [LogBuild(old, reveal=reveal_of(old, keys)), LogBuild(new, check_upcasters=True, reveal=reveal_of(new, keys))]
     read = source.read(builds)
     report = compare(builds[0], builds[1], read)
     if args.json:

@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cartridge", help="cartridge folder")
     add_events_arguments(p, "also check every line of this events file")
     add_kafka_argument(p, "also check the whole log on Kafka")
+    p.add_argument("--keys", metavar="FILE", help="key file of a sealed log (docs/privacy.md)")
     p.set_defaults(run=cmd_validate)
 
     p = sub.add_parser("diff", help="what a cartridge change does to every tenant's graph",
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("new", help="the changed cartridge folder")
     add_events_arguments(p, "the log: this events file")
     add_kafka_argument(p, "the log")
+    p.add_argument("--keys", metavar="FILE", help="key file of a sealed log (docs/privacy.md)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=cmd_diff)
 

@@ -57,6 +57,7 @@ class LogBuild:
     clamped: list[Refusal] = field(default_factory=list)   # applied with recorded_at raised to the tenant's latest
     tenants: set[str] = field(default_factory=set)
     applied_ids: dict[str, set[str]] = field(default_factory=dict)     # tenant -> ids applied (not duplicates)
+    reveal: Callable[[bytes], bytes] | None = None      # decrypts a sealed envelope's personal fields (privacy)
 
     def __post_init__(self) -> None:
         self.projector = Projector(self.cartridge, MemoryStore(), allow_global_notes=True,
@@ -73,7 +74,8 @@ class LogBuild:
         try:
             if entry.raw is None:
                 raise EnvelopeRejected("empty record: the value must be an event envelope")
-            event = self.projector.parse(entry.raw, default_recorded_at=entry.recorded_at)
+            raw = entry.raw if self.reveal is None else self.reveal(entry.raw)
+            event = self.projector.parse(raw, default_recorded_at=entry.recorded_at)
             if entry.keyed and entry.key != event.tenant.encode():
                 shown = None if entry.key is None else entry.key.decode("utf-8", "replace")
                 raise EnvelopeRejected(f"record key {shown!r} is not the envelope's tenant {event.tenant!r} "

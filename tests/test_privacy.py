@@ -412,3 +412,13 @@ def test_a_refused_personal_field_is_never_shown(tmp_path: Path, master: None,
         assert "payload.name: expected string, got a value of type int (personal data, not shown)" in err
         assert "31415926" not in err
         assert "payload.channel: expected string, got 27182818" in err       # not personal: shown as before
+
+
+def test_validate_and_diff_read_a_sealed_log_with_its_keys(sealed: tuple[Path, Path, Path, Path],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    folder, _, out, keys = sealed
+    assert main(["validate", str(folder), "--events", str(out), "--keys", str(keys)]) == 0
+    assert "6 events ok" in capsys.readouterr().out
+    assert main(["validate", str(folder), "--events", str(out)]) == 2
+    assert "payload.name: encrypted personal data; give the key file" in capsys.readouterr().err
+    assert main(["diff", str(folder), str(folder), str(out), "--keys", str(keys)]) == 0
