@@ -9,7 +9,8 @@ An encrypted field's wire form (version 1):
 
 The plaintext is the field's JSON value (UTF-8, compact); the associated data (`field_ad`) is `keel.enc/v1`
 followed by tenant, data subject, event id and field, each as a 4-byte big-endian length and its UTF-8 bytes, so
-a ciphertext moved to another tenant, subject, event or field does not verify. Nothing here logs or puts a personal value in an error message.
+a ciphertext moved to another tenant, subject, event or field does not verify. Nothing here logs or puts a
+personal value in an error message.
 """
 from __future__ import annotations
 
