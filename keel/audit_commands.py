@@ -10,10 +10,12 @@ from typing import Any
 
 from . import audit
 from .cartridge import load_cartridge
-from .commandline import add_events_arguments, events_of, settings_of
+from .commandline import add_events_arguments, events_of, keys_of, settings_of
 from .connect import open_graph
 from .echo import printable
+from .envelope import ERASED
 from .errors import EXIT_DOMAIN, KeelError, UsageError
+from .times import parse_time
 
 AUDIT_ENV = "KEEL_AUDIT_LOG"
 PLAINTEXT = {"entity": "--entity", "query": "--query", "evidence": None}   # hashed arguments a replay is given
@@ -50,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("cartridge", help="cartridge folder")
     add_events_arguments(r, "the events file the server answered from")
     r.add_argument("--redis", metavar="URL", help="the Redis graph the server answered from (env KEEL_REDIS_URL)")
+    r.add_argument("--keys", metavar="FILE", help="the key file of a sealed events file (docs/privacy.md)")
     r.add_argument("--audit", metavar="FILE|kafka", help=log_help)
     r.add_argument("--kafka", metavar="BOOTSTRAP", help=kafka_help)
     r.add_argument("--entity", help="the entity id the call asked about (checked against the record's sha256)")
@@ -128,19 +131,48 @@ def cmd_replay(args: argparse.Namespace) -> int:
     events = events_of(args)
     if events and args.redis:
         raise UsageError("give one of an events file (or --events FILE) or --redis URL")
-    with open_graph(cartridge, settings_of(args), events) as graph:
+    with open_graph(cartridge, settings_of(args), events, keys=keys_of(args)) as graph:
         tools = graph.tools(tenant=record["tenant"], agent=record.get("agent"), task=record.get("task"))
         try:
             result = replay_call(record, tools, {"entity": args.entity, "query": args.query})
         except UsageError:
             raise
         except KeelError as e:          # e.g. the entity is unknown now: the answer cannot be the same
-            return _verdict(args, record, None, f"{type(e).__name__}: {e}")
-    return _verdict(args, record, result, None)
+            return _verdict(args, record, None, f"{type(e).__name__}: {e}",
+                            erasures_after(events, record["tenant"], record.get("when")))
+    return _verdict(args, record, result, None, erasures_after(events, record["tenant"], record.get("when")))
+
+
+def erasures_after(events: str | None, tenant: str, when: str | None) -> list[dict[str, Any]]:
+    """The `keel.erased` receipts of `tenant` in an events file recorded after the answer (`when`): an erasure
+    masks personal values as known at any time, so an answer that showed them cannot be reproduced. Receipts
+    are named by id and time only (their subject is an entity id, kept out of the verdict like the record's)."""
+    if not events or when is None:
+        return []
+    after = parse_time(when)
+    found = []
+    with open(events, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if ERASED not in line:
+                continue
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(e, dict) or e.get("type") != ERASED or e.get("tenant") != tenant:
+                continue
+            at = e.get("recorded_at") or e.get("occurred_at")
+            try:
+                later = at is not None and parse_time(at) >= after
+            except KeelError:
+                continue
+            if later:
+                found.append({"event_id": e.get("id"), "recorded_at": at})
+    return found
 
 
 def _verdict(args: argparse.Namespace, record: dict[str, Any], result: dict[str, Any] | None,
-             error: str | None) -> int:
+             error: str | None, erasures: list[dict[str, Any]]) -> int:
     digest = audit.sha256(audit.answer_bytes(result)) if result is not None else None
     same = digest == record.get("answer_sha256")
     verdict = {"id": record["id"], "tool": record["tool"], "at": record.get("at"),
@@ -150,7 +182,12 @@ def _verdict(args: argparse.Namespace, record: dict[str, Any], result: dict[str,
         verdict["replayed_known_through"] = result.get("known_through")
     if error:
         verdict["error"] = error
-    if not same:
+    if not same and erasures:
+        verdict["erasures"] = erasures
+        verdict["why"] = (f"erasure intervened: {len(erasures)} data subject(s) of this tenant were erased after "
+                          f"the answer (keel.erased {', '.join(str(x['event_id']) for x in erasures)}); their "
+                          f"personal values now read as the cartridge's mask at every known_at")
+    elif not same:
         verdict["why"] = ("the graph no longer holds what was known then: events recorded at or before "
                           "known_through were applied after the answer (the answer's lag was not 0), the "
                           "cartridge changed, or the graph is not the one the server answered from")

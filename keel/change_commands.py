@@ -11,13 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .cartridge import Cartridge, load_cartridge
-from .commandline import events_of
+from .commandline import events_of, keys_of
 from .config import resolve
 from .diff import compare, render
 from .echo import cut, printable
 from .errors import EXIT_DOMAIN, EXIT_OK, EXIT_USAGE, UsageError
 from .log_check import LogBuild, read_file, read_topic
-from .privacy import FileKeyStore, Privacy, open_key_file
+from .privacy import FileKeyStore, Privacy
 from .rule_checks import stream_problems, unmet_rules
 from .schema import cartridge_document, payload_document
 from .times import now_micros
@@ -63,12 +63,6 @@ def print_refusals(source: LogSource, build: LogBuild) -> None:
     for w in build.clamped:
         print(printable(cut(source.where(f"{w.where}: event {w.event_id}: warning: {w.reason}"), 600)),
               file=sys.stderr)
-
-
-def keys_of(args: argparse.Namespace) -> FileKeyStore | None:
-    """The key file of `--keys FILE`, which decrypts a sealed log's personal fields (None: not given)."""
-    path = getattr(args, "keys", None)
-    return None if path is None else open_key_file(path)
 
 
 def reveal_of(cartridge: Cartridge, keys: FileKeyStore | None) -> Callable[[bytes], bytes] | None:

@@ -26,6 +26,7 @@ from .commandline import (
     add_events_arguments,
     emit,
     events_of,
+    keys_of,
     pick_tenant,
     positive_int,
     settings_of,
@@ -44,7 +45,6 @@ from .errors import (
     UsageError,
 )
 from .logs import install as install_log_limit
-from .privacy import FileKeyStore, open_key_file
 from .privacy_commands import register as register_privacy
 
 QUERY_HELP = {
@@ -241,11 +241,6 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.graph.close()
-
-
-def keys_of(args: argparse.Namespace) -> FileKeyStore | None:
-    """The key file of `--keys FILE` (None: not given)."""
-    return None if args.keys is None else open_key_file(args.keys)
 
 
 def take(rest: list[str], names: str, optional: int = 0) -> list[str | None]:

@@ -15,6 +15,7 @@ from typing import Any
 from .config import Settings, resolve
 from .echo import printable
 from .errors import UsageError
+from .privacy import FileKeyStore, open_key_file
 
 COMMANDS_GROUP = "keel.commands"     # entry points: `name = "package.module:register"`, register(subparsers)
 
@@ -80,3 +81,9 @@ def emit(args: argparse.Namespace, result: Any, human: Callable[[Any], str]) -> 
     else:
         print(printable(human(result)))        # stored text never drives the terminal (ANSI, NUL)
     return 0
+
+
+def keys_of(args: argparse.Namespace) -> FileKeyStore | None:
+    """The key file of `--keys FILE`, which decrypts a sealed events file's personal fields (None: not given)."""
+    path = getattr(args, "keys", None)
+    return None if path is None else open_key_file(path)

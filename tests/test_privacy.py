@@ -422,3 +422,31 @@ def test_validate_and_diff_read_a_sealed_log_with_its_keys(sealed: tuple[Path, P
     assert main(["validate", str(folder), "--events", str(out)]) == 2
     assert "payload.name: encrypted personal data; give the key file" in capsys.readouterr().err
     assert main(["diff", str(folder), str(folder), str(out), "--keys", str(keys)]) == 0
+
+
+def test_an_audited_answer_replayed_after_an_erasure_names_it(sealed: tuple[Path, Path, Path, Path], tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26: `keel audit replay` reproduces an answer byte for byte unless an erasure intervened, and then it
+    says so (naming the receipts, never the erased subject)."""
+    import json
+
+    import keel
+    from keel.audit import AuditFile, finish, new_record
+    folder, _, out, keys = sealed
+    with keel.open(folder, events=out, keys=keys) as graph:
+        result = graph.tools(tenant="t1").context("client:c1", at="2026-06-01T00:00:00Z")
+    assert result["labels"]["name"] == SECRET_NAME + " (2)"
+    record = new_record(cartridge=load_cartridge(folder).name, tool="context", tenant="t1", agent=None, task=None,
+                        subject=None, arguments={"entity": "client:c1"}, at="2026-06-01T00:00:00Z")
+    log = tmp_path / "audit.jsonl"
+    AuditFile(log).write(finish(record, outcome="ok", result=result, sent=json.dumps(result).encode()))
+    replay = ["audit", "replay", record["id"], str(folder), str(out), "--keys", str(keys), "--audit", str(log),
+              "--entity", "client:c1", "--json"]
+    assert main(replay) == 0 and json.loads(capsys.readouterr().out)["identical"] is True
+    assert main(["erase", str(folder), "--events", str(out), "--keys", str(keys), "--tenant", "t1",
+                 "--subject", "client:c1"]) == 0
+    capsys.readouterr()
+    assert main(replay) == 1
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["identical"] is False and verdict["why"].startswith("erasure intervened")
+    assert len(verdict["erasures"]) == 1 and "client:c1" not in json.dumps(verdict)
