@@ -17,6 +17,9 @@ class Settings(BaseModel):
     allow_global_notes: bool = False
     apply_timeout_s: float = 10.0
     redis_layout: int = 1           # the Redis key layout a new namespace is written in (keel/store/redis/layout.py)
+    keys_file: str | None = None    # the key file of sealed personal fields (docs/privacy.md)
+    keys_dsn: str | None = None     # or the PostgreSQL key store (keel/keystore_pg.py)
+    master_key_file: str | None = None
 
 
 def resolve(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> Settings:
@@ -37,4 +40,7 @@ def resolve(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -
                     redis_url=pick("redis", "KEEL_REDIS_URL", None),  # type: ignore[arg-type]
                     allow_global_notes=allow if isinstance(allow, bool) else str(allow).lower() in ("1", "true", "yes"),
                     apply_timeout_s=float(pick("apply_timeout", "KEEL_APPLY_TIMEOUT", 10.0)),  # type: ignore[arg-type]
-                    redis_layout=int(layout))
+                    redis_layout=int(layout),
+                    keys_file=pick("keys", "KEEL_KEYS_FILE", None),  # type: ignore[arg-type]
+                    keys_dsn=pick("keys_dsn", "KEEL_KEYS_DSN", None),  # type: ignore[arg-type]
+                    master_key_file=pick("master_key_file", "KEEL_MASTER_KEY_FILE", None))  # type: ignore[arg-type]

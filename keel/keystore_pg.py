@@ -32,8 +32,10 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from psycopg import sql
 
+from .cartridge import Cartridge
+from .config import Settings
 from .errors import ServiceUnavailable, UsageError
-from .privacy import FileKeyStore, KeyStore, master_key, open_key_file
+from .privacy import FileKeyStore, KeyStore, Privacy, master_key, open_key_file
 from .times import format_time, now_micros
 
 KEYS_DSN_ENV = "KEEL_KEYS_DSN"
@@ -193,3 +195,24 @@ def open_key_store(*, keys_file: str | Path | None = None, keys_dsn: str | None 
     if keys_dsn:
         return PostgresKeyStore(keys_dsn, master_key(file=master_file))
     return None
+
+
+def privacy_of(cartridge: Cartridge, settings: Settings, *, create: bool = False) -> Privacy | None:
+    """The Privacy of a cartridge over the key store of the settings (`--keys FILE` / KEEL_KEYS_FILE, or
+    `--keys-dsn` / KEEL_KEYS_DSN); None for a cartridge without `personal:` fields. A cartridge with personal
+    fields and no key store is a usage error: its sealed fields could be neither written nor read."""
+    if not cartridge.spec.personal:
+        return None
+    require_key_store([cartridge], settings)
+    keys = open_key_store(keys_file=settings.keys_file, keys_dsn=settings.keys_dsn,
+                          master_file=settings.master_key_file, create=create)
+    return Privacy(cartridge, keys)
+
+
+def require_key_store(cartridges: list[Cartridge], settings: Settings) -> None:
+    """Refuse (usage error) when a cartridge declares personal fields and no key store is given."""
+    personal = [c.name for c in cartridges if c.spec.personal]
+    if personal and not (settings.keys_file or settings.keys_dsn):
+        raise UsageError(f"cartridge {personal[0]!r} declares personal fields (`personal:` in cartridge.yaml): give "
+                         f"the key store, --keys-dsn DSN ({KEYS_DSN_ENV}) or --keys FILE (KEEL_KEYS_FILE), and the "
+                         f"master key (KEEL_MASTER_KEY or KEEL_MASTER_KEY_FILE)")

@@ -21,7 +21,7 @@ from keel.errors import StateBehind
 from keel.projector import Projector
 from keel.store.base import GLOBAL_TENANT, BatchStep, EventWrites, Position, Store, went_back
 
-from .judge import judge
+from .judge import Reveal, judge
 from .mirror import Mirrors, TopicPartition
 from .records import Record
 
@@ -95,8 +95,10 @@ class BatchApplier:
     """Plans and commits batches of one cartridge's records against a durable store, through mirrors."""
 
     def __init__(self, cartridge: Cartridge, durable: Store, *, writer: Store | None = None,
-                 allow_global_notes: bool = False, max_mirrored_tenants: int = 100_000) -> None:
+                 allow_global_notes: bool = False, max_mirrored_tenants: int = 100_000,
+                 reveal: Reveal | None = None) -> None:
         self.cartridge = cartridge
+        self.reveal = reveal                            # decrypts sealed personal fields (keel.privacy)
         self.durable = durable                          # mirrors load from it (the planning thread)
         self.writer = writer if writer is not None else durable     # commits go through it (maybe another thread)
         self.mirrors = Mirrors(durable, max_tenants=max_mirrored_tenants)
@@ -129,7 +131,8 @@ class BatchApplier:
         """Plan one record; False when its partition is held (at this record or an earlier one)."""
         if plan.held and (record.topic, record.partition) in plan.held:
             return False
-        verdict = judge(self.projector, self.recorder, record, lambda t: self._already_applied(plan, t, record))
+        verdict = judge(self.projector, self.recorder, record, lambda t: self._already_applied(plan, t, record),
+                        self.reveal)
         if verdict.outcome == "skipped":
             return True
         if verdict.outcome == "held":

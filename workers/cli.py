@@ -33,8 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="replication factor of topics created when missing (default 1)")
     redis = argparse.ArgumentParser(add_help=False)
     redis.add_argument("--redis", metavar="URL", help="Redis URL, redis://host:port/db (env KEEL_REDIS_URL)")
+    keys = argparse.ArgumentParser(add_help=False)
+    keys.add_argument("--keys-dsn", metavar="DSN", help="the PostgreSQL key store of a cartridge's personal fields "
+                      "(env KEEL_KEYS_DSN; docs/privacy.md)")
+    keys.add_argument("--keys", metavar="FILE", help="or a key file (env KEEL_KEYS_FILE)")
+    keys.add_argument("--master-key-file", metavar="FILE", help="the master key (default: env KEEL_MASTER_KEY or "
+                      "KEEL_MASTER_KEY_FILE)")
 
-    p = sub.add_parser("publish", parents=[kafka, topics], help="send an events file to the cartridge's topic",
+    p = sub.add_parser("publish", parents=[kafka, topics, keys], help="send an events file to the cartridge's topic",
                        description="Check each line of an events file with the cartridge's catalog and send "
                                    "each valid envelope (canonical form, as file mode reads it) to "
                                    "keel.<cartridge>.events keyed by tenant, acks=all. Bad lines are reported "
@@ -48,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
     p.set_defaults(run=cmd_publish)
 
-    p = sub.add_parser("worker", parents=[kafka, redis, topics], help="run the stream worker of one or more cartridges",
+    p = sub.add_parser("worker", parents=[kafka, redis, topics, keys], help="run the stream worker of one or more cartridges",
                        description="Consume keel.<cartridge>.events (consumer group keel.<cartridge>.worker), apply "
                                    "the cartridge's handlers and write each batch to Redis atomically per tenant "
                                    "with the tenant's applied offset; rejected records go to keel.<cartridge>.dlq. "
@@ -120,7 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--ref", action="append", default=[], metavar="PARTITION:OFFSET", help="only these (repeatable)")
     q.set_defaults(run=cmd_dlq_close)
 
-    p = sub.add_parser("replay", parents=[kafka, redis], help="rebuild tenants from the topic, no downtime",
+    p = sub.add_parser("replay", parents=[kafka, redis, keys], help="rebuild tenants from the topic, no downtime",
                        description="Rebuild a tenant (or every tenant) from its partition of keel.<cartridge>.events "
                                    "into a shadow generation while live ingestion continues, cut over atomically "
                                    "once caught up, then delete the old generation. Interrupted, the served graph "
@@ -150,6 +156,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from keel.embedded import print_reject
     from keel.errors import UsageError
     from keel.kafka import TopicSpec
+    from keel.keystore_pg import privacy_of
 
     from .publish import publish_file
 
@@ -162,11 +169,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"events file {events}: {e.strerror}") from None
     settings = settings_of(args)
+    privacy = privacy_of(cartridge, settings, create=True)     # personal fields are sealed before they are sent
     progress = None if args.quiet or not sys.stderr.isatty() else _progress_printer()
     report = publish_file(cartridge, events, settings.kafka_bootstrap,
                           topics=TopicSpec(args.partitions, args.replication_factor),
                           on_reject=print_reject(events), progress=progress,
-                          recorded_now=args.recorded_at == "now")
+                          recorded_now=args.recorded_at == "now", privacy=privacy)
     if progress is not None:
         print(file=sys.stderr)
     if not args.quiet:
@@ -190,6 +198,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from keel.errors import UsageError
     from keel.health import metrics_port
     from keel.kafka import TopicSpec
+    from keel.keystore_pg import require_key_store
 
     from .app import ProcessOptions, run_worker
     from .ingest import DEFAULT_BATCH, WorkerOptions
@@ -201,6 +210,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     if not settings.redis_url:
         raise UsageError("the worker writes to Redis: pass --redis URL or set KEEL_REDIS_URL")
+    require_key_store(cartridges, settings)
     options = WorkerOptions(batch=args.batch or DEFAULT_BATCH, within_s=args.within,
                             topics=TopicSpec(args.partitions, args.replication_factor),
                             max_mirrored_tenants=args.max_mirrored_tenants, unready_after_s=args.unready_after)

@@ -55,6 +55,7 @@ from keel.connect import open_redis_store
 from keel.errors import StateBehind, StoreUnavailable, UsageError
 from keel.health import Health
 from keel.kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_consumer, new_producer
+from keel.keystore_pg import privacy_of
 from keel.store.base import went_back
 from keel.store.redis import GenerationChanged, RedisStore
 from keel.wire import dlq_topic, events_topic, group_id
@@ -169,8 +170,10 @@ class CartridgeIngest(Service):
             await self.producer.start()
             await self.consumer.start()
             self.consumer.subscribe([self.topic], listener=_Rebalance(self))
+        privacy = await asyncio.to_thread(privacy_of, self.cartridge, s)
         applier = BatchApplier(self.cartridge, reader, writer=writer, allow_global_notes=s.allow_global_notes,
-                               max_mirrored_tenants=o.max_mirrored_tenants)
+                               max_mirrored_tenants=o.max_mirrored_tenants,
+                               reveal=None if privacy is None else privacy.reveal_line)
         self.pipeline = BatchPipeline(applier, DeadLetterQueue(self.producer, dlq_topic(self.cartridge.name),
                                                                self.cartridge.name, s.kafka_bootstrap),
                                       DeadLetterCounts(writer.client, self.cartridge.name), log=self.log,

@@ -16,13 +16,21 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from keel.envelope import TENANT, Event
-from keel.errors import EnvelopeRejected, HandlerFailed, KeelError, StoreUnavailable, VersionUnknown
+from keel.errors import (
+    EnvelopeRejected,
+    HandlerFailed,
+    KeelError,
+    StoreUnavailable,
+    UsageError,
+    VersionUnknown,
+)
 from keel.projector import Projector
 from keel.store.base import Write
 
 from .mirror import RecordingStore
 from .records import Record
 
+Reveal = Callable[[bytes], bytes]
 Outcome = Literal["skipped", "refused", "duplicate", "applied", "held"]
 EMPTY_RECORD = "empty record: the value must be an event envelope"
 
@@ -41,15 +49,23 @@ class Verdict:
 
 
 def judge(projector: Projector, recorder: RecordingStore, record: Record,
-          already_applied: Callable[[str], bool] | None = None) -> Verdict:
+          already_applied: Callable[[str], bool] | None = None, reveal: Reveal | None = None) -> Verdict:
     """Judge and (unless refused or a duplicate) apply one record on the recording mirror.
 
     `already_applied(tenant)` lets the worker skip a record the durable store already holds (by offset); it
-    is asked as soon as the record's tenant is known (before a refusal is reported, too)."""
+    is asked as soon as the record's tenant is known (before a refusal is reported, too). `reveal`
+    (keel.privacy.Privacy.reveal_line) decrypts the record's personal fields first, or masks them when their
+    key was erased; a field that does not verify, or a key the store never held, refuses the record."""
     try:
         if record.value is None:
             raise EnvelopeRejected(EMPTY_RECORD)
-        event = projector.parse(record.value, default_recorded_at=record.timestamp_micros)
+        value = record.value
+        if reveal is not None:
+            try:
+                value = reveal(value)
+            except UsageError as e:         # a key id the store never held (another key store?)
+                raise EnvelopeRejected(str(e)) from None
+        event = projector.parse(value, default_recorded_at=record.timestamp_micros)
     except VersionUnknown as e:
         tenant = e.tenant if e.tenant and TENANT.match(e.tenant) else None
         if tenant is not None and already_applied is not None and already_applied(tenant):

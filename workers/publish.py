@@ -8,6 +8,7 @@ reported with their line numbers and not sent.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from keel.embedded import Rejected
 from keel.envelope import Catalog
 from keel.errors import EnvelopeRejected
 from keel.kafka import TopicSpec, ensure_topics, kafka_guard, new_producer
+from keel.privacy import Privacy
 from keel.times import now_micros
 from keel.wire import canonical_bytes, events_topic, record_key
 
@@ -36,10 +38,12 @@ class Prepared:
 
 def checked_records(cartridge: Cartridge, path: str | Path, into: Prepared,
                     on_reject: Callable[[Rejected], None] | None = None, *,
-                    recorded_now: bool = False) -> Iterator[tuple[bytes, bytes]]:
+                    recorded_now: bool = False, privacy: Privacy | None = None) -> Iterator[tuple[bytes, bytes]]:
     """Stream the valid lines of a file as (tenant, canonical envelope); rejects and tenants go to `into`.
     An envelope without recorded_at gets occurred_at (file mode's rule), or with `recorded_now` the time
-    the publishing started (re-sent or late data: the graph learns it now, never backdated)."""
+    the publishing started (re-sent or late data: the graph learns it now, never backdated). With `privacy`,
+    each line is checked in clear (a sealed line is revealed first) and its personal fields are sealed with
+    the key store before it is sent: the topic never holds them in clear (docs/privacy.md)."""
     catalog = Catalog(cartridge)
     now = now_micros() if recorded_now else None
     with open(path, "rb") as f:
@@ -47,7 +51,15 @@ def checked_records(cartridge: Cartridge, path: str | Path, into: Prepared,
             if not raw.strip():
                 continue
             try:
+                if privacy is not None:
+                    raw = privacy.reveal_line(raw)
                 event = catalog.parse(raw, default_recorded_at=now)
+                if privacy is not None:
+                    sealed = privacy.seal(event.to_envelope())
+                    into.tenants.add(event.tenant)
+                    yield record_key(event.tenant), json.dumps(sealed, ensure_ascii=False,
+                                                               separators=(",", ":")).encode()
+                    continue
             except EnvelopeRejected as e:
                 rejected = Rejected(number, e.event_id, e.reason)
                 into.rejected.append(rejected)
@@ -131,9 +143,11 @@ async def _publish(cartridge: Cartridge, into: Prepared, records: Iterable[tuple
 
 def publish_file(cartridge: Cartridge, path: str | Path, bootstrap: str, *, topics: TopicSpec | None = None,
                  on_reject: Callable[[Rejected], None] | None = None,
-                 progress: Progress | None = None, recorded_now: bool = False) -> PublishReport:
-    """Check and send a whole events file, streaming it; returns once every record is acknowledged."""
+                 progress: Progress | None = None, recorded_now: bool = False,
+                 privacy: Privacy | None = None) -> PublishReport:
+    """Check and send a whole events file, streaming it; returns once every record is acknowledged. `privacy`:
+    seal the cartridge's personal fields with its key store first."""
     into = Prepared()
     total = count_lines(path) if progress is not None else 0
-    records = checked_records(cartridge, path, into, on_reject, recorded_now=recorded_now)
+    records = checked_records(cartridge, path, into, on_reject, recorded_now=recorded_now, privacy=privacy)
     return asyncio.run(_publish(cartridge, into, records, bootstrap, topics or TopicSpec(), progress, total))

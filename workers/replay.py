@@ -32,6 +32,7 @@ from keel.connect import open_redis_store
 from keel.envelope import TENANT
 from keel.errors import KeelError, StoreUnavailable, UsageError
 from keel.kafka import KafkaUnavailable, describe_group
+from keel.keystore_pg import privacy_of
 from keel.store.base import EventWrites
 from keel.store.redis import GenerationLoader
 from keel.store.redis.layout import stamp_layout
@@ -153,6 +154,7 @@ class Replayer:
         self.options = options
         self.progress = progress
         self.topic = events_topic(cartridge.name)
+        self.privacy = privacy_of(cartridge, settings)      # sealed personal fields: decrypted, or the mask
         self.store = open_redis_store(cartridge, settings, upgrading_layout=True, convert_to=options.layout)
         self.state = ReplayState(self.store)
         self.report = ReplayReport(cartridge.name, self.topic)
@@ -204,7 +206,8 @@ class Replayer:
         scan = PartitionScan(self.settings.kafka_bootstrap, self.topic, partition, max_records=self.options.fetch)
         build = PartitionBuild(self.cartridge, (lambda t: t in wanted) if wanted is not None else
                                (lambda t: TENANT.match(t) is not None),
-                               allow_global_notes=self.settings.allow_global_notes)
+                               allow_global_notes=self.settings.allow_global_notes,
+                               reveal=None if self.privacy is None else self.privacy.reveal_line)
         for t in sorted(wanted or ()):
             build.add_tenant(t)
             await self._run(self._writer, self._claim, t, partition)

@@ -19,7 +19,7 @@ from keel.errors import UsageError
 from keel.projector import Projector
 from keel.store.base import GLOBAL_TENANT, EventWrites
 
-from .judge import judge
+from .judge import Reveal, judge
 from .mirror import RecordingStore
 from .records import Record
 
@@ -38,8 +38,9 @@ class PartitionBuild:
     """Rebuilds the tenants of one partition in memory; `accepts(tenant)` says which keys to rebuild."""
 
     def __init__(self, cartridge: Cartridge, accepts: Callable[[str], bool], *,
-                 allow_global_notes: bool = False) -> None:
+                 allow_global_notes: bool = False, reveal: Reveal | None = None) -> None:
         self.accepts = accepts
+        self.reveal = reveal
         self.mirror = RecordingStore()
         self.projector = Projector(cartridge, self.mirror, allow_global_notes=allow_global_notes)
         self.tenants: dict[str, TenantProgress] = {}
@@ -61,7 +62,7 @@ class PartitionBuild:
             self._apply(tenant, progress, record)
 
     def _apply(self, tenant: str, progress: TenantProgress, record: Record) -> None:
-        verdict = judge(self.projector, self.mirror, record)
+        verdict = judge(self.projector, self.mirror, record, reveal=self.reveal)
         if verdict.outcome == "held":
             raise UsageError(f"tenant {tenant!r}, {record.origin}: {verdict.reason}; replay with that cartridge (no "
                              f"tenant of partition {record.partition} was switched)")

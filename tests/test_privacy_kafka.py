@@ -1,0 +1,94 @@
+"""Personal data on the Kafka -> workers -> Redis path (issue 24, second slice; docs/privacy.md): `keel publish`
+seals with the key store, workers and `keel replay` reveal, `keel erase --redis --kafka` shreds and rebuilds."""
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.workers import (
+    WorkerProcess,
+    embedded_digests,
+    keel,
+    read_topic,
+    redis_digests,
+    services,
+    services_env,
+    wait_applied,
+)
+from test_privacy import MASTER, SECRET_NAME, STREAM, plaintext_forms, write_cartridge, write_lines
+
+from keel.cartridge import load_cartridge
+from keel.cli import main
+
+ERASED_VALUES = [SECRET_NAME, SECRET_NAME + " (2)", "+57 300 555 0101", "+57 300 555 0103", "alérgica al látex"]
+
+
+def unique_clinic(tmp_path: Path) -> Path:
+    folder = write_cartridge(tmp_path / "clinic")
+    text = (folder / "cartridge.yaml").read_text(encoding="utf-8")
+    (folder / "cartridge.yaml").write_text(text.replace("name: clinic", f"name: p{uuid.uuid4().hex[:10]}", 1),
+                                           encoding="utf-8")
+    return folder
+
+
+def test_a_worker_of_a_personal_cartridge_refuses_to_start_without_a_key_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    for var in ("KEEL_KEYS_DSN", "KEEL_KEYS_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    folder = write_cartridge(tmp_path / "c")
+    assert main(["worker", str(folder), "--redis", "redis://127.0.0.1:1/0"]) == 2
+    err = capsys.readouterr().err
+    assert "declares personal fields" in err and "--keys-dsn" in err
+    assert main(["replay", str(folder), "--tenant", "t1", "--redis", "redis://127.0.0.1:1/0"]) == 2
+    assert "declares personal fields" in capsys.readouterr().err
+
+
+@pytest.fixture
+def keyed_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Kafka, Redis, the master key and a PostgreSQL key store in a fresh schema (dropped afterwards)."""
+    import psycopg
+    from support.services import service_env
+    dsn = service_env("KEEL_POSTGRES_DSN")
+    env = services_env()
+    schema = f"k_{uuid.uuid4().hex[:12]}"
+    sep = "&" if "?" in dsn else "?"
+    env.update({"KEEL_MASTER_KEY": base64.b64encode(MASTER).decode(), "KEEL_MASTER_KEY_FILE": "",
+                "KEEL_KEYS_DSN": f"{dsn}{sep}options=-csearch_path%3D{schema}", "KEEL_KEYS_FILE": ""})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield env
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def topic_bytes(env: dict[str, str], topic: str, expected: int) -> bytes:
+    records = read_topic(env, topic, expected)
+    assert len(records) >= expected
+    return b"\n".join((r.key or b"") + b"\0" + (r.value or b"") for r in records)
+
+
+@services
+def test_publish_seals_and_the_worker_builds_the_clear_graph(tmp_path: Path, keyed_env: dict[str, str]) -> None:
+    from keel.wire import events_topic
+    env = keyed_env
+    folder = unique_clinic(tmp_path)
+    clear = write_lines(tmp_path / "clear.jsonl", STREAM)
+    keel("publish", str(folder), str(clear), "--partitions", "2", env=env)
+    topic = events_topic(load_cartridge(folder).name)
+    stored = topic_bytes(env, topic, len(STREAM))
+    for value in ERASED_VALUES + ["Ana Ruiz", "Other Tenant"]:
+        for form in plaintext_forms(value):
+            assert form not in stored, value
+    assert stored.count(b'"keel.enc":"v1"') == 10      # name and phone of 4 registrations, remark of 2 visits
+    worker = WorkerProcess([folder], env, tmp_path / "worker.log")
+    try:
+        wait_applied(folder, env, len(STREAM), worker)
+    finally:
+        assert worker.terminate() == 0
+    expected = embedded_digests(load_cartridge(folder), clear)
+    assert redis_digests(folder, env, ["t1", "t2"]) == expected
