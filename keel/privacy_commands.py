@@ -45,12 +45,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "that every copy of its sealed personal fields reads as the cartridge's mask, "
                                    "and append a keel.erased receipt (no personal data: the subject, how many "
                                    "keys, the reason) to the events file. Idempotent: a second call says when it "
-                                   "was done. Embedded mode only in this version (docs/privacy.md). Exit 1 when "
-                                   "the key file never held a key of S.")
+                                   "was done. Embedded mode: --events FILE --keys FILE; Redis/Kafka mode (--redis, "
+                                   "--kafka, added by the workers package): the receipt goes to the topic and "
+                                   "tenant T is rebuilt from the log (docs/privacy.md). Exit 1 when the key store "
+                                   "never held a key of S.")
     p.add_argument("cartridge", help="cartridge folder")
-    p.add_argument("--events", metavar="FILE", required=True, help="the sealed events file (the receipt is "
+    p.add_argument("--events", metavar="FILE", help="embedded mode: the sealed events file (the receipt is "
                    "appended)")
-    p.add_argument("--keys", metavar="FILE", required=True, help="the key file")
+    p.add_argument("--keys", metavar="FILE", help="the key file")
     p.add_argument("--tenant", required=True, help="the tenant")
     p.add_argument("--subject", required=True, help="the data subject, an entity reference (type:id)")
     p.add_argument("--reason", help="why (kept in the receipt: never write personal data here)")
@@ -110,14 +112,37 @@ def cmd_seal(args: argparse.Namespace) -> int:
     return EXIT_USAGE if refused else 0
 
 
-def cmd_erase(args: argparse.Namespace) -> int:
-    tenant, subject, reason = args.tenant, args.subject, args.reason
+def check_erase_arguments(tenant: str, subject: str, reason: str | None) -> None:
+    """Usage errors of `keel erase` (either mode), before anything changes."""
     if not TENANT.match(tenant):
         raise UsageError(f"--tenant {tenant!r}: ASCII letters, digits and . _ - (at most 64 characters)")
     if not ENTITY.match(subject):
         raise UsageError(f"--subject {subject!r}: the data subject's entity reference, type:id")
     if reason is not None and len(reason) > MAX_REASON:
         raise UsageError(f"--reason: at most {MAX_REASON} characters")
+
+
+def receipt_id(tenant: str, subject: str, done: dict[str, object]) -> str:
+    """The id of an erasure's receipt: the same for every call about that erasure (idempotent)."""
+    return "erased-" + hashlib.sha256(f"{tenant}\0{subject}\0{done['at']}".encode()).hexdigest()[:24]
+
+
+def receipt(tenant: str, subject: str, done: dict[str, object], reason: str | None) -> dict[str, object]:
+    """The PII-free `keel.erased` envelope of an erasure: the subject, how many keys, the reason."""
+    payload: dict[str, object] = {"keys": done["keys"]}
+    if reason is not None:
+        payload["reason"] = reason
+    return {"id": receipt_id(tenant, subject, done), "tenant": tenant, "type": ERASED, "subject": subject,
+            "occurred_at": done["at"], "recorded_at": format_time(now_micros()), "source": "keel",
+            "payload": payload}
+
+
+def cmd_erase(args: argparse.Namespace) -> int:
+    tenant, subject, reason = args.tenant, args.subject, args.reason
+    check_erase_arguments(tenant, subject, reason)
+    if not args.events or not args.keys:
+        raise UsageError("give --events FILE --keys FILE (embedded mode), or --redis URL --kafka BOOTSTRAP with "
+                         "the key store (Redis/Kafka mode)")
     cartridge = load_cartridge(args.cartridge)
     events = Path(args.events)
     open_events(events).close()             # a missing or unreadable events file: a usage error, before any change
@@ -128,22 +153,17 @@ def cmd_erase(args: argparse.Namespace) -> int:
         print(f"keel: the key file {args.keys} never held a key of {subject} in tenant {tenant}: nothing to erase",
               file=sys.stderr)
         return EXIT_DOMAIN
-    receipt_id = "erased-" + hashlib.sha256(f"{tenant}\0{subject}\0{done['at']}".encode()).hexdigest()[:24]
+    rid = receipt_id(tenant, subject, done)
     with open_graph(cartridge, settings_of(argparse.Namespace()), events, keys=keys,
                     stream=sys.stderr) as graph:
-        if graph.store.has_event(tenant, receipt_id):
+        if graph.store.has_event(tenant, rid):
             print(f"{subject} of tenant {tenant}: already erased at {done['at']} ({keys_text(done['keys'])}; receipt "
-                  f"{receipt_id} in {events})")
+                  f"{rid} in {events})")
             return 0
-        payload: dict[str, object] = {"keys": done["keys"]}
-        if reason is not None:
-            payload["reason"] = reason
         assert graph.log is not None
-        graph.log.append({"id": receipt_id, "tenant": tenant, "type": ERASED, "subject": subject,
-                          "occurred_at": done["at"], "recorded_at": format_time(now_micros()), "source": "keel",
-                          "payload": payload})
+        graph.log.append(receipt(tenant, subject, done, reason))
     what = "erased" if deleted else f"already erased at {done['at']}; its receipt was missing and is"
-    print(f"{subject} of tenant {tenant}: {what} ({keys_text(done['keys'])} deleted); receipt {receipt_id} appended to "
+    print(f"{subject} of tenant {tenant}: {what} ({keys_text(done['keys'])} deleted); receipt {rid} appended to "
           f"{events}")
     return 0
 

@@ -18,7 +18,7 @@ from support.workers import (
     services_env,
     wait_applied,
 )
-from test_privacy import MASTER, SECRET_NAME, STREAM, plaintext_forms, write_cartridge, write_lines
+from test_privacy import MASTER, SECRET_NAME, STREAM, masked, plaintext_forms, write_cartridge, write_lines
 
 from keel.cartridge import load_cartridge
 from keel.cli import main
@@ -92,3 +92,75 @@ def test_publish_seals_and_the_worker_builds_the_clear_graph(tmp_path: Path, key
         assert worker.terminate() == 0
     expected = embedded_digests(load_cartridge(folder), clear)
     assert redis_digests(folder, env, ["t1", "t2"]) == expected
+
+
+def redis_values(env: dict[str, str], namespace: str) -> bytes:
+    """Every key and value of a cartridge's Redis namespace (SCAN, read by type), as one byte string."""
+    import redis
+    client = redis.Redis.from_url(env["KEEL_REDIS_URL"])
+    out: list[bytes] = []
+    try:
+        for key in client.scan_iter(match=f"*{namespace}*", count=1000):
+            kind = client.type(key)
+            out.append(key)
+            if kind == b"string":
+                out.append(client.get(key) or b"")
+            elif kind == b"hash":
+                for k, v in client.hgetall(key).items():
+                    out += [k, v]
+            elif kind == b"list":
+                out += client.lrange(key, 0, -1)
+            elif kind == b"set":
+                out += list(client.smembers(key))
+            elif kind == b"zset":
+                out += [m for m, _ in client.zrange(key, 0, -1, withscores=True)]
+            elif kind == b"stream":
+                for _, fields in client.xrange(key):
+                    for k, v in fields.items():
+                        out += [k, v]
+            else:
+                raise AssertionError(f"unread Redis type {kind!r} of {key!r}")
+    finally:
+        client.close()
+    assert out, f"no Redis key of {namespace}"
+    return b"\n".join(out)
+
+
+@services
+def test_erase_shreds_a_subject_in_redis_and_kafka(tmp_path: Path, keyed_env: dict[str, str]) -> None:
+    import json
+
+    from keel.wire import events_topic
+    env = keyed_env
+    folder = unique_clinic(tmp_path)
+    name = load_cartridge(folder).name
+    clear = write_lines(tmp_path / "clear.jsonl", STREAM)
+    keel("publish", str(folder), str(clear), "--partitions", "2", env=env)
+    worker = WorkerProcess([folder], env, tmp_path / "worker.log")
+    try:
+        wait_applied(folder, env, len(STREAM), worker)
+        before = redis_digests(folder, env, ["t1", "t2"])
+        plain_before = redis_values(env, name)
+        assert SECRET_NAME.encode() in plain_before       # the live graph holds the revealed values
+        erase = ["erase", str(folder), "--redis", env["KEEL_REDIS_URL"], "--kafka", env["KEEL_KAFKA_BOOTSTRAP"],
+                 "--tenant", "t1", "--subject", "client:c1", "--reason", "request 2026-117"]
+        first = keel(*erase, env=env).stdout
+        assert "client:c1 of tenant t1: erased (1 key deleted)" in first and "produced to the topic" in first
+        topic = events_topic(name)
+        records = read_topic(env, topic, len(STREAM) + 1)
+        receipts = [json.loads(r.value) for r in records if b'"keel.erased"' in r.value]
+        assert len(receipts) == 1 and receipts[0]["payload"] == {"keys": 1, "reason": "request 2026-117"}
+        wait_applied(folder, env, len(STREAM) + 1, worker)
+        second = keel(*erase, env=env).stdout                                       # idempotent
+        assert "already erased at" in second and "already in the graph" in second
+        assert len([r for r in read_topic(env, topic, len(STREAM) + 1) if b'"keel.erased"' in r.value]) == 1
+        after = redis_digests(folder, env, ["t1", "t2"])
+    finally:
+        assert worker.terminate() == 0
+    expected = write_lines(tmp_path / "expected.jsonl", [*masked(STREAM, "t1", "client:c1", folder), receipts[0]])
+    assert after == embedded_digests(load_cartridge(folder), expected)
+    assert after["t2"] == before["t2"] and after["t1"] != before["t1"]
+    stored = redis_values(env, name) + b"\n" + topic_bytes(env, topic, len(STREAM) + 1)
+    hits = [(v, f) for v in ERASED_VALUES for f in plaintext_forms(v) if f in stored]
+    assert hits == []
+    assert b"Ana Ruiz" in redis_values(env, name)               # another subject's values are still there

@@ -147,6 +147,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_log_arguments(p)
     p.set_defaults(run=cmd_replay)
 
+    erase = sub.choices.get("erase")        # keel erase (keel/privacy_commands.py): add its Redis/Kafka mode
+    if erase is not None:
+        erase.add_argument("--redis", metavar="URL", help="Redis/Kafka mode: the Redis graph, whose tenant T is "
+                           "rebuilt from the log after the keys are deleted")
+        erase.add_argument("--kafka", metavar="BOOTSTRAP", help="Redis/Kafka mode: where the receipt is produced "
+                           "(env KEEL_KAFKA_BOOTSTRAP)")
+        erase.add_argument("--keys-dsn", metavar="DSN", help="Redis/Kafka mode: the PostgreSQL key store (env "
+                           "KEEL_KEYS_DSN), or --keys FILE")
+        erase.set_defaults(run=cmd_erase, embedded_erase=erase.get_default("run"))
+
 
 
 # ---- commands --------------------------------------------------------------------------------
@@ -304,4 +314,28 @@ def cmd_dlq_close(args: argparse.Namespace) -> int:
 
     refs = close(load_cartridge(args.cartridge), settings_of(args).kafka_bootstrap, _dlq_filter(args, args.ref))
     print(f"closed {len(refs)} dead letter(s)" + (f": {', '.join(refs)}" if refs else ""))
+    return 0
+
+
+def cmd_erase(args: argparse.Namespace) -> int:
+    """`keel erase`: embedded mode (keel/privacy_commands.py) unless --redis is given."""
+    if not args.redis:
+        return args.embedded_erase(args)
+    from keel.cartridge import load_cartridge
+    from keel.errors import EXIT_DOMAIN, UsageError
+
+    from .erase import erase_in_stream
+    from .replay_progress import Progress
+
+    if args.events:
+        raise UsageError("--events is embedded mode; with --redis the log is the cartridge's topic")
+    setup_logging(log_format(None))
+    cartridge = load_cartridge(args.cartridge)
+    report = erase_in_stream(cartridge, settings_of(args), args.tenant, args.subject, args.reason,
+                             progress=Progress(f"erase {cartridge.name}", quiet=True))
+    if report is None:
+        print(f"keel: the key store never held a key of {args.subject} in tenant {args.tenant}: nothing to erase",
+              file=sys.stderr)
+        return EXIT_DOMAIN
+    print(report.summary())
     return 0
