@@ -34,7 +34,7 @@ from psycopg import sql
 
 from .cartridge import Cartridge
 from .config import Settings
-from .errors import ServiceUnavailable, UsageError
+from .errors import StoreUnavailable, UsageError
 from .privacy import FileKeyStore, KeyStore, Privacy, master_key, open_key_file
 from .times import format_time, now_micros
 
@@ -43,8 +43,9 @@ _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,55}$")
 CACHE_SECONDS = 5.0         # how long a process reuses an unwrapped key before asking the store again
 
 
-class KeyStoreUnavailable(ServiceUnavailable):
-    """The key store's database (PostgreSQL) could not be reached or refused a statement (exit 3)."""
+class KeyStoreUnavailable(StoreUnavailable):
+    """The key store's database (PostgreSQL) could not be reached or refused a statement (exit 3). A
+    StoreUnavailable, like the outbox's: a worker waits and retries it as an outage."""
     service = "PostgreSQL"
 
 
