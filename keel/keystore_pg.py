@@ -64,8 +64,8 @@ def _guard(what: str) -> Iterator[None]:
 class PostgresKeyStore:
     """Data keys in PostgreSQL, wrapped by the master key. Several processes may share one store: a key is
     created with INSERT … ON CONFLICT (one per tenant and subject), an erasure is one transaction. A process
-    keeps an unwrapped key at most `cache_seconds` before asking again, so an erasure by another process is
-    seen within that time (the erasing process sees it at once)."""
+    keeps an unwrapped key (for reading and for sealing) at most `cache_seconds` before asking again, so an
+    erasure by another process is seen within that time (the erasing process sees it at once)."""
 
     def __init__(self, dsn: str, master: bytes, *, schema: str | None = None,
                  cache_seconds: float = CACHE_SECONDS) -> None:
@@ -75,7 +75,8 @@ class PostgresKeyStore:
         self._fingerprint = hashlib.sha256(b"keel.master/v1\0" + master).hexdigest()[:16]
         self._schema = schema
         self._cache_seconds = cache_seconds
-        self._unwrapped: dict[str, tuple[bytes, float]] = {}
+        self._unwrapped: dict[str, tuple[bytes, float]] = {}     # key id -> (data key, until when it is reused)
+        self._current: dict[tuple[str, str], str] = {}            # (tenant, subject) -> its key id
         self.where = "the key store (PostgreSQL)"
         with _guard("connect"):
             self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
@@ -128,6 +129,11 @@ class PostgresKeyStore:
         return key
 
     def key_for(self, tenant: str, subject: str) -> tuple[str, bytes]:
+        kid = self._current.get((tenant, subject))
+        if kid is not None:
+            known = self._unwrapped.get(kid)
+            if known is not None and known[1] > time.monotonic():
+                return kid, known[0]
         keys = self._t("keel_keys")
         with _guard("key lookup"):
             row = self._conn.execute(sql.SQL("SELECT kid, wrapped FROM {} WHERE tenant = %s AND subject = %s"
@@ -143,6 +149,7 @@ class PostgresKeyStore:
                                                  ).format(keys), (tenant, subject)).fetchone()
         if row is None:         # erased between the insert and the select: ask again
             return self.key_for(tenant, subject)
+        self._current[(tenant, subject)] = row[0]
         return row[0], self._unwrap(row[0], tenant, subject, bytes(row[1]))
 
     def key(self, kid: str) -> bytes | None:
@@ -175,6 +182,7 @@ class PostgresKeyStore:
                                            ).format(self._t("keel_keys_erasures")), (tenant, subject, at, len(kids)))
         for kid in kids:
             self._unwrapped.pop(kid, None)
+        self._current.pop((tenant, subject), None)
         return len(kids)
 
     def erasure(self, tenant: str, subject: str) -> dict[str, Any] | None:
