@@ -166,3 +166,39 @@ def test_erase_shreds_a_subject_in_redis_and_kafka(tmp_path: Path, keyed_env: di
     hits = [(v, f) for v in ERASED_VALUES for f in plaintext_forms(v) if f in stored]
     assert hits == []
     assert b"Ana Ruiz" in redis_values(env, name)               # another subject's values are still there
+
+
+def test_the_worker_judge_reveals_masks_and_refuses_without_crashing(tmp_path: Path) -> None:
+    import json
+
+    from keel.privacy import FileKeyStore, Privacy
+    from keel.projector import Projector
+    from workers.judge import judge
+    from workers.mirror import RecordingStore
+    from workers.records import Record
+    folder = write_cartridge(tmp_path / "c")
+    cartridge = load_cartridge(folder)
+    privacy = Privacy(cartridge, FileKeyStore(tmp_path / "k.json", MASTER))
+    sealed = privacy.seal(STREAM[0])
+    value = json.dumps(sealed).encode()
+
+    def verdict(raw: bytes):
+        recorder = RecordingStore()
+        return judge(Projector(cartridge, recorder), recorder, Record("keel.c.events", 0, 0, None, b"t1", raw),
+                     reveal=privacy.reveal_line)
+    applied = verdict(value)
+    assert applied.outcome == "applied" and applied.event.payload["name"] == SECRET_NAME
+    ct = bytearray(base64.b64decode(sealed["payload"]["name"]["ct"]))
+    ct[0] ^= 1
+    tampered = {**sealed, "payload": {**sealed["payload"], "name": {**sealed["payload"]["name"],
+                                                                     "ct": base64.b64encode(bytes(ct)).decode()}}}
+    refused = verdict(json.dumps(tampered).encode())
+    assert refused.outcome == "refused" and "payload.name" in refused.reason and "does not verify" in refused.reason
+    unknown = {**sealed, "payload": {**sealed["payload"], "name": {**sealed["payload"]["name"], "kid": "0" * 32}}}
+    refused = verdict(json.dumps(unknown).encode())
+    assert refused.outcome == "refused" and "is not in key file" in refused.reason
+    for r in (refused.reason, verdict(json.dumps(tampered).encode()).reason):
+        assert all(form.decode(errors="replace") not in r for form in plaintext_forms(SECRET_NAME))
+    privacy.keys.erase("t1", "client:c1")
+    masked_verdict = verdict(value)
+    assert masked_verdict.outcome == "applied" and masked_verdict.event.payload["name"] == "[erased]"
