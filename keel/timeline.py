@@ -53,7 +53,13 @@ def is_retraction_void(a: Assertion) -> bool:
 def is_void(a: Assertion) -> bool:
     """Whether an assertion is a void: when it wins its point, the point is as if nothing were asserted there
     (the version before runs on), unlike an end, which ends the version before."""
-    return a.closed and type(a.value) is dict and VOID in a.value
+    return is_void_value(a.closed, a.value)
+
+
+def is_void_value(closed: bool, value: Any) -> bool:
+    """`is_void` on an assertion's parts, for stores that look at encoded rows before building assertions. (The
+    Redis scripts' Lua cannot call this: layout 1's `void_at` spots the `{"keel.void":` value in a member.)"""
+    return bool(closed) and type(value) is dict and VOID in value
 
 
 def new_assertion(point: Micros, value: Any, closed: bool, source: str | None, evidence: str | None,
@@ -150,17 +156,31 @@ class Timeline:
             start = end
         return None
 
-    def as_of(self, t: Micros, known_at: Micros | None = None) -> Version | None:
-        """The version valid at world time t, as believed at known_at (None = now)."""
-        entries = self.entries
-        end = bisect_right(entries, t, key=_point)
+    def _deciding(self, t: Micros, known_at: Micros | None) -> tuple[int, Assertion, int] | None:
+        """The group that decides the version at t: the greatest point <= t whose winner is no void, as the
+        end of its slice, its winner and how many of its assertions are visible (None: no such point)."""
+        end = bisect_right(self.entries, t, key=_point)
         while end > 0:
             start = self._group_start(end)
             winner, seen = self._winner(start, end, known_at)
             if winner is not None:
-                return version_at(winner, seen, self._next_point(end, known_at), t)
+                return end, winner, seen
             end = start
         return None
+
+    def as_of(self, t: Micros, known_at: Micros | None = None) -> Version | None:
+        """The version valid at world time t, as believed at known_at (None = now)."""
+        found = self._deciding(t, known_at)
+        if found is None:
+            return None
+        end, winner, seen = found
+        return version_at(winner, seen, self._next_point(end, known_at), t)
+
+    def deciding_point(self, t: Micros) -> Micros | None:
+        """The point whose winner decides the version at t, believed now: the greatest point <= t whose winner
+        is no void (None when there is none). A read at any time >= it looks at nothing before it."""
+        found = self._deciding(t, None)
+        return None if found is None else found[1].point
 
     def versions(self, known_at: Micros | None = None) -> list[Version]:
         """Every version (closed ones included) believed at known_at, by valid_from."""

@@ -22,13 +22,15 @@ a void at an anchor, or any row of a relation before its anchor; a read then dec
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any
 
 import msgspec
 
 from ...errors import UsageError
-from ...timeline import Assertion, Timeline, covering, insert, is_void, new_assertion
+from ...timeline import Assertion, Timeline, covering, insert, is_void_value, new_assertion
 from ...times import Micros
 from ..base import EventWrites, Key
 from .batch import cached_prefix
@@ -52,6 +54,7 @@ def _plain(obj: Any) -> Any:
 
 _fast_encode = msgspec.json.Encoder(enc_hook=_plain).encode   # blocks: 10x json's per-call cost
 _loads = msgspec.json.Decoder().decode
+_point = itemgetter(0)     # Assertion.point, as a key for bisect
 _LIMIT = 2 ** 53             # points as layout 1 keeps them (a namespace can move between layouts)
 
 __all__ = ["DELTA", "RESTATEMENT", "ROLL_BYTES", "Fold", "StepBlocks", "decode", "encode_step", "restate"]
@@ -204,8 +207,8 @@ class Fold:
             for row in rows:
                 if row[0] < anchor and p[0] == "r":
                     self.dirty = True
-                elif row[0] == anchor and len(row) > 3 and row[3] and type(row[2]) is dict:
-                    self.dirty = True        # possibly a void at the anchor: the fold would look below it
+                elif row[0] == anchor and len(row) > 3 and is_void_value(row[3], row[2]):
+                    self.dirty = True        # a void at the anchor: the fold may look below it
                 if self.dirty:
                     return
 
@@ -237,14 +240,14 @@ def restate(timelines: dict[str, Timeline], now: Micros, cuts: dict[str, Micros]
         entries = tl.entries
         keep: Sequence[Assertion] = entries
         before = cuts.get(p)
-        anchor = _anchor(entries, now)
+        anchor = tl.deciding_point(now)
         if anchor is not None and not (p[0] == "r" and any(a.expires_at is not None for a in entries)):
-            cut = _first_at(entries, anchor)
+            cut = bisect_left(entries, anchor, key=_point)
             keep = entries[cut:]
             if p[0] == "r":
                 run = covering(tl.runs(), anchor)
                 if run is not None and run.assertion.point < anchor:
-                    start = _first_at(entries, run.assertion.point)
+                    start = bisect_left(entries, run.assertion.point, key=_point)
                     end = start
                     while entries[end].point == run.assertion.point:
                         end += 1
@@ -264,33 +267,6 @@ def restate(timelines: dict[str, Timeline], now: Micros, cuts: dict[str, Micros]
                         else [a.point, k, a.value, a.closed, a.expires_at])
         tls[p] = rows
     return _encode([RESTATEMENT, provs, tls, anchors]) + "\n"
-
-
-def _anchor(entries: list[Assertion], now: Micros) -> Micros | None:
-    """The greatest point <= now whose group's winner (its last assertion) is no void."""
-    i = len(entries)
-    while i > 0:
-        last = entries[i - 1]
-        point = last.point
-        start = i - 1
-        while start > 0 and entries[start - 1].point == point:
-            start -= 1
-        if point <= now and not is_void(last):
-            return point
-        i = start
-    return None
-
-
-def _first_at(entries: list[Assertion], point: Micros) -> int:
-    """The index of the first assertion at `point` (which exists)."""
-    lo, hi = 0, len(entries)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if entries[mid].point < point:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 def delta_ranges(blocks: Iterable[list[Any]]) -> dict[str, tuple[Micros, Micros, bool]]:
@@ -324,8 +300,8 @@ def past_timelines(segments: Iterable[str], wanted: Iterable[str]) -> dict[str, 
                 if p not in keep:
                     continue
                 for row in rows:
-                    if len(row) > 3 and ((row[3] and (p[0] == "r" or type(row[2]) is dict))
-                                         or (p[0] == "r" and row[4] is not None)):
+                    if len(row) > 3 and ((p[0] == "r" and (row[3] or row[4] is not None))
+                                         or is_void_value(row[3], row[2])):
                         return None
                 tl = tls.get(p)
                 if tl is None:
