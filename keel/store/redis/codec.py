@@ -135,13 +135,6 @@ class ProvenanceCache:
 
 
 
-def winner_version(a: Assertion, count: int, nxt: str, at: Micros) -> Version | None:
-    """The version valid at `at` from the winner at or before it (folded like Timeline.as_of, known_at=None):
-    `count` > 1 when other assertions share its point (a correction), the next point is `nxt` (point9, "" when
-    none)."""
-    return version_at(a, count, decode_point(nxt) if nxt else None, at)
-
-
 def timeline_of(members: list[str], prov: ProvenanceCache) -> Timeline:
     tl = Timeline()
     for m in members:
@@ -159,9 +152,11 @@ def decode_view(entity: str, result: list[Any], at: Micros, known_at: Micros | N
         prov.add(pairs[i], pairs[i + 1])
     points: list[tuple[Key, Version | None]] = []
     relations: list[tuple[Key, Version | None]] = []
-    for i in range(0, len(winners), 4):
+    for i in range(0, len(winners), 4):      # winner_at's answer: the member, 2 for a correction, next point9
+        nxt = winners[i + 3]
         points.append((key_of(entity, winners[i])[0],
-                       winner_version(prov.assertion(winners[i + 1]), int(winners[i + 2]), winners[i + 3], at)))
+                       version_at(prov.assertion(winners[i + 1]), int(winners[i + 2]),
+                                  decode_point(nxt) if nxt else None, at)))
     for i in range(0, len(timelines), 2):
         key, tl = index_key(entity, timelines[i]), timeline_of(timelines[i + 1], prov)
         if key[0] == "r":
