@@ -155,10 +155,9 @@ RELINKED_AT_ITS_END = [("r", 0, "v", 0, None, None, 0),    # link at day 0
                        ("r", 1, "v", 0, None, None, 0)]    # link at day 1: corrects the unlink, the run goes on
 
 
-@pytest.mark.xfail(strict=True, reason="bug: layout 2's restatement of a relation cut at an end drops the run's "
-                   "start; a later link at that point (correcting the end) is not marked dirty by Fold._check, so "
-                   "the relation reads valid_from day 1 instead of day 0")
 def test_a_relation_relinked_at_its_end_keeps_its_start_after_a_restatement(layouts: list[RedisStore]) -> None:
+    """Found by the differential test: layout 2's restatement of a relation cut at its end drops the run's start,
+    so a later link at that point (correcting the end) must send reads to the whole fold (Fold._check)."""
     writes = timeline_writes(RELINKED_AT_ITS_END)
     memory, rolling = MemoryStore(), layouts[2]
     rolling.drop_tenant(TENANT)

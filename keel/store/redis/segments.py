@@ -205,7 +205,7 @@ class Fold:
             if anchor is None:
                 continue
             for row in rows:
-                if row[0] < anchor and p[0] == "r":
+                if p[0] == "r" and row[0] <= anchor:     # below: restated away; at: may revive the run before
                     self.dirty = True
                 elif row[0] == anchor and len(row) > 3 and is_void_value(row[3], row[2]):
                     self.dirty = True        # a void at the anchor: the fold may look below it
