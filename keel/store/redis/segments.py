@@ -17,7 +17,7 @@ every timeline of the entity, each either whole or cut to the assertions a read 
 needs (`restate`). So a read at `t` >= the anchors, as believed now, decodes the open segment only (bounded),
 and any other read (known_at, an earlier t) decodes the deltas of every segment, skipping restatements.
 A restatement stays exact for later deltas except those that could reach below an anchor (`Fold.dirty`):
-a void at an anchor, or any row of a relation before its anchor; a read then decodes every segment.
+a void at an anchor, or any row of a relation at or before its anchor; a read then decodes every segment.
 """
 from __future__ import annotations
 
