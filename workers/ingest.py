@@ -503,19 +503,13 @@ class CartridgeIngest(Service):
             self.consumer.seek(tp, r.start)
         elif r.how == "committed":
             self.consumer.seek(tp, r.start)
-            self.log.info("%s: partition %d has no applied watermark in Redis yet (a namespace written before "
-                          "watermarks); resuming from the committed offset %d", self.label, tp.partition, r.start)
+            self.log.info("%s: %s", self.label, r.describe())
         elif r.how == "beginning":
             await self.consumer.seek_to_beginning(tp)
         if r.behind:
             self._behind[tp] = r.behind + (r.start or 0)
             self.metrics.redis_behind(tp.partition, r.behind)
-            where = ("Redis holds nothing of this namespace (restarted empty, or restored from before it): "
-                     "re-applying the partition from its beginning" if r.how == "beginning" else
-                     f"Redis holds it through offset {(r.start or 1) - 1} (a failover to a replica that lagged, or "
-                     f"an older backup): re-applying from offset {r.start}")
-            self.log.warning("%s: Redis is behind the log on partition %d by %d record(s): the group committed "
-                             "offset %d, %s", self.label, tp.partition, r.behind, r.behind + (r.start or 0), where)
+            self.log.warning("%s: %s", self.label, r.describe())
         else:
             self.metrics.redis_behind(tp.partition, 0)
 

@@ -20,6 +20,19 @@ class Resume:
     start: int | None
     behind: int
 
+    def describe(self) -> str:
+        """The log line of a decision worth one: Redis behind the log, or a namespace without watermarks."""
+        p = self.partition
+        if self.how == "committed":
+            return (f"partition {p} has no applied watermark in Redis yet (a namespace written before watermarks); "
+                    f"resuming from the committed offset {self.start}")
+        where = ("Redis holds nothing of this namespace (restarted empty, or restored from before it): re-applying "
+                 "the partition from its beginning" if self.how == "beginning" else
+                 f"Redis holds it through offset {(self.start or 1) - 1} (a failover to a replica that lagged, or an "
+                 f"older backup): re-applying from offset {self.start}")
+        return (f"Redis is behind the log on partition {p} by {self.behind} record(s): the group committed offset "
+                f"{self.behind + (self.start or 0)}, {where}")
+
 
 def decide(partition: int, watermark: int | None, committed: int | None, holds_data: bool) -> Resume:
     """The rule. A watermark: resume after it (records between it and the commit are applied again: redelivered
