@@ -76,7 +76,7 @@ def test_replay_is_deterministic(folder: Path) -> None:
 
 
 def test_known_at_equals_a_rebuild_from_the_events_recorded_by_then(folder: Path) -> None:
-    """DESIGN §4's definition, on the real handlers and sample stream, at every recorded time."""
+    """The bitemporal definition (docs/semantics.md), on the real handlers and sample stream, at every recorded time."""
     cartridge = load_cartridge(folder)
     full = Projector(cartridge, MemoryStore())
     events = [full.parse(e) for e in envelopes(folder)]

@@ -1,4 +1,4 @@
-"""Envelope checks (DESIGN §2): every rejection carries a clear reason and the ids involved."""
+"""Envelope checks: every rejection carries a clear reason and the ids involved."""
 from __future__ import annotations
 
 import json

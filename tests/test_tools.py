@@ -1,4 +1,4 @@
-"""The five tools and the memory policy (DESIGN §5) on the embedded store."""
+"""The five tools and the memory policy (who may write and read which notes) on the embedded store."""
 from __future__ import annotations
 
 import json

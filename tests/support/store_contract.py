@@ -1,4 +1,4 @@
-"""The bitemporal store contract (DESIGN §3–§4), written once; every backend subclasses StoreContract.
+"""The bitemporal store contract (docs/semantics.md, docs/contracts.md), written once; every backend subclasses StoreContract.
 
     class TestMyStore(StoreContract):
         def make_store(self) -> Store: ...   # a fresh, empty store
