@@ -3,9 +3,10 @@ translation of client errors into KeelError (nothing above this module sees an a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -15,6 +16,8 @@ from .errors import KafkaUnavailable
 
 TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}   # recorded_at of envelopes without one
 _ALREADY_EXISTS = 36
+_RETRIABLE_FOR = 10.0       # seconds a retriable error (a group coordinator being elected) is waited through
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,22 @@ async def kafka_guard(what: str, bootstrap: str) -> AsyncIterator[None]:
         raise KafkaUnavailable(f"Kafka {what} failed at {bootstrap}: {type(e).__name__}: {e}") from e
     except (TimeoutError, OSError) as e:
         raise KafkaUnavailable(f"Kafka {what} failed at {bootstrap}: {type(e).__name__}: {e}") from e
+
+
+async def retrying(call: Callable[[], Awaitable[T]], patience: float = _RETRIABLE_FOR) -> T:
+    """`call()`, again after a retriable Kafka error (aiokafka's `retriable`: a coordinator not elected yet on a
+    fresh cluster, a leader moving) until `patience` seconds have passed; other errors go straight up."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    delay = 0.1
+    while True:
+        try:
+            return await call()
+        except KafkaError as e:
+            if not getattr(e, "retriable", False) or loop.time() + delay > deadline:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
 
 
 def bootstrap_list(bootstrap: str) -> list[str]:
@@ -134,7 +153,7 @@ async def group_offsets(bootstrap: str, topic: str, group: str) -> list[Partitio
     async with admin_client(bootstrap) as admin:
         async with kafka_guard("describe topic", bootstrap):
             [described] = await admin.describe_topics([topic])
-            committed = await admin.list_consumer_group_offsets(group)
+            committed = await retrying(lambda: admin.list_consumer_group_offsets(group))
         tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_list(bootstrap), enable_auto_commit=False,
                                 client_id="keel-status")
@@ -158,7 +177,7 @@ async def describe_group(bootstrap: str, group: str, topic: str) -> GroupDescrip
     """The group's state and members, each with the partitions of `topic` assigned to it."""
     from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
     async with admin_client(bootstrap) as admin, kafka_guard("describe group", bootstrap):
-        [response] = await admin.describe_consumer_groups([group])
+        [response] = await retrying(lambda: admin.describe_consumer_groups([group]))
     members = []
     for g in response.groups:
         _error, _gid, state, *_rest = g
