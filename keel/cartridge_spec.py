@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from .limits import Limits
 from .times import parse_duration
@@ -96,3 +96,21 @@ class CartridgeSpec(_Strict):
     memory: MemorySpec = Field(default_factory=MemorySpec)
     limits: Limits = Field(default_factory=Limits)
     personal: dict[str, PersonalSpec] = Field(default_factory=dict)    # event type -> its personal fields
+    # `personal: {accept_clear: true}` (docs/privacy.md): personal fields that arrive in clear are accepted (a
+    # migration window) instead of refused; moved here from the `personal:` mapping by `_personal_options`
+    personal_accept_clear: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _personal_options(cls, data: Any) -> Any:
+        """`accept_clear` is an option of the `personal:` section, not an event type: taken out of it."""
+        if isinstance(data, dict) and "personal_accept_clear" in data:
+            raise ValueError("personal_accept_clear: unknown key (write `personal: {accept_clear: true}`)")
+        personal = data.get("personal") if isinstance(data, dict) else None
+        if isinstance(personal, dict) and "accept_clear" in personal:
+            personal = dict(personal)
+            accept = personal.pop("accept_clear")
+            if not isinstance(accept, bool):
+                raise ValueError(f"personal.accept_clear: {accept!r}; use true or false")
+            data = {**data, "personal": personal, "personal_accept_clear": accept}
+        return data

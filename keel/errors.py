@@ -48,6 +48,17 @@ class EnvelopeRejected(KeelError):
         self.tenant = tenant
 
 
+class PersonalDataInClear(EnvelopeRejected):
+    """An envelope whose personal fields (a cartridge's `personal:`) arrived in clear, and the cartridge does not
+    accept them so (docs/privacy.md). `masked` is the envelope as JSON with those fields replaced by the mask:
+    what a dead letter keeps, so the clear values are never stored. The reason names fields, never values."""
+
+    def __init__(self, reason: str, *, masked: bytes, event_id: str | None = None,
+                 tenant: str | None = None) -> None:
+        super().__init__(reason, event_id=event_id, tenant=tenant)
+        self.masked = masked
+
+
 class VersionUnknown(EnvelopeRejected):
     """An envelope of a newer version of its event type than the cartridge knows (a producer deployed before
     the workers). File mode reports it like any refusal; a worker neither applies, dead-letters nor skips it:

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .cartridge import Cartridge
 from .cartridge_spec import PersonalSpec
-from .errors import EnvelopeRejected, UsageError
+from .errors import EnvelopeRejected, PersonalDataInClear, UsageError
 from .identifiers import ENTITY
 from .times import format_time, now_micros
 
@@ -298,6 +298,9 @@ class Privacy:
         self.cartridge = cartridge
         self.keys = keys
         self.personal: dict[str, PersonalSpec] = dict(cartridge.spec.personal)
+        self.accept_clear = cartridge.spec.personal_accept_clear    # `personal: {accept_clear: true}`
+        # a line may be of a personal type when it names one (or escapes a character: a name can hide behind \u)
+        self._type_bytes = tuple(json.dumps(t).encode() for t in self.personal) + (b"\\",)
 
     def data_subject(self, envelope: Mapping[str, Any]) -> str:
         """Whose the personal fields of an envelope are: its subject, or the payload field `of` names."""
@@ -335,9 +338,44 @@ class Privacy:
                                       field=f)
         return {**envelope, "payload": sealed}
 
-    def reveal(self, envelope: dict[str, Any]) -> dict[str, Any]:
+    def clear_fields(self, envelope: object) -> list[str]:
+        """The personal fields an envelope holds in clear (present, not null, not encrypted)."""
+        if not (isinstance(envelope, dict) and envelope.get("type") in self.personal
+                and isinstance(envelope.get("payload"), dict)):
+            return []
+        payload = envelope["payload"]
+        return [f for f in self.personal[envelope["type"]].fields
+                if payload.get(f) is not None and not is_encrypted(payload[f])]
+
+    def masked(self, envelope: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+        """The envelope with `fields` of its payload replaced by the cartridge's mask (what a dead letter keeps)."""
+        mask = self.personal[envelope["type"]].mask
+        return {**envelope, "payload": {**envelope["payload"], **dict.fromkeys(fields, mask)}}
+
+    def refuse_clear(self, envelope: object, *, clear_ok: bool = False) -> None:
+        """Raise PersonalDataInClear (naming the fields, never their values; carrying the envelope with those
+        fields masked, for the dead letter) when personal fields arrive in clear and the cartridge does not
+        accept them in clear (`personal: {accept_clear: true}`) and the caller does not (`clear_ok`: an
+        ingress that seals them before they are written, `keel publish`)."""
+        if clear_ok or self.accept_clear:
+            return
+        fields = self.clear_fields(envelope)
+        if not fields:
+            return
+        assert isinstance(envelope, dict)
+        names = ", ".join(f"payload.{f}" for f in fields)
+        raise PersonalDataInClear(
+            f"{names}: personal data in clear (not shown); cartridge {self.cartridge.name!r} requires its personal "
+            f"fields sealed (keel publish and keel seal seal them; `personal: {{accept_clear: true}}` accepts them "
+            f"in clear during a migration window)",
+            masked=msgspec.json.encode(self.masked(envelope, fields)), event_id=_str(envelope.get("id")),
+            tenant=_str(envelope.get("tenant")))
+
+    def reveal(self, envelope: dict[str, Any], *, clear_ok: bool = False) -> dict[str, Any]:
         """The envelope with its encrypted personal fields decrypted, or masked when their key was erased.
-        Raises EnvelopeRejected (naming the field, never its value) when a field does not verify."""
+        Raises EnvelopeRejected (naming the field, never its value) when a field does not verify, and
+        PersonalDataInClear when a personal field arrives in clear (see `refuse_clear`)."""
+        self.refuse_clear(envelope, clear_ok=clear_ok)
         if not self._applies(envelope):
             return envelope
         spec = self.personal[envelope["type"]]
@@ -365,11 +403,13 @@ class Privacy:
                                        tenant=tenant) from None
         return {**envelope, "payload": clear}
 
-    def reveal_line(self, raw: bytes) -> bytes:
-        """An events file's line with its personal fields revealed, as JSON text again (so the envelope checks
-        take their msgspec fast path); the line itself when it holds no encrypted field or is not a JSON object
-        (the envelope checks then say what is wrong with it)."""
-        if _ENC_BYTES not in raw:
+    def reveal_line(self, raw: bytes, *, clear_ok: bool = False) -> bytes:
+        """An events file's line (a record's value) with its personal fields revealed, as JSON text again (so the
+        envelope checks take their msgspec fast path); the line itself when it holds no encrypted field or is
+        not a JSON object (the envelope checks then say what is wrong with it). A line whose personal fields
+        are in clear is refused (PersonalDataInClear) unless the cartridge accepts them or `clear_ok`."""
+        if _ENC_BYTES not in raw and (clear_ok or self.accept_clear
+                                      or not any(t in raw for t in self._type_bytes)):
             return raw
         try:
             envelope = _decode(raw)
@@ -377,7 +417,7 @@ class Privacy:
             return raw
         if not isinstance(envelope, dict):
             return raw
-        revealed = self.reveal(envelope)
+        revealed = self.reveal(envelope, clear_ok=clear_ok)
         return raw if revealed is envelope else msgspec.json.encode(revealed)
 
 

@@ -46,6 +46,8 @@ personal:
     mask: "(erased)"
 """
 
+ACCEPT_CLEAR = "  accept_clear: true\n"     # `personal: {accept_clear: true}`, appended to PERSONAL
+
 
 def write_cartridge(folder: Path, personal: str = PERSONAL) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
@@ -227,8 +229,13 @@ def masked(envelopes: list[dict], tenant: str, subject: str, cartridge: Path) ->
 
 
 def digests(cartridge: Path, events: Path, keys: Path | None = None) -> dict[str, str]:
+    """{tenant: digest} of a sealed file read with its keys; without `keys`, of a file in clear built as the
+    reference (without the privacy step, which refuses personal fields in clear)."""
     import keel
     from keel.digest import digest
+    if keys is None:
+        from support.workers import embedded_digests
+        return embedded_digests(load_cartridge(cartridge), events)
     with keel.open(cartridge, events=events, keys=keys) as graph:
         return {t: digest(graph.store, t) for t in graph.tenants}
 
@@ -405,9 +412,10 @@ def test_a_refused_personal_field_is_never_shown(tmp_path: Path, master: None,
     clear = write_lines(tmp_path / "clear.jsonl", bad)
     sealed, keys = tmp_path / "sealed.jsonl", tmp_path / "k.json"
     assert main(["seal", str(folder), str(clear), str(sealed), "--keys", str(keys)]) == 0
-    for events, extra in ((clear, []), (sealed, ["--keys", str(keys)])):
+    accepting = write_cartridge(tmp_path / "accepting", PERSONAL + ACCEPT_CLEAR)
+    for cartridge, events, extra in ((accepting, clear, []), (folder, sealed, ["--keys", str(keys)])):
         capsys.readouterr()
-        main(["digest", str(folder), str(events), "--tenant", "t1", *extra])
+        main(["digest", str(cartridge), str(events), "--tenant", "t1", *extra])
         err = capsys.readouterr().err
         assert "payload.name: expected string, got a value of type int (personal data, not shown)" in err
         assert "31415926" not in err
@@ -450,3 +458,69 @@ def test_an_audited_answer_replayed_after_an_erasure_names_it(sealed: tuple[Path
     verdict = json.loads(capsys.readouterr().out)
     assert verdict["identical"] is False and verdict["why"].startswith("erasure intervened")
     assert len(verdict["erasures"]) == 1 and "client:c1" not in json.dumps(verdict)
+
+
+def test_personal_fields_in_clear_are_refused_unless_the_cartridge_accepts_them(
+        tmp_path: Path, master: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """A clear personal field is refused by name (never by value) on every read of an events file; the
+    cartridge's `personal: {accept_clear: true}` accepts it (a migration window): the graph then equals the
+    reference build of the clear file."""
+    import json
+    folder = write_cartridge(tmp_path / "c")
+    clear = write_lines(tmp_path / "clear.jsonl", STREAM)
+    assert main(["digest", str(folder), str(clear), "--tenant", "t2"]) == 1       # its only line was refused
+    err = capsys.readouterr().err
+    assert "line 6: event e6: payload.name, payload.phone: personal data in clear (not shown)" in err
+    assert "line 3: event e3: payload.remark: personal data in clear" in err
+    assert all(form.decode() not in err for v in ("Other Tenant", SECRET_NAME, "alérgica al látex")
+               for form in plaintext_forms(v)[:3])
+    accepting = write_cartridge(tmp_path / "accepting", PERSONAL + ACCEPT_CLEAR)
+    assert load_cartridge(accepting).spec.personal_accept_clear is True
+    assert set(load_cartridge(accepting).spec.personal) == {"client.registered", "visit.completed"}
+    assert main(["validate", str(accepting)]) == 0
+    capsys.readouterr()
+    assert main(["context", str(accepting), str(clear), "client:c1", "--tenant", "t1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["labels"]["name"] == SECRET_NAME + " (2)"
+    # sealed lines are read with the keys either way
+    sealed, keys = tmp_path / "sealed.jsonl", tmp_path / "k.json"
+    assert main(["seal", str(folder), str(clear), str(sealed), "--keys", str(keys)]) == 0
+    assert digests(accepting, sealed, keys) == digests(folder, sealed, keys) == digests(folder, clear)
+
+
+@pytest.mark.parametrize(("option", "expected"), [
+    ("  accept_clear: yes please\n", "personal.accept_clear: 'yes please'; use true or false"),
+    ("  accept_clear: 1\n", "personal.accept_clear: 1; use true or false"),
+])
+def test_validate_refuses_a_bad_accept_clear(tmp_path: Path, option: str, expected: str) -> None:
+    problems = problems_of(write_cartridge(tmp_path / "c", PERSONAL + option))
+    assert any(expected in p for p in problems), problems
+
+
+def test_a_clear_record_is_refused_with_its_personal_fields_masked(tmp_path: Path) -> None:
+    """The worker's judge refuses a record whose personal fields are in clear; what its dead letter keeps is
+    the envelope with those fields masked (never the clear values); an escaped type name does not hide it."""
+    import json
+
+    from keel.privacy import FileKeyStore, Privacy
+    from keel.projector import Projector
+    from workers.judge import judge
+    from workers.mirror import RecordingStore
+    from workers.records import Record
+    cartridge = load_cartridge(write_cartridge(tmp_path / "c"))
+    privacy = Privacy(cartridge, FileKeyStore(tmp_path / "k.json", MASTER))
+    for value in (json.dumps(STREAM[0], ensure_ascii=False).encode(),
+                  json.dumps(STREAM[0]).replace("client.registered", "client\\u002eregistered").encode()):
+        recorder = RecordingStore()
+        verdict = judge(Projector(cartridge, recorder), recorder, Record("keel.c.events", 0, 0, None, b"t1", value),
+                        reveal=privacy.reveal_line)
+        assert verdict.outcome == "refused" and verdict.tenant == "t1" and verdict.event_id == "e1"
+        assert verdict.reason.startswith("payload.name, payload.phone: personal data in clear (not shown)")
+        assert verdict.kept is not None
+        kept = json.loads(verdict.kept)
+        assert kept["payload"] == {"name": "[erased]", "phone": "[erased]", "channel": "web"}
+        for secret in (SECRET_NAME, "+57 300 555 0101"):
+            assert all(f not in verdict.kept and f.decode() not in verdict.reason for f in plaintext_forms(secret))
+    sealed = json.dumps(privacy.seal(STREAM[0])).encode()
+    recorder = RecordingStore()
+    assert judge(Projector(cartridge, recorder), recorder, Record("keel.c.events", 0, 0, None, b"t1", sealed),
+                 reveal=privacy.reveal_line).outcome == "applied"

@@ -202,3 +202,37 @@ def test_the_worker_judge_reveals_masks_and_refuses_without_crashing(tmp_path: P
     privacy.keys.erase("t1", "client:c1")
     masked_verdict = verdict(value)
     assert masked_verdict.outcome == "applied" and masked_verdict.event.payload["name"] == "[erased]"
+
+
+@services
+def test_a_worker_dead_letters_clear_personal_fields_masked(tmp_path: Path, keyed_env: dict[str, str]) -> None:
+    """Records whose personal fields arrive in clear (a producer that did not seal) go to the dead-letter topic
+    with a reason naming the fields and with their values masked: neither the dead-letter topic nor the worker's
+    log holds them."""
+    import json
+
+    from support.workers import produce_raw
+
+    from keel.wire import dlq_topic, events_topic
+    env = keyed_env
+    folder = unique_clinic(tmp_path)
+    name = load_cartridge(folder).name
+    clear = [STREAM[0], STREAM[2], STREAM[5]]
+    produce_raw(env, events_topic(name), [(e["tenant"].encode(), json.dumps(e, ensure_ascii=False).encode())
+                                          for e in clear], partitions=2)
+    log = tmp_path / "worker.log"
+    worker = WorkerProcess([folder], env, log)
+    try:
+        wait_applied(folder, env, len(clear), worker)
+        letters = read_topic(env, dlq_topic(name), len(clear))
+    finally:
+        assert worker.terminate() == 0
+    assert len(letters) == len(clear)
+    by_id = {json.loads(r.value)["id"]: r for r in letters}
+    assert json.loads(by_id["e1"].value)["payload"] == {"name": "[erased]", "phone": "[erased]", "channel": "web"}
+    assert json.loads(by_id["e3"].value)["payload"] == {"client": "client:c1", "remark": "(erased)", "price": 40}
+    reason = dict(by_id["e3"].headers)["keel.reason"].decode()
+    assert reason.startswith("payload.remark: personal data in clear (not shown)")
+    stored = b"\n".join(r.value + b"".join(v for _, v in r.headers) for r in letters) + log.read_bytes()
+    hits = [(v, f) for v in ERASED_VALUES + ["Other Tenant", "+1 555 0100"] for f in plaintext_forms(v) if f in stored]
+    assert hits == []

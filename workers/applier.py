@@ -140,8 +140,9 @@ class BatchApplier:
             assert newer is not None
             plan.held[(record.topic, record.partition)] = Held(record, newer.event_type, newer.version, newer.known)
             return False
-        if verdict.outcome == "refused":
-            self._dead(plan, record, verdict.reason or "", verdict.event_id, verdict.tenant)
+        if verdict.outcome == "refused":       # `kept`: the value with personal fields in clear masked
+            self._dead(plan, record if verdict.kept is None else record._replace(value=verdict.kept),
+                       verdict.reason or "", verdict.event_id, verdict.tenant)
             return True
         tenant, event_id = verdict.tenant or "", verdict.event_id
         batch = plan.batch_of(tenant, record)

@@ -20,6 +20,7 @@ from keel.errors import (
     EnvelopeRejected,
     HandlerFailed,
     KeelError,
+    PersonalDataInClear,
     StoreUnavailable,
     UsageError,
     VersionUnknown,
@@ -46,6 +47,7 @@ class Verdict:
     event_id: str | None = None
     writes: list[tuple[str, list[Write], str | None]] = field(default_factory=list)   # (tenant, writes, id)
     version: VersionUnknown | None = None
+    kept: bytes | None = None       # refused: what the dead letter keeps instead of the record's value (masked)
 
 
 def judge(projector: Projector, recorder: RecordingStore, record: Record,
@@ -55,7 +57,8 @@ def judge(projector: Projector, recorder: RecordingStore, record: Record,
     `already_applied(tenant)` lets the worker skip a record the durable store already holds (by offset); it
     is asked as soon as the record's tenant is known (before a refusal is reported, too). `reveal`
     (keel.privacy.Privacy.reveal_line) decrypts the record's personal fields first, or masks them when their
-    key was erased; a field that does not verify, or a key the store never held, refuses the record."""
+    key was erased; a field that does not verify, or a key the store never held, refuses the record, and so do
+    personal fields in clear (unless the cartridge accepts them): then `kept` is the value with them masked."""
     try:
         if record.value is None:
             raise EnvelopeRejected(EMPTY_RECORD)
@@ -75,7 +78,8 @@ def judge(projector: Projector, recorder: RecordingStore, record: Record,
         tenant = e.tenant if e.tenant and TENANT.match(e.tenant) else None
         if tenant is not None and already_applied is not None and already_applied(tenant):
             return Verdict("skipped", tenant)
-        return Verdict("refused", tenant, reason=e.reason, event_id=e.event_id)
+        kept = e.masked if isinstance(e, PersonalDataInClear) else None     # personal values never kept in clear
+        return Verdict("refused", tenant, reason=e.reason, event_id=e.event_id, kept=kept)
     tenant = event.tenant
     if already_applied is not None and already_applied(tenant):
         return Verdict("skipped", tenant, event)
