@@ -114,6 +114,34 @@ class HistoryResult(Known):
     relations: list[RelationVersion]
 
 
+class Change(TypedDict):
+    """One change of `history` without an entity (docs/semantics.md, "What changed since")."""
+    entity: str
+    what: Literal["label", "fact", "note", "relation", "entity"]
+    name: str | None                    # the label, predicate or relation (None: an entity's existence)
+    object: str | None                  # a relation's other end
+    scope: str | None                   # a note's scope
+    change: Literal["version", "corrected", "closed", "withdrawn", "retracted"]
+    old: Any                            # the value at valid_from just before the change (None: none)
+    new: Any                            # and just after it
+    valid_from: str | None
+    valid_to: str | None
+    recorded_at: str
+    source: str | None
+    evidence: str | None
+    by: str | None
+    reason: NotRequired[str | None]     # a withdrawn note: why
+
+
+class ChangesResult(Known):
+    """`history` without an entity: the tenant's changes recorded after `since`, oldest first; `cursor` (None
+    when the log ended) continues exactly; `known_through` is the `since` of the next question."""
+    since: str | None
+    type: str | None
+    changes: list[Change]
+    cursor: str | None
+
+
 class SearchResult(Known):
     query: str
     results: list[SearchHit]

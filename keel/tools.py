@@ -14,6 +14,16 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .cartridge import Cartridge
+from .changes import (
+    DEFAULT_CHANGES,
+    MAX_CHANGES,
+    SCAN_FACTOR,
+    Cursor,
+    change_rows,
+    of_type,
+    parse_cursor,
+    visible,
+)
 from .envelope import ANNOTATED, MAX_REASON
 from .errors import NoteRefused, UnknownEntity, UnknownTenant, UsageError, WriteTimeout
 from .eventlog import EventLog
@@ -30,6 +40,8 @@ from .notes import (
 )
 from .results import (
     AnnotateResult,
+    Change,
+    ChangesResult,
     ContextResult,
     Fact,
     FactVersion,
@@ -122,14 +134,69 @@ class Tools:
             "relations": cast(list[Relation], view.relations), "rules": verdicts, "known_through": None}
         return self._fresh(result, view.freshness, k)
 
-    def history(self, entity: str, predicate: str | None = None, *, known_at: Time = None) -> HistoryResult:
+    def history(self, entity: str | None = None, predicate: str | None = None, *, known_at: Time = None,
+                since: Time = None, type: str | None = None, cursor: str | None = None,
+                limit: int | None = None) -> HistoryResult | ChangesResult:
         """Every version ever recorded (by `known_at`, when given) of each of an entity's timelines, closed and
         superseded ones included, each with its evidence and what superseded it: `versions` (facts and the
         notes the caller may see, by predicate then valid_from), `labels` (by label, `ref` included) and
         `relations` (either direction, by relation, subject, object). `predicate` keeps the timelines of
-        that name (a fact predicate, a label or a relation)."""
+        that name (a fact predicate, a label or a relation).
+
+        Without an entity: the tenant's changes recorded after `since` (or from a previous answer's `cursor`),
+        oldest first, at most `limit` (default 100, at most 500), of entities of `type` when given
+        (keel/changes.py; docs/semantics.md, "What changed since")."""
         with self._reading:
+            if entity is None or entity == "":
+                if predicate is not None or known_at is not None:
+                    raise UsageError("predicate and known_at go with an entity; without one, history lists the "
+                                     "changes since `since`")
+                return self._changes(since, type, cursor, limit)
+            if since is not None or type is not None or cursor is not None or limit is not None:
+                raise UsageError("since, type, cursor and limit go without an entity (the tenant's changes); "
+                                 "leave entity out to list them")
             return self._history(entity, predicate, known_at)
+
+    def _changes(self, since: Time, type: str | None, cursor: str | None, limit: int | None) -> ChangesResult:
+        s, after = _time_arg(since, "since"), parse_cursor(cursor)
+        if s is None and after is None:
+            raise UsageError("since: a recorded time (RFC 3339 or a date), e.g. the known_through of your last "
+                             "answer; or cursor: a previous changes answer's cursor")
+        if type is not None:
+            self._name_arg("type", "an entity type", type, self.cartridge.spec.entities)
+        if limit is None:
+            limit = DEFAULT_CHANGES
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CHANGES:
+            raise UsageError(f"limit: an integer from 1 to {MAX_CHANGES}")
+        self._require_tenant()
+        scopes = set(self.policy.visible_scopes(task=self.task, agent=self.agent))
+        page = self.store.changes(self.tenant, start=None if after is None else after.position,
+                                  since=s if after is None else after.recorded_at - 1,
+                                  generation=None if after is None else after.generation,
+                                  count=limit * SCAN_FACTOR + 1)
+        read = page.entries[:limit * SCAN_FACTOR]
+        kept, used = [], 0
+        for entry in read:
+            if len(kept) == limit:
+                break
+            used += 1
+            if visible(entry.key, scopes) and of_type(entry.key, type):
+                kept.append(entry)
+        next_at = page.start + used
+        more = next_at < page.length
+        keys = sorted({e.key for e in kept})
+        timelines = dict(zip(keys, self.store.assertions_many(self.tenant, keys))) if keys else {}
+        rows = change_rows(kept, timelines)
+        for row in rows:
+            row["old"], row["new"] = _own(row["old"]), _own(row["new"])
+        through, next_cursor = page.known_through, None
+        if more:            # read one entry past the page: complete through the last time wholly returned
+            last, following = page.entries[used - 1].assertion.recorded_at, page.entries[used].assertion.recorded_at
+            through = last if following > last else last - 1
+            next_cursor = Cursor(page.generation, next_at, last).text()
+        result: ChangesResult = {"since": format_time(s), "type": type, "changes": cast(list[Change], rows),
+                                 "cursor": next_cursor, "known_through": None}
+        return self._fresh(result, Freshness(through))
 
     def _history(self, entity: str, predicate: str | None, known_at: Time) -> HistoryResult:
         entity = self._entity_arg(entity)

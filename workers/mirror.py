@@ -145,7 +145,9 @@ class RecordingStore(MemoryStore):
     them. `release(tenants, tag)` forgets the waiting writes of batches up to `tag` (the durable store
     holds them) and marks those graphs stale: their next read replaces them with `reload(tenant)` (graph and
     event ids of the durable store) and applies the writes still waiting, skipping events it already holds.
-    Without `reload` nothing is released: waiting writes are applied on the first read."""
+    Without `reload` nothing is released: waiting writes are applied on the first read. It keeps no change
+    log (Store.changes): the durable store answers those."""
+    keeps_changes = False
 
     def __init__(self, reload: Callable[[str], tuple[list[tuple[Key, list[Assertion]]], list[str]]] | None = None
                  ) -> None:

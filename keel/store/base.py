@@ -57,6 +57,23 @@ BatchStep = tuple[str, Sequence[EventWrites], Position | None]   # (tenant, even
 TenantStart = tuple[list[str], dict[tuple[str, int], "int | None"], dict[str, str], "Micros | None"]
 
 
+class ChangeEntry(NamedTuple):
+    """One write of a tenant's change log (Store.changes): its position in apply order, key and assertion."""
+    position: int
+    key: Key
+    assertion: Assertion
+
+
+class ChangePage(NamedTuple):
+    """A run of a tenant's change log read in one atomic step: the generation read, the position of its first
+    entry, the entries, the log's length then, and the tenant's known_through then."""
+    generation: int
+    start: int
+    entries: list[ChangeEntry]
+    length: int
+    known_through: Micros | None
+
+
 class EntityInfo(NamedTuple):
     entity: str
     type: str
@@ -291,6 +308,14 @@ class Store(ABC):
     def search_version(self, tenant: str) -> object:
         """A token that changes whenever the tenant's searchable content may have changed."""
         return None
+
+    def changes(self, tenant: str, *, start: int | None = None, since: Micros | None = None,
+                generation: int | None = None, count: int) -> ChangePage:
+        """Up to `count` entries of the tenant's change log (every write applied, in apply order: recorded order),
+        from position `start` of `generation`, or, when `start` is None or `generation` is not the current one,
+        from the first entry recorded after `since` (None: the first), with the log's length and the tenant's
+        known_through read in the same atomic step (keel/changes.py)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no change log")
 
     def resting_on(self, tenant: str, event_id: str) -> list[tuple[Key, list[Assertion]]]:
         """The domain timelines (labels, facts without scope, relations) holding an assertion whose evidence

@@ -1,22 +1,37 @@
 """The embedded store: the whole graph in process memory (demo, CLI, cartridge development, tests)."""
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ..errors import StateBehind
 from ..timeline import Assertion, Timeline, Version, insert
 from ..times import Micros
-from .base import EventWrites, Freshness, Key, PartitionOffsets, Position, Store, Write, went_back
+from .base import (
+    ChangeEntry,
+    ChangePage,
+    EventWrites,
+    Freshness,
+    Key,
+    PartitionOffsets,
+    Position,
+    Store,
+    Write,
+    went_back,
+)
 
 _NONE = -(1 << 62)      # below every time: known_through before any write
+
+
+def _recorded(write: Write) -> Micros:
+    return write[1].recorded_at
 
 
 class _TenantGraph:
     """A tenant's timelines as plain lists of assertions (appending is the write path's whole job), and the
     Timeline objects reads fold them with, made at a key's first read and sharing its list."""
-    __slots__ = ("by_entity", "events", "first_recorded", "generation", "known_through", "latest", "marks",
-                 "offsets", "timelines",
-                 "views")
+    __slots__ = ("by_entity", "changes", "events", "first_recorded", "generation", "known_through", "latest",
+                 "marks", "offsets", "timelines", "views")
 
     def __init__(self) -> None:
         self.timelines: dict[Key, list[Assertion]] = {}
@@ -29,6 +44,7 @@ class _TenantGraph:
         self.offsets: dict[tuple[str, int], int] = {}       # (topic, partition) -> applied offset
         self.generation = 0
         self.known_through: Micros | None = None        # latest recorded_at among the writes applied
+        self.changes: list[Write] = []          # every write applied, in apply order (Store.changes)
 
     def note(self, event_id: str) -> None:
         """Mark an event applied, keeping its mark and moving `latest`."""
@@ -47,6 +63,7 @@ class _TenantGraph:
 
 class MemoryStore(Store):
     """All tenants in dicts; as-of lookups bisect a timeline's sorted points."""
+    keeps_changes = True        # keep the change log (Store.changes); a worker's mirror does not need it
 
     def __init__(self) -> None:
         self._tenants: dict[str, _TenantGraph] = {}
@@ -105,6 +122,8 @@ class MemoryStore(Store):
                 first[key[1]] = rec
             if key[0] == "r" and first[key[3]] > rec:
                 first[key[3]] = rec
+        if self.keeps_changes:
+            g.changes.extend(writes)
         if event_id is not None:
             g.note(event_id)
         if latest != _NONE:
@@ -236,6 +255,15 @@ class MemoryStore(Store):
         timelines = {} if g is None else g.timelines
         return [list(timelines.get(k, ())) for k in keys]
 
+    def changes(self, tenant: str, *, start: int | None = None, since: Micros | None = None,
+                generation: int | None = None, count: int) -> ChangePage:
+        g = self._read(tenant)
+        log = [] if g is None else g.changes
+        if start is None or generation != 1:        # one generation in process
+            start = 0 if since is None else bisect_right(log, since, key=_recorded)
+        entries = [ChangeEntry(start + i, key, a) for i, (key, a) in enumerate(log[start:start + count])]
+        return ChangePage(1, start, entries, len(log), None if g is None else g.known_through)
+
     def search_version(self, tenant: str) -> object:
         g = self._read(tenant)
         return None if g is None else g.generation
@@ -247,6 +275,7 @@ class MemoryStore(Store):
         for key, assertions in timelines:
             self.apply_writes(tenant, [Write(key, a) for a in assertions])
         g = self._graph(tenant)
+        g.changes.sort(key=_recorded)       # a dump is by key: recorded order is the best a load can rebuild
         g.events.update(event_ids)
         g.marks.update(marks or {})
         g.latest = latest

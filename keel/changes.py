@@ -1,0 +1,132 @@
+"""What changed since: a tenant's change log read as change rows (docs/semantics.md, "What changed since").
+
+Every store keeps, per tenant, the assertions it applied in apply order (`Store.changes`): one entry per
+write, numbered from 0. Because a tenant's recorded_at never goes backwards in its log (keel.envelope clamps
+it), that order is also recorded order. A page is a run of that log read in one atomic step with the tenant's
+known_through; its cursor names the generation and the next position, so paging never misses nor repeats an
+entry while ingest goes on. This module turns entries into the rows `history` answers with, and reads and
+writes cursors; it knows nothing of any backend.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from .errors import UsageError
+from .notes import withdrawal_of
+from .store.base import ChangeEntry, scope_of
+from .store.writes import REF_LABEL, Key
+from .timeline import Assertion, Timeline, Version, insert, is_retraction_void, is_void
+from .times import Micros, format_time
+
+DEFAULT_CHANGES = 100          # changes per answer when `limit` is not given
+MAX_CHANGES = 500              # the most one answer holds
+SCAN_FACTOR = 4                # a page reads at most limit * SCAN_FACTOR entries (some may be filtered out)
+
+_WHAT = {"l": "label", "r": "relation", "e": "entity"}
+_CURSOR = re.compile(r"c([1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,14})\.(-?[0-9]{1,17})")
+
+
+class Cursor(NamedTuple):
+    """Where the next page starts: the generation of the log read, the position of its next entry, and the
+    recorded_at of the last entry returned (where a cursor of a replaced generation resumes)."""
+    generation: int
+    position: int
+    recorded_at: Micros
+
+    def text(self) -> str:
+        return f"c{self.generation}.{self.position}.{self.recorded_at}"
+
+
+def parse_cursor(value: object) -> Cursor | None:
+    """A `cursor` argument as given back by a previous answer (None when absent), else a usage error."""
+    if value is None or value == "":
+        return None
+    m = _CURSOR.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        raise UsageError("cursor: pass back the `cursor` of a previous changes answer unchanged")
+    return Cursor(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+
+
+def of_type(key: Key, type: str | None) -> bool:
+    """Whether a change of `key` concerns an entity of `type` (a relation: either end)."""
+    if type is None:
+        return True
+    prefix = type + ":"
+    return key[1].startswith(prefix) or (key[0] == "r" and key[3].startswith(prefix))
+
+
+def visible(key: Key, scopes: set[str]) -> bool:
+    """Whether the caller sees changes of `key`: labels, relations, domain facts, and the notes of its scopes."""
+    return key[0] != "f" or key[3] == "" or key[3] in scopes
+
+
+def change_rows(entries: Iterable[ChangeEntry], timelines: dict[Key, list[Assertion]]) -> list[dict[str, Any]]:
+    """The rows of entries, each against the whole timeline of its key (every assertion, by point then log order)."""
+    return [change_row(e.key, e.assertion, timelines.get(e.key, [e.assertion])) for e in entries]
+
+
+def change_row(key: Key, a: Assertion, timeline: list[Assertion]) -> dict[str, Any]:
+    """One change: which timeline, what happened (`change`), the value before and after at the change's point
+    (as the timeline stood just before and just after the change was recorded), the version's valid times, and
+    the change's provenance. Later writes never alter a row, so a page read again is the same."""
+    before = _before(timeline, a)
+    after = list(before)
+    insert(after, a)
+    old = Timeline.over(before).as_of(a.point)
+    new = Timeline.over(after).as_of(a.point)
+    change, valid_from, valid_to = _what_happened(a, before, old, new)
+    kind = key[0]
+    row: dict[str, Any] = {
+        "entity": key[1], "what": _WHAT.get(kind) or ("fact" if key[3] == "" else "note"),
+        "name": None if kind == "e" else key[2], "object": key[3] if kind == "r" else None,
+        "scope": scope_of(key[3]) if kind == "f" else None, "change": change,
+        "old": _value(key, old), "new": _value(key, new),
+        "valid_from": format_time(valid_from), "valid_to": format_time(valid_to),
+        "recorded_at": format_time(a.recorded_at), "source": a.source, "evidence": a.evidence, "by": a.by}
+    if change == "withdrawn":
+        withdrawn = withdrawal_of(a) or {}
+        row["reason"] = withdrawn.get("reason")
+    if kind == "l" and key[2] == REF_LABEL:
+        row["name"] = REF_LABEL
+    return row
+
+
+def _before(timeline: list[Assertion], a: Assertion) -> list[Assertion]:
+    """The assertions of a timeline recorded before `a` in log order: at `a`'s own point those listed before it
+    (log order), at other points those recorded strictly earlier."""
+    out: list[Assertion] = []
+    met = False
+    for x in timeline:
+        if x.point == a.point:
+            if met or x is a or x == a:
+                met = True
+            else:
+                out.append(x)
+        elif x.recorded_at < a.recorded_at:
+            out.append(x)
+    return out
+
+
+def _what_happened(a: Assertion, before: list[Assertion], old: Version | None, new: Version | None
+                   ) -> tuple[str, Micros | None, Micros | None]:
+    """(change, valid_from, valid_to): a value asserted (`version`, or `corrected` when it replaces an earlier
+    assertion at its point), an end (`closed`, `withdrawn` for a note), a void (`retracted` by keel.retracted,
+    `corrected` by an event's correction)."""
+    if is_void(a):
+        span = (old.assertion.point, old.valid_to) if old is not None else (a.point, None)
+        return ("retracted" if is_retraction_void(a) else "corrected"), *span
+    if a.closed:
+        start = old.assertion.point if old is not None else None
+        return ("withdrawn" if withdrawal_of(a) is not None else "closed"), start, a.point
+    shared = any(x.point == a.point for x in before)
+    valid_to = new.valid_to if new is not None else None
+    return ("corrected" if shared else "version"), a.point, valid_to
+
+
+def _value(key: Key, v: Version | None) -> Any:
+    """A version's value as a row shows it: a relation or an entity's existence as true, nothing as null."""
+    if v is None:
+        return None
+    return True if key[0] in "re" else v.assertion.value
