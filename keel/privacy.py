@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,11 +33,14 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .cartridge import Cartridge
 from .cartridge_spec import PersonalSpec
-from .errors import EnvelopeRejected, PersonalDataInClear, UsageError
+from .envelope import ANNOTATED
+from .errors import BadTime, EnvelopeRejected, PersonalDataInClear, UsageError
 from .identifiers import ENTITY
-from .times import format_time, now_micros
+from .times import format_time, now_micros, parse_time
 
 ENC = "keel.enc"            # the key that marks an encrypted field
+NOTE_MASK = "[erased]"      # what a note on an erased data subject's entity reads as
+CACHE_SECONDS = 5.0         # how long a process reuses what the key store said (a key, an erasure)
 WIRE = "v1"
 KEYS_FORMAT = "keel.keys/1"
 MASTER_ENV = "KEEL_MASTER_KEY"              # base64 of 32 bytes
@@ -301,6 +305,8 @@ class Privacy:
         self.accept_clear = cartridge.spec.personal_accept_clear    # `personal: {accept_clear: true}`
         # a line may be of a personal type when it names one (or escapes a character: a name can hide behind \u)
         self._type_bytes = tuple(json.dumps(t).encode() for t in self.personal) + (b"\\",)
+        self._note_bytes = json.dumps(ANNOTATED).encode()
+        self._erased: dict[tuple[str, str], tuple[int | None, float]] = {}  # (tenant, subject) -> (when, until)
 
     def data_subject(self, envelope: Mapping[str, Any]) -> str:
         """Whose the personal fields of an envelope are: its subject, or the payload field `of` names."""
@@ -377,7 +383,7 @@ class Privacy:
         PersonalDataInClear when a personal field arrives in clear (see `refuse_clear`)."""
         self.refuse_clear(envelope, clear_ok=clear_ok)
         if not self._applies(envelope):
-            return envelope
+            return self._mask_note(envelope) if _is_note(envelope) else envelope
         spec = self.personal[envelope["type"]]
         payload = envelope["payload"]
         fields = [f for f in spec.fields if is_encrypted(payload.get(f))]
@@ -403,13 +409,43 @@ class Privacy:
                                        tenant=tenant) from None
         return {**envelope, "payload": clear}
 
+    def erased_at(self, tenant: str, subject: str) -> int | None:
+        """When the data subject's keys were last erased (microseconds), or None; the key store is asked again
+        after CACHE_SECONDS, like a key (an erasure by another process is seen within that time)."""
+        now = time.monotonic()
+        known = self._erased.get((tenant, subject))
+        if known is not None and known[1] > now:
+            return known[0]
+        done = None if self.keys is None else self.keys.erasure(tenant, subject)
+        at = None if done is None else parse_time(done["at"])
+        self._erased[(tenant, subject)] = (at, now + CACHE_SECONDS)
+        return at
+
+    def _mask_note(self, envelope: dict[str, Any]) -> dict[str, Any]:
+        """A note (keel.annotated) attached to an erased data subject's entity, written (occurred_at) before
+        its erasure: its value (and a withdrawal's reason) read as the mask, NOTE_MASK, like its personal
+        fields (docs/privacy.md). Later notes, and notes on other entities, are kept as written."""
+        tenant, subject, payload = envelope["tenant"], envelope["subject"], envelope["payload"]
+        at = self.erased_at(tenant, subject)
+        if at is None:
+            return envelope
+        try:
+            occurred = parse_time(envelope.get("occurred_at"))
+        except BadTime:
+            return envelope             # the envelope checks refuse it
+        if occurred > at:
+            return envelope
+        masked = {k: NOTE_MASK for k in ("value", "reason") if payload.get(k) is not None}
+        return {**envelope, "payload": {**payload, **masked}} if masked else envelope
+
     def reveal_line(self, raw: bytes, *, clear_ok: bool = False) -> bytes:
         """An events file's line (a record's value) with its personal fields revealed, as JSON text again (so the
         envelope checks take their msgspec fast path); the line itself when it holds no encrypted field or is
         not a JSON object (the envelope checks then say what is wrong with it). A line whose personal fields
         are in clear is refused (PersonalDataInClear) unless the cartridge accepts them or `clear_ok`."""
         if _ENC_BYTES not in raw and (clear_ok or self.accept_clear
-                                      or not any(t in raw for t in self._type_bytes)):
+                                      or not any(t in raw for t in self._type_bytes)) and (
+                self._note_bytes not in raw and b"\\" not in raw):
             return raw
         try:
             envelope = _decode(raw)
@@ -431,6 +467,12 @@ def _decode(text: bytes) -> Any:
         return msgspec.json.decode(text)
     except msgspec.DecodeError:
         return json.loads(text)
+
+
+def _is_note(envelope: object) -> bool:
+    return (isinstance(envelope, dict) and envelope.get("type") == ANNOTATED
+            and isinstance(envelope.get("payload"), dict) and isinstance(envelope.get("tenant"), str)
+            and isinstance(envelope.get("subject"), str))
 
 
 def _str(value: object) -> str | None:

@@ -232,7 +232,7 @@ class Projector:
             self._apply_note(event, key)
             return "applied"
         if event.type == ERASED:             # a receipt: the keys are gone, reads already show the mask
-            store.apply_writes(event.tenant, [], key)
+            store.apply_writes(event.tenant, self._erasure_writes(event), key)
             return "applied"
         superseding = [] if event.supersedes is None else self._supersede(event)
         if event.type == RETRACTED:
@@ -263,6 +263,15 @@ class Projector:
                                    f"{view.refused}", event_id=event.id, tenant=event.tenant)
         store.apply_writes(event.tenant, superseding + view.writes if superseding else view.writes, key)
         return "applied"
+
+    def _erasure_writes(self, event: Event) -> list[Write]:
+        """A keel.erased receipt on an entity of the graph: the fact `keel.erased` (the receipt's id and key
+        count) from the erasure's time, so that context and history say when its data subject was erased."""
+        if not self.store.exists(event.tenant, event.subject):
+            return []
+        return [fact_write(event.subject, ERASED, {"receipt": event.id, "keys": event.payload.get("keys")},
+                           event.occurred_at, False, source=event.source, evidence=event.id,
+                           recorded_at=event.recorded_at, by=event.by)]
 
     def _supersede(self, event: Event) -> list[Write]:
         """The writes that supersede every domain version resting on the event `event` corrects or retracts,

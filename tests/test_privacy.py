@@ -524,3 +524,43 @@ def test_a_clear_record_is_refused_with_its_personal_fields_masked(tmp_path: Pat
     recorder = RecordingStore()
     assert judge(Projector(cartridge, recorder), recorder, Record("keel.c.events", 0, 0, None, b"t1", sealed),
                  reveal=privacy.reveal_line).outcome == "applied"
+
+
+def test_erase_masks_the_notes_on_the_subject_and_says_when(sealed: tuple[Path, Path, Path, Path],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Notes (annotate) on the erased data subject's entity, written before the erasure, read as the mask in
+    every version; notes on other entities and notes written after it are kept; context and history carry the
+    `keel.erased` fact from the erasure's time (the receipt's id)."""
+    import json
+
+    import keel
+
+    def fact(context: dict, predicate: str) -> object:
+        [value] = [f["value"] for f in context["facts"] if f["predicate"] == predicate]
+        return value
+    folder, _, out, keys = sealed
+    note = "llamó desde el +57 300 555 0101"
+    with keel.open(folder, events=out, keys=keys) as graph:
+        tools = graph.tools(tenant="t1", agent="a1")
+        tools.annotate("client:c1", "call", note, "tenant", evidence="e1")
+        tools.annotate("client:c1", "mine", "prefers mornings", "agent")
+        tools.annotate("client:c2", "call", "called back", "tenant", evidence="e2")
+        assert fact(tools.context("client:c1"), "call") == note
+    assert main(["erase", str(folder), "--events", str(out), "--keys", str(keys), "--tenant", "t1",
+                 "--subject", "client:c1"]) == 0
+    receipt = json.loads(out.read_text(encoding="utf-8").splitlines()[-1])
+    capsys.readouterr()
+    with keel.open(folder, events=out, keys=keys) as graph:
+        tools = graph.tools(tenant="t1", agent="a1")
+        context = tools.context("client:c1")
+        assert fact(context, "call") == "[erased]" and fact(context, "mine") == "[erased]"
+        assert fact(context, "keel.erased") == {"receipt": receipt["id"], "keys": 1}
+        assert fact(tools.context("client:c2"), "call") == "called back"
+        history = tools.history("client:c1")
+        text = json.dumps(history, ensure_ascii=False)
+        assert note not in text and "prefers mornings" not in text
+        [erased] = [v for v in history["versions"] if v["predicate"] == "keel.erased"]
+        assert erased["valid_from"] == receipt["occurred_at"] and erased["evidence"] == receipt["id"]
+        tools.annotate("client:c1", "later", "a note after the erasure", "agent")
+    with keel.open(folder, events=out, keys=keys) as graph:
+        assert fact(graph.tools(tenant="t1", agent="a1").context("client:c1"), "later") == "a note after the erasure"
