@@ -21,7 +21,7 @@ from support.workers import (
 from keel.cartridge import load_cartridge
 from keel.errors import UsageError
 from keel.store.redis import RedisStore
-from keel.store.redis.keys import layout_key
+from keel.store.redis.keys import layout_key, registry_key, watermarked_key
 from keel.store.redis.layout import LAYOUT_VERSION, LAYOUTS, LayoutIncompatible
 from keel.store.redis.segment_store import SegmentStore
 
@@ -129,4 +129,28 @@ def test_replay_all_with_layout_2_rewrites_a_layout_1_namespace(env: dict[str, s
         finally:
             assert worker.terminate() == 0
     finally:
+        client.close()
+
+
+def test_a_namespace_begun_with_watermarks_never_resumes_from_a_kafka_commit(env: dict[str, str]) -> None:
+    """A partition without a watermark holds nothing, except in a namespace written before watermarks existed:
+    a new namespace is marked before its first write (a replica holding some of it has the mark too); a namespace
+    that holds tenants and no layout stamp is that older kind (workers/resume.py trusts the commit there)."""
+    url = env["KEEL_REDIS_URL"]
+    new, old = (f"lay{uuid.uuid4().hex[:10]}" for _ in range(2))
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        store = RedisStore.from_url(url, namespace=new)
+        assert not store.predates_watermarks()
+        store.commit_batch("t1", [], ("keel.x.events", 0, 4))
+        assert store.holds_data() and not store.predates_watermarks()
+        store.close()
+        client.sadd(registry_key(old), "t1")                 # written by a Keel from before the layout stamp
+        legacy = RedisStore.from_url(url, namespace=old)
+        assert legacy.predates_watermarks()
+        legacy.close()
+    finally:
+        for ns in (new, old):
+            for key in client.scan_iter(match=f"keel:{{{ns}*"):
+                client.delete(key)
         client.close()

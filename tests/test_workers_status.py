@@ -130,3 +130,19 @@ def test_tenants_without_a_known_partition_never_print_p0_at_none() -> None:
     doc = shape_status("finance", [], None, {"a": {}}, None, None, {"kafka": "down"}, now=NOW)
     text = render_status(doc)
     assert "p0@None" not in text and "partition unknown" in text
+
+
+def test_a_partition_without_a_watermark_in_a_watermarked_namespace_is_behind_by_its_commit() -> None:
+    """A failover to a replica that had some tenants but never a partition's watermark: that partition's committed
+    records are all missing (status said nothing, since only partitions with a watermark were compared)."""
+    from workers.status import RedisPart
+    partitions = [PartitionOffsets(0, 30, 30, 0), PartitionOffsets(1, 20, 20, 0)]
+    redis = RedisPart(watermarks={0: 29, 1: None}, holds_data=True, predates_watermarks=False)
+    doc = shape_status("finance", partitions, None, {}, None, None, {}, now=NOW, redis=redis)
+    rows = {p["partition"]: p for p in doc["partitions"]}
+    assert (rows[0]["redis_behind"], rows[1]["redis_behind"]) == (0, 20)
+    assert any(p.startswith("partition 1: Redis is behind the log by 20 record(s): it holds no record of it")
+               for p in doc["problems"])
+    legacy = RedisPart(watermarks={0: 29, 1: None}, holds_data=True, predates_watermarks=True)
+    doc = shape_status("finance", partitions, None, {}, None, None, {}, now=NOW, redis=legacy)
+    assert doc["partitions"][1]["redis_behind"] is None       # written before watermarks: nothing to compare

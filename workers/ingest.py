@@ -481,9 +481,9 @@ class CartridgeIngest(Service):
             applied = await asyncio.to_thread(store.partitions_applied, self.topic, [tp.partition for tp in tps])
             async with kafka_guard("read committed offsets", self.settings.kafka_bootstrap):
                 committed = {tp: await self.consumer.committed(tp) for tp in tps}
-            holds = None
+            legacy = False
             if any(applied[tp.partition] is None and committed[tp] is not None for tp in tps):
-                holds = await asyncio.to_thread(store.holds_data)
+                legacy = await asyncio.to_thread(store.predates_watermarks)
         except (StoreUnavailable, KafkaUnavailable) as e:
             self._outage(e)
             self.log.warning("%s: cannot read where partitions %s resume, retrying in %.0fs: %s", self.label,
@@ -491,7 +491,7 @@ class CartridgeIngest(Service):
             await asyncio.sleep(POSITION_RETRY_S)
             return
         for tp in tps:
-            await self._seek(tp, decide(tp.partition, applied[tp.partition], committed[tp], bool(holds)))
+            await self._seek(tp, decide(tp.partition, applied[tp.partition], committed[tp], legacy))
         self._unpositioned -= set(tps)
         self.consumer.resume(*tps)
 
@@ -504,7 +504,7 @@ class CartridgeIngest(Service):
         elif r.how == "committed":
             self.consumer.seek(tp, r.start)
             self.log.info("%s: %s", self.label, r.describe())
-        elif r.how == "beginning":
+        else:                     # "beginning", "new": nothing of it is applied (a rewind has read past it)
             await self.consumer.seek_to_beginning(tp)
         if r.behind:
             self._behind[tp] = r.behind + (r.start or 0)

@@ -88,8 +88,10 @@ def _problems(doc: dict[str, Any], stalled_after: float) -> list[str]:
                    "partition from the log's beginning (start one if none runs)")
     for p in doc["partitions"]:
         if p.get("redis_behind"):
+            held = ("no record of it" if p["redis_applied"] is None else
+                    f"the partition through offset {p['redis_applied']}")
             out.append(f"partition {p['partition']}: Redis is behind the log by {p['redis_behind']} record(s): it "
-                       f"holds the partition through offset {p['redis_applied']}, the group committed "
+                       f"holds {held}, the group committed "
                        f"{p['committed']} (a failover to a replica that lagged, or an older backup); a running "
                        f"worker re-applies them by itself (start one if none runs)")
     group = doc.get("members")
@@ -176,8 +178,12 @@ def shape_status(name: str, partitions: list[PartitionOffsets], group: GroupDesc
     for row in doc["partitions"]:
         applied_through = redis.watermarks.get(row["partition"])
         row["redis_applied"] = applied_through
-        row["redis_behind"] = (max(0, row["committed"] - applied_through - 1)
-                               if applied_through is not None and row["committed"] is not None else None)
+        if row["committed"] is None:
+            row["redis_behind"] = None
+        elif applied_through is not None:
+            row["redis_behind"] = max(0, row["committed"] - applied_through - 1)
+        else:     # no watermark: nothing of it is held, unless written before watermarks (or all is gone, below)
+            row["redis_behind"] = row["committed"] if redis.holds_data and redis.predates_watermarks is False else None
     if dead is not None:
         for info in doc["tenants"].values():
             info["dead_letters"] = 0
@@ -195,6 +201,7 @@ class RedisPart:
     dead_letters: dict[str, int] | None = None
     watermarks: dict[int, int | None] = field(default_factory=dict)           # partition -> applied through
     holds_data: bool | None = None
+    predates_watermarks: bool | None = None      # Store.predates_watermarks
     condition: str | None = None                 # out of memory, read-only (RedisStore.condition)
 
 
@@ -206,7 +213,8 @@ def _redis_part(cartridge: Cartridge, settings: Settings, partitions: list[Parti
     store = open_redis_store(cartridge, settings)
     try:
         part = RedisPart(dead_letters=DeadLetterCounts(store.client, cartridge.name).counts(),
-                         condition=store.condition(), holds_data=store.holds_data())
+                         condition=store.condition(), holds_data=store.holds_data(),
+                         predates_watermarks=store.predates_watermarks())
         part.watermarks = store.partitions_applied(topic, [p.partition for p in partitions])
         tenants = [] if not per_tenant else [tenant] if tenant else store.tenants()
         for t in tenants:

@@ -355,6 +355,13 @@ class Store(ABC):
         Kafka offsets but a store holding nothing knows the store lost everything, and re-applies the log."""
 
     @abstractmethod
+    def predates_watermarks(self) -> bool:
+        """Whether the namespace holds data written before this store kept applied watermarks: only then may a
+        partition without a watermark have records applied, and a worker resumes it from the Kafka commit. In
+        any other namespace a partition without a watermark holds nothing (a lagging replica may even hold
+        some of a batch's steps but not its watermark: re-applying them is harmless, skipping them is not)."""
+
+    @abstractmethod
     def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
         """The offset stored by the last commit_batch for (topic, partition) of the tenant, or None."""
 

@@ -175,6 +175,9 @@ class MemoryStore(Store):
     def holds_data(self) -> bool:
         return bool(self._tenants or self._watermarks)
 
+    def predates_watermarks(self) -> bool:
+        return False              # it has kept watermarks since it began
+
     def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
         g = self._tenants.get(tenant)           # like has_event: never needs the timelines up to date
         return None if g is None else g.offsets.get((topic, int(partition)))

@@ -18,9 +18,6 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
 TENANTS = {f"hogar-{i:02d}": 250 for i in range(12)}
 
 
-@pytest.mark.xfail(strict=False, reason="known race, open in issue 22: a Sentinel failover under load sometimes "
-                   "ends with 1-3 tenants differing from the embedded build (seen once in four clean-clone runs); "
-                   "the restarted-worker failover and restore tests hold")
 def test_sentinel_failover_under_load_is_followed_without_a_restart(tmp_path: Path,
                                                                      private_services: PrivateServices) -> None:
     primary = RedisNode(tmp_path / "primary").start()

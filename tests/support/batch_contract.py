@@ -114,6 +114,7 @@ class StateBehindContract:
     def test_a_new_store_holds_nothing_and_no_watermark(self) -> None:
         s = self.make_batch_store()
         assert not s.holds_data()
+        assert not s.predates_watermarks()
         assert s.partitions_applied(TOPIC, [0, 3]) == {0: None, 3: None}
 
     def test_watermarks_only_move_forward(self) -> None:

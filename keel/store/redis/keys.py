@@ -9,6 +9,8 @@ one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
     keel:{<ns>}:layout                     string: the layout version (layout.py), checked at start
     keel:{<ns>}:applied                    hash: `o["<topic>",<partition>]` -> the offset through which every
                                            record of the partition is applied (where a worker resumes)
+    keel:{<ns>}:watermarked                string "1": set before the namespace's first write, so every write
+                                           is under a watermark (a partition without one holds nothing)
     keel:{<ns>/<t>}:gen                    string: the current generation (absent = 1)
     keel:{<ns>/<t>}:gseq                   string: the highest generation handed out
     keel:{<ns>/<t>}:replay                 string: the marker of a replay in progress (workers/replay_state.py)
@@ -158,6 +160,11 @@ def layout_key(namespace: str) -> str:
 def applied_key(namespace: str) -> str:
     """The partitions' applied watermarks of a namespace (Store.advance_partitions), fields offset_field."""
     return f"keel:{{{namespace}}}:applied"
+
+
+def watermarked_key(namespace: str) -> str:
+    """Present when the namespace was begun by a Keel that keeps applied watermarks (layout.py stamps it)."""
+    return f"keel:{{{namespace}}}:watermarked"
 
 
 def dead_letter_keys(namespace: str) -> tuple[str, str]:

@@ -3,7 +3,8 @@
 `keel:{<namespace>}:layout` holds the layout version the namespace was written with (same hash tag as the
 namespace's tenant registry). A namespace without it is new, or was written by a Keel from before the stamp
 (whose layout is version 1): it is stamped with the layout asked for (`KEEL_REDIS_LAYOUT`, default 1) when
-new, with 1 when it holds tenants. This Keel reads and writes layouts 1 (store.py: a sorted set per entity)
+new, with 1 when it holds tenants. A new namespace is also marked `watermarked` before its first write: its
+partitions' applied watermarks are complete, so a worker trusts them over any Kafka commit (workers/resume.py). This Keel reads and writes layouts 1 (store.py: a sorted set per entity)
 and 2 (segment_store.py: segments appended per step); a process opens the store class of the namespace's
 layout, and refuses another version with a message saying what to run, instead of reading keys it does not
 understand or writing a mix of two layouts. CHANGELOG.md lists each layout change and its upgrade step.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import UsageError
-from .keys import layout_key, registry_key
+from .keys import layout_key, registry_key, watermarked_key
 
 LAYOUT_VERSION = 1                # the layout of a namespace written before the stamp, and the default
 LAYOUTS = (1, 2)                  # the layouts this Keel reads and writes
@@ -42,7 +43,10 @@ def check_layout(client: Any, namespace: str, *, upgrading: bool = False, defaul
         raise UsageError(f"bad Redis key layout {default!r}: this Keel writes layouts {', '.join(map(str, LAYOUTS))}")
     key = layout_key(namespace)
     if client.get(key) is None:
-        client.set(key, default if not client.exists(registry_key(namespace)) else LAYOUT_VERSION, nx=True)
+        begun = bool(client.exists(registry_key(namespace)))
+        if not begun:            # before its first write: every write of this namespace is under a watermark
+            client.set(watermarked_key(namespace), 1, nx=True)
+        client.set(key, default if not begun else LAYOUT_VERSION, nx=True)
     raw = client.get(key)
     try:
         found = int(raw)

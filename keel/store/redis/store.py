@@ -48,6 +48,7 @@ from .keys import (
     offset_field,
     prefix_of,
     registry_key,
+    watermarked_key,
 )
 from .layout import LAYOUT_VERSION, LAYOUTS, check_layout
 from .starts import TenantStarts
@@ -411,6 +412,12 @@ class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
 
     def holds_data(self) -> bool:
         with self._guard("holds_data"):
+            return bool(self._client.exists(self._applied) or self._client.scard(self._registry))
+
+    def predates_watermarks(self) -> bool:
+        with self._guard("predates_watermarks"):
+            if self._client.exists(watermarked_key(self.namespace)):
+                return False
             return bool(self._client.exists(self._applied) or self._client.scard(self._registry))
 
     def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
