@@ -141,7 +141,7 @@ def test_a_namespace_begun_with_watermarks_never_resumes_from_a_kafka_commit(env
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
         store = RedisStore.from_url(url, namespace=new)
-        assert not store.predates_watermarks()
+        assert client.exists(watermarked_key(new)) and not store.predates_watermarks()
         store.commit_batch("t1", [], ("keel.x.events", 0, 4))
         assert store.holds_data() and not store.predates_watermarks()
         store.close()
