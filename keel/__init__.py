@@ -31,6 +31,8 @@ from .projector import Projector
 from .registry import Registry
 from .results import (
     AnnotateResult,
+    Change,
+    ChangesResult,
     ContextResult,
     Fact,
     FactVersion,
@@ -49,7 +51,8 @@ from .tools import Time, Tools
 
 # The public names, listed once; docs/python.md says which are stable.
 __all__ = [
-    "AnnotateResult", "BadTime", "Cartridge", "CartridgeInvalid", "ContextResult", "DomainError",
+    "AnnotateResult", "BadTime", "Cartridge", "CartridgeInvalid", "Change", "ChangesResult", "ContextResult",
+    "DomainError",
     "Envelope", "EnvelopeRejected", "Event", "Fact", "FactVersion", "Graph", "HandlerFailed",
     "HistoryResult", "KafkaUnavailable", "KeelError", "LabelVersion", "MemoryStore", "NoteRefused",
     "Projector", "Registry", "RelatedResult", "Relation", "RelationVersion", "Scope", "SearchHit",

@@ -9,13 +9,14 @@ writes cursors; it knows nothing of any backend.
 """
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from .errors import UsageError
 from .notes import withdrawal_of
-from .store.base import ChangeEntry, scope_of
+from .store.base import ChangeEntry, Store, scope_of
 from .store.writes import REF_LABEL, Key
 from .timeline import Assertion, Timeline, Version, insert, is_retraction_void, is_void
 from .times import Micros, format_time
@@ -26,6 +27,15 @@ SCAN_FACTOR = 4                # a page reads at most limit * SCAN_FACTOR entrie
 
 _WHAT = {"l": "label", "r": "relation", "e": "entity"}
 _CURSOR = re.compile(r"c([1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,14})\.(-?[0-9]{1,17})")
+
+
+class ChangesPage(NamedTuple):
+    """One answer's worth: the rows, where the next answer starts, whether the log held more, and the recorded
+    time through which the answer is complete."""
+    rows: list[dict[str, Any]]
+    cursor: str
+    more: bool
+    through: Micros | None
 
 
 class Cursor(NamedTuple):
@@ -47,6 +57,38 @@ def parse_cursor(value: object) -> Cursor | None:
     if m is None:
         raise UsageError("cursor: pass back the `cursor` of a previous changes answer unchanged")
     return Cursor(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+
+
+def read_changes(store: Store, tenant: str, *, since: Micros | None, after: Cursor | None, limit: int,
+                 type: str | None, scopes: set[str]) -> ChangesPage:
+    """Up to `limit` changes the caller sees (of entities of `type`) after `after` (else recorded after `since`):
+    one read of at most limit * SCAN_FACTOR + 1 log entries, one of the timelines they touch. A cursor of a
+    replaced generation resumes from its recorded time (changes of that very microsecond may come again)."""
+    page = store.changes(tenant, start=None if after is None else after.position,
+                         since=since if after is None else after.recorded_at - 1,
+                         generation=None if after is None else after.generation, count=limit * SCAN_FACTOR + 1)
+    kept: list[ChangeEntry] = []
+    used = 0
+    for entry in page.entries[:limit * SCAN_FACTOR]:
+        if len(kept) == limit:
+            break
+        used += 1
+        if visible(entry.key, scopes) and of_type(entry.key, type):
+            kept.append(entry)
+    more = page.start + used < page.length
+    keys = sorted({e.key for e in kept})
+    rows = change_rows(kept, dict(zip(keys, store.assertions_many(tenant, keys))) if keys else {})
+    for row in rows:            # values the caller may change (an embedded graph keeps its own)
+        row["old"], row["new"] = _own(row["old"]), _own(row["new"])
+    through = page.known_through
+    if used:
+        last = page.entries[used - 1].assertion.recorded_at
+    else:
+        last = after.recorded_at if after is not None else (since or 0)
+    if more:            # one entry past the page was read: complete through the last time wholly returned
+        following = page.entries[used].assertion.recorded_at
+        through = last if following > last else last - 1
+    return ChangesPage(rows, Cursor(page.generation, page.start + used, last).text(), more, through)
 
 
 def of_type(key: Key, type: str | None) -> bool:
@@ -123,6 +165,10 @@ def _what_happened(a: Assertion, before: list[Assertion], old: Version | None, n
     shared = any(x.point == a.point for x in before)
     valid_to = new.valid_to if new is not None else None
     return ("corrected" if shared else "version"), a.point, valid_to
+
+
+def _own(value: Any) -> Any:
+    return copy.deepcopy(value) if isinstance(value, (dict, list)) else value
 
 
 def _value(key: Key, v: Version | None) -> Any:

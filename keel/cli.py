@@ -49,7 +49,8 @@ from .privacy_commands import register as register_privacy
 
 QUERY_HELP = {
     "context": "an entity as of a world time and a knowledge time: labels, facts, relations, rules",
-    "history": "every version of an entity's labels, facts, notes and relations, superseded ones included",
+    "history": "every version of an entity's labels, facts, notes and relations, superseded ones included; "
+               "without ENTITY, the tenant's changes since --since",
     "search": "find entities by words of their ids, types, labels and visible notes, any script (BM25)",
     "related": "relations of an entity, either direction",
     "annotate": "write a note (agent memory) on an entity; appended to the events file",
@@ -110,12 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--keys", metavar="FILE", help="key file that decrypts a sealed events file's personal "
                         "fields (docs/privacy.md; master key from KEEL_MASTER_KEY or KEEL_MASTER_KEY_FILE)")
 
-    def query(name: str, run: Callable[..., int], usage_tail: str) -> argparse.ArgumentParser:
+    def query(name: str, run: Callable[..., int], usage_tail: str, nargs: str = "+") -> argparse.ArgumentParser:
         q = sub.add_parser(name, parents=[common], help=QUERY_HELP[name], description=QUERY_HELP[name],
                            usage=f"keel {name} CARTRIDGE (EVENTS.jsonl | --events FILE | --redis URL) {usage_tail} "
                                  f"[options]")
         q.add_argument("cartridge", help="cartridge folder")
-        q.add_argument("args", nargs="+", metavar="ARG", help="the events file (unless --events or --redis), "
+        q.add_argument("args", nargs=nargs, metavar="ARG", help="the events file (unless --events or --redis), "
                        "then " + usage_tail)
         q.set_defaults(run=run)
         return q
@@ -123,9 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     q = query("context", cmd_context, "ENTITY")
     q.add_argument("--at", help="world time (RFC 3339 or YYYY-MM-DD; default now)")
     q.add_argument("--known-at", help="knowledge time: what Keel believed then (default now)")
-    q = query("history", cmd_history, "ENTITY")
+    q = query("history", cmd_history, "[ENTITY]", nargs="*")
     q.add_argument("--predicate", help="only the timelines of this name: a fact predicate, a label or a relation")
     q.add_argument("--known-at", help="knowledge time (default now)")
+    q.add_argument("--since", help="without ENTITY: the tenant's changes recorded after this time")
+    q.add_argument("--type", help="without ENTITY: only changes of entities of this type")
+    q.add_argument("--cursor", help="without ENTITY: the next page, from a previous answer's cursor")
+    q.add_argument("--limit", type=int, help="without ENTITY: at most N changes (default 100, at most 500)")
     q = query("search", cmd_search, "QUERY")
     q.add_argument("--type", help="only entities of this type")
     q.add_argument("--limit", type=int, default=10, help="at most N results (default 10)")
@@ -271,8 +276,13 @@ def cmd_context(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     with Session(args) as s:
-        (entity,) = take(s.rest, "ENTITY")
-        return emit(args, s.tools.history(entity, predicate=args.predicate, known_at=args.known_at), render.history)
+        (entity,) = take(s.rest, "ENTITY", optional=1)
+        if entity is None:
+            return emit(args, s.tools.history(since=args.since, type=args.type, cursor=args.cursor,
+                                              limit=args.limit, predicate=args.predicate, known_at=args.known_at),
+                        render.changes)
+        return emit(args, s.tools.history(entity, predicate=args.predicate, known_at=args.known_at, since=args.since,
+                                          type=args.type, cursor=args.cursor, limit=args.limit), render.history)
 
 
 def cmd_search(args: argparse.Namespace) -> int:

@@ -107,6 +107,25 @@ def history(h: dict[str, Any]) -> str:
     return "\n".join([*lines, fresh(h)])
 
 
+def changes(c: dict[str, Any]) -> str:
+    """`history` without an entity: one line per change, oldest first, then where the next page starts."""
+    lines = []
+    for x in c["changes"]:
+        name = x["name"] or ""
+        if x["object"]:
+            name += f" {x['object']}"
+        if x["scope"]:
+            name += f" ({x['scope']})"
+        old, new = ("-" if v is None else value(v) for v in (x["old"], x["new"]))
+        reason = f", reason {x['reason']}" if x.get("reason") else ""
+        lines.append(f"{x['recorded_at']} {x['entity']} {x['what']} {name} {x['change']}: {old} -> {new}  valid "
+                     f"{day(x['valid_from'])} -> {day(x['valid_to'])}  (evidence {x['evidence']}, by {x['by']}{reason})")
+    if not lines:
+        lines.append("no changes")
+    lines.append(f"{'more' if c['more'] else 'next time'}: --cursor {c['cursor']}")
+    return "\n".join([*lines, fresh(c)])
+
+
 def search(s: dict[str, Any]) -> str:
     lines = [f"{i}. {r['entity']} ({r['type']}) score {r['score']:.3f}  "
              + " ".join(f"{k}={value(v)}" for k, v in r["labels"].items())

@@ -117,11 +117,11 @@ class HistoryResult(Known):
 class Change(TypedDict):
     """One change of `history` without an entity (docs/semantics.md, "What changed since")."""
     entity: str
-    what: Literal["label", "fact", "note", "relation", "entity"]
+    what: str                           # label, fact, note, relation, or entity (its existence)
     name: str | None                    # the label, predicate or relation (None: an entity's existence)
     object: str | None                  # a relation's other end
     scope: str | None                   # a note's scope
-    change: Literal["version", "corrected", "closed", "withdrawn", "retracted"]
+    change: str                         # version, corrected, closed, withdrawn or retracted
     old: Any                            # the value at valid_from just before the change (None: none)
     new: Any                            # and just after it
     valid_from: str | None
@@ -134,12 +134,14 @@ class Change(TypedDict):
 
 
 class ChangesResult(Known):
-    """`history` without an entity: the tenant's changes recorded after `since`, oldest first; `cursor` (None
-    when the log ended) continues exactly; `known_through` is the `since` of the next question."""
+    """`history` without an entity: the tenant's changes recorded after `since`, oldest first; `cursor`
+    continues exactly after them (now, or later to get what came since), `more` says whether the log held more
+    when read; `known_through` is complete: every change recorded by then was in this answer or before."""
     since: str | None
     type: str | None
     changes: list[Change]
-    cursor: str | None
+    cursor: str
+    more: bool
 
 
 class SearchResult(Known):

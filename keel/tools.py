@@ -14,16 +14,7 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .cartridge import Cartridge
-from .changes import (
-    DEFAULT_CHANGES,
-    MAX_CHANGES,
-    SCAN_FACTOR,
-    Cursor,
-    change_rows,
-    of_type,
-    parse_cursor,
-    visible,
-)
+from .changes import DEFAULT_CHANGES, MAX_CHANGES, parse_cursor, read_changes
 from .envelope import ANNOTATED, MAX_REASON
 from .errors import NoteRefused, UnknownEntity, UnknownTenant, UsageError, WriteTimeout
 from .eventlog import EventLog
@@ -144,7 +135,8 @@ class Tools:
         that name (a fact predicate, a label or a relation).
 
         Without an entity: the tenant's changes recorded after `since` (or from a previous answer's `cursor`),
-        oldest first, at most `limit` (default 100, at most 500), of entities of `type` when given
+        oldest first, at most `limit` (default 100, at most 500), of entities of `type` when given; `more` says
+        whether the log held more then, and `cursor` continues exactly after this answer, now or later
         (keel/changes.py; docs/semantics.md, "What changed since")."""
         with self._reading:
             if entity is None or entity == "":
@@ -170,33 +162,10 @@ class Tools:
             raise UsageError(f"limit: an integer from 1 to {MAX_CHANGES}")
         self._require_tenant()
         scopes = set(self.policy.visible_scopes(task=self.task, agent=self.agent))
-        page = self.store.changes(self.tenant, start=None if after is None else after.position,
-                                  since=s if after is None else after.recorded_at - 1,
-                                  generation=None if after is None else after.generation,
-                                  count=limit * SCAN_FACTOR + 1)
-        read = page.entries[:limit * SCAN_FACTOR]
-        kept, used = [], 0
-        for entry in read:
-            if len(kept) == limit:
-                break
-            used += 1
-            if visible(entry.key, scopes) and of_type(entry.key, type):
-                kept.append(entry)
-        next_at = page.start + used
-        more = next_at < page.length
-        keys = sorted({e.key for e in kept})
-        timelines = dict(zip(keys, self.store.assertions_many(self.tenant, keys))) if keys else {}
-        rows = change_rows(kept, timelines)
-        for row in rows:
-            row["old"], row["new"] = _own(row["old"]), _own(row["new"])
-        through, next_cursor = page.known_through, None
-        if more:            # read one entry past the page: complete through the last time wholly returned
-            last, following = page.entries[used - 1].assertion.recorded_at, page.entries[used].assertion.recorded_at
-            through = last if following > last else last - 1
-            next_cursor = Cursor(page.generation, next_at, last).text()
-        result: ChangesResult = {"since": format_time(s), "type": type, "changes": cast(list[Change], rows),
-                                 "cursor": next_cursor, "known_through": None}
-        return self._fresh(result, Freshness(through))
+        page = read_changes(self.store, self.tenant, since=s, after=after, limit=limit, type=type, scopes=scopes)
+        result: ChangesResult = {"since": format_time(s), "type": type, "changes": cast(list[Change], page.rows),
+                                 "cursor": page.cursor, "more": page.more, "known_through": None}
+        return self._fresh(result, Freshness(page.through))
 
     def _history(self, entity: str, predicate: str | None, known_at: Time) -> HistoryResult:
         entity = self._entity_arg(entity)

@@ -338,9 +338,21 @@ def test_results_match_their_types(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         "$.known_through: missing", "$.applied: 'yes' is not bool", "$.event_id: 1 is not str"]
 
 
+def test_changes_match_their_type(tmp_path: Path) -> None:
+    with keel.open(FINANCE, events=copy_finance(tmp_path)) as graph:
+        tools = graph.tools(tenant=TENANT_A, agent=AGENT, task=TASK)
+        tools.annotate("debt:visa", "next_step", "prepay", scope="task")
+        tools.annotate("debt:visa", "next_step", scope="task", withdraw=True, reason="done")
+        result = tools.history(since="2026-11-01", limit=500)
+    assert {c["change"] for c in result["changes"]} >= {"version", "withdrawn"}
+    assert problems(result, keel.ChangesResult) == []
+
+
 def test_mcp_output_schemas_are_within_the_types() -> None:
     for spec in SPECS:
         declared = typing.get_type_hints(RESULT_TYPES[spec.name])
+        if spec.name == "history":          # without an entity: the changes since a time
+            declared |= typing.get_type_hints(keel.ChangesResult)
         assert set(spec.output_schema["properties"]) <= set(declared), spec.name
 
 

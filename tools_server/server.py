@@ -112,9 +112,12 @@ def _handlers(run: CallRunner) -> dict[str, Handler]:
         return await run.call("context", lambda t: t.context(entity, at=at, known_at=known_at),
                               arguments={"entity": entity, "at": at, "known_at": known_at})
 
-    async def history(entity: Any = None, predicate: Any = None, known_at: Any = None) -> CallToolResult:
-        return await run.call("history", lambda t: t.history(entity, predicate=predicate, known_at=known_at),
-                              arguments={"entity": entity, "predicate": predicate, "known_at": known_at})
+    async def history(entity: Any = None, predicate: Any = None, known_at: Any = None, since: Any = None,
+                      type: Any = None, cursor: Any = None, limit: Any = None) -> CallToolResult:
+        return await run.call("history", lambda t: t.history(entity, predicate=predicate, known_at=known_at,
+                                                             since=since, type=type, cursor=cursor, limit=limit),
+                              arguments={"entity": entity, "predicate": predicate, "known_at": known_at,
+                                         "since": since, "type": type, "cursor": cursor, "limit": limit})
 
     async def search(query: Any = None, type: Any = None, limit: Any = 10, at: Any = None,
                      known_at: Any = None) -> CallToolResult:

@@ -28,6 +28,7 @@ def _arg(description: str, **schema: Any) -> dict[str, Any]:
 _ENTITY = _arg("<type>:<id> from search")
 _AT = _arg("World time: date or RFC 3339")
 _KNOWN_AT = _arg("As known then; default now")
+_TYPE = _arg("Only this entity type")
 
 _FACT = {"type": "object", "properties": {
     "predicate": _S, "value": {}, "valid_from": _S, "valid_to": _SN, "recorded_at": _S, "source": _SN,
@@ -78,22 +79,28 @@ _WRITER = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_wor
 SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "context",
-        "An entity's labels, facts with evidence, relations, rules with verdicts. Use it for what is true.",
+        "An entity's labels, facts with evidence, relations, rule verdicts. Use it for what is true.",
         _input({"entity": _ENTITY, "at": _AT, "known_at": _KNOWN_AT}, ["entity"]),
         _result({"entity": _S, "type": _S, "ref": _SN, "labels": {"type": "object"},
                  "facts": _array(_FACT), "relations": _array(_RELATION), "rules": _RULES}),
         _READER),
     ToolSpec(
         "history",
-        "Every version of an entity's labels, facts, notes, relations, superseded too. Use it to explain a change.",
-        _input({"entity": _ENTITY, "predicate": _arg("Only this predicate"), "known_at": _KNOWN_AT}, ["entity"]),
+        "Versions of an entity's labels, facts, notes, relations, superseded too; no entity: changes since a "
+        "time. Use it to explain or catch up.",
+        _input({"entity": _ENTITY, "predicate": _arg("Only this predicate"), "known_at": _KNOWN_AT,
+                "since": _arg("No entity: changes after this time"), "type": _TYPE,
+                "cursor": _arg("Last answer's cursor"),
+                "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 100,
+                          "description": "Max changes"}}, []),
         _result({"entity": _S, "versions": _array({**_FACT, "properties": {
-            **_FACT["properties"], "superseded_at": _SN, "superseded_by": _SN}})}),
+            **_FACT["properties"], "superseded_at": _SN, "superseded_by": _SN}}),
+            "changes": {"type": "array"}, "cursor": _SN, "more": {"type": "boolean"}}),
         _READER),
     ToolSpec(
         "search",
-        "Find entity ids by words of ids, types, labels or notes. Use it first when you lack an id.",
-        _input({"query": _arg("Words of a name, label, note or type"), "type": _arg("Only this entity type"),
+        "Find entity ids by words of ids, types, labels, notes. Use it first when you lack an id.",
+        _input({"query": _arg("Words of a name, label, note, type"), "type": _TYPE,
                 "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,
                           "description": "Max results"},
                 "at": _AT, "known_at": _KNOWN_AT}, ["query"]),
@@ -103,8 +110,8 @@ SPECS: tuple[ToolSpec, ...] = (
         _READER),
     ToolSpec(
         "annotate",
-        "Save a note on an entity for context and history, or withdraw yours. Use it for a conclusion or "
-        "next step, citing evidence.",
+        "Save a note on an entity for context and history, or withdraw yours. Use it for conclusions or "
+        "next steps, citing evidence.",
         _input({"entity": _ENTITY,
                 "predicate": _arg("Note name, e.g. next_step"),
                 "value": {"description": "Text, number or JSON"},
@@ -114,7 +121,7 @@ SPECS: tuple[ToolSpec, ...] = (
                 "withdraw": {"type": "boolean", "description": "Close your note of this name"},
                 "reason": _arg("Why you withdraw")},
                ["entity", "predicate", "scope"]),
-        _result({"fact": _FACT, "applied": {"type": "boolean"}, "event_id": _S, "message": _S}),
+        _result({"fact": {"type": "object"}, "applied": {"type": "boolean"}, "event_id": _S, "message": _S}),
         _WRITER),
     ToolSpec(
         "related",

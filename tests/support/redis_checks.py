@@ -494,7 +494,7 @@ class RedisChecks(RedisCase):
         if raw:
             want = self.raw_generation(s, "acme", applied)
             assert self.raw_generation(s, "acme", loaded) == want
-            assert {k.split(":")[0] for k in want} == {"ev", "m", "ents", "pv", "z", "x", "re"}
+            assert {k.split(":")[0] for k in want} == {"ev", "m", "ents", "pv", "z", "x", "re", "ch"}
             assert want["m"][1]["re"] == "1" and want["re"][1]          # relation ends kept, and some recorded
         assert digest(s.for_generation("acme", loaded), "acme") == digest(view, "acme")
         # APPLY goes on from a loaded generation as from its own

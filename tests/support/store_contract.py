@@ -11,6 +11,7 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -315,6 +316,35 @@ class StoreContract:
         assert evidence_standing(s, T, "e1", type="thing") == "retracted"
         assert evidence_standing(s, T, "r1", entity=E) == "retraction"
         assert evidence_standing(s, "other", "e1", entity=E) is None
+
+    def test_changes_are_every_write_in_apply_order(self) -> None:
+        """Store.changes (keel/changes.py): the tenant's writes in apply order, paged by position or found by
+        recorded time, each decoding to the assertion the timeline holds, with known_through read with them."""
+        s = self.make_store()
+        if not getattr(s, "keeps_changes", True):
+            pytest.skip("a worker's mirror keeps no change log")
+        s.open_fact(T, E, "p", 1, valid_from=day(5), recorded_at=day(5), evidence="e1")
+        s.link(T, E, "r", "thing:two", day(1), recorded_at=day(6), evidence="e2")      # a late event
+        s.open_fact(T, E, "n", {"a": [1, 2.5]}, valid_from=day(6), recorded_at=day(6), evidence="e3", by="agent:x",
+                    scope="tenant", expires_at=day(9))
+        s.close_fact(T, E, "p", valid_to=day(9), recorded_at=day(7), evidence="e4")
+        page = s.changes(T, count=10)
+        keys = [("f", E, "p", ""), ("r", E, "r", "thing:two"), ("f", E, "n", "tenant"), ("f", E, "p", "")]
+        assert [(e.position, e.key) for e in page.entries] == list(enumerate(keys))
+        assert (page.start, page.length, page.known_through) == (0, 4, parse_time(day(7)))
+        for entry in page.entries:
+            assert entry.assertion in s.assertions_many(T, [entry.key])[0]
+        assert page.entries[2].assertion.value == {"a": [1, 2.5]}
+        assert page.entries[3].assertion.closed and page.entries[2].assertion.expires_at == parse_time(day(9))
+        later = s.changes(T, since=parse_time(day(5)), count=2)                 # recorded strictly after
+        assert [e.position for e in later.entries] == [1, 2] and later.length == 4
+        assert s.changes(T, since=parse_time(day(7)), count=5).entries == []
+        s.open_fact(T, E, "q", "x", valid_from=day(1), recorded_at=day(8), evidence="e5")
+        more = s.changes(T, start=4, generation=page.generation, count=10)     # a cursor: ingest went on
+        assert [(e.position, e.key) for e in more.entries] == [(4, ("f", E, "q", ""))]
+        elsewhere = s.changes(T, start=4, generation=page.generation + 7, since=parse_time(day(6)), count=10)
+        assert elsewhere.start == 3         # a position of another generation: from `since` instead
+        assert s.changes("nobody", count=5).entries == []
 
     def test_tenants_are_isolated(self) -> None:
         s = self.make_store()

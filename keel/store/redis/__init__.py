@@ -5,9 +5,10 @@
     connection.py      Redis clients from Keel's URLs (a node, a Cluster, Sentinel)
     layout.py          the namespace's layout stamp, checked when a process opens its store
     codec.py           points, assertion bodies and provenance entries as strings, and back
+    scripts.py         layout 1's Lua scripts (each atomic on the tenant's hash slot)
+    changelog.py       a tenant's change log (Store.changes), written by both layouts' APPLY scripts
     batch.py           a commit step encoded as the APPLY script's arguments
     bulk.py            a bulk-load step's commands (loader.py)
-    scripts.py         layout 1's Lua scripts (each atomic on the tenant's hash slot)
     loader.py          GenerationLoader: bulk loads of a generation nobody reads yet (layout 1)
     generations.py     generations: hand out, switch, drop (a part of RedisStore)
     starts.py, walks.py  what a worker's mirror reads first; whole-tenant walks (parts of RedisStore)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import UsageError
+from .changelog import CHANGES
 from .keys import DATA_KEYS, MARKS, RELATION_ENDS, applied_key, escape, layout_key, offset_field
 from .loader import GenerationLoader
 from .transport import Client, chunks
@@ -94,7 +95,8 @@ class GenerationAdmin:
         with self._guard("drop_generation", tenant):
             entities = sorted(self._client.smembers(d + "ents"))
             closed = self._client.hgetall(d + "sg")
-        fixed = dict.fromkeys([d + k for k in DATA_KEYS] + [d + k for k in (MARKS, RELATION_ENDS, "fr", "sg")])
+        fixed = dict.fromkeys([d + k for k in DATA_KEYS] + [d + k for k in (MARKS, RELATION_ENDS, "fr", "sg",
+                                                                              CHANGES)])
         names = list(fixed)
         for e in entities:
             x = escape(e)
@@ -107,7 +109,7 @@ class GenerationAdmin:
         with self._guard("key_names", tenant):
             d = self._n(tenant).data(self._snapshot_gen(tenant) if gen is None else int(gen))
             entities = sorted(self._client.smembers(d + "ents"))
-            extra = [d + k for k in (MARKS, RELATION_ENDS)]         # present only when written (keys.py)
+            extra = [d + k for k in (MARKS, RELATION_ENDS, CHANGES)]    # present only when written (keys.py)
             pipe = self._client.pipeline(transaction=False)
             for k in extra:
                 pipe.exists(k)

@@ -17,6 +17,7 @@ from ...errors import StoreUnavailable, UsageError
 from ..base import EventWrites, Position
 from .batch import PendingStep, latest_of
 from .bulk import Entities, encode_step, push
+from .changelog import CHANGES, encode_changes
 from .keys import DATA_KEYS, LATEST, MARKS, RELATION_ENDS
 from .transport import Client, guard
 
@@ -118,6 +119,7 @@ class GenerationLoader:
             provs, ends, wrote = encode_step(kept, self.base, self.entities, commands)
             push(commands, "SADD", d + RELATION_ENDS, ends)
             push(commands, "RPUSH", d + "pv", provs)
+            push(commands, "RPUSH", d + CHANGES, encode_changes(kept))      # the change log (changelog.py)
             self.base += len(provs)
             push(commands, "SADD", d + "ev", new_ids)
             marks = [x for event_id in new_ids if getattr(event_id, "mark", None) for x in (event_id, event_id.mark)]

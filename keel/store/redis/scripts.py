@@ -135,7 +135,8 @@ end
 #       two entities minus its owner's index, the other entity's index, P and the element naming it in the
 #       other entity's index list (`>` + escaped owner + `|` + P);
 #       nX, then the relation timelines this step gives an end or an expiry (members of `re`);
-#       then the members of each entity, in entity order (each gets score 0).
+#       then the members of each entity, in entity order (each gets score 0);
+#       then the change-log elements of the step's writes (changelog.py), pushed to `<data prefix>ch`.
 # The client encodes everything it can (complete members, index elements, runs of ids, marks and entries),
 # so that the script parses no string: it checks, reads the index lists and passes runs of ARGV to the
 # writing commands (about a tenth less Redis CPU than parsing a header per timeline, docs/performance.md).
@@ -234,6 +235,7 @@ for e = 1, nE do
   if push[e] then multi('RPUSH', KEYS[5 + 2 * e], push[e]) end
 end
 if #fresh > 0 then multi('SADD', KEYS[4], fresh) end
+multi('RPUSH', string.sub(KEYS[3], 1, -2) .. 'ch', ARGV, z, #ARGV)     -- the change log (changelog.py)
 multi('RPUSH', KEYS[5], ARGV, Pv, Pv + nP - 1)
 multi('SADD', KEYS[2], ARGV, I, I + nI - 1)
 multi('HSET', KEYS[#KEYS - 1], ARGV, Mk, Mk + 2 * nM - 1)

@@ -27,7 +27,8 @@ DATA_KEYS = ("ev", "m", "ents", "fr")       # a layout-2 generation's fixed keys
 #       ("" = none), 4 offset, 5 the latest recorded_at of the writes ("" = none), 6 the partition's lag after this
 #       step ("" = unknown), 7 the latest recorded_at of the ids ("" = none), 8 nI, the ids, nM, nM pairs (id,
 #       mark), nE, then per entity: name, least recorded_at of the writes involving it, its delta block ("" =
-#       none), nX, nX elements to add to its incoming relations.
+#       none), nX, nX elements to add to its incoming relations; then the change-log elements of the step's writes
+#       (changelog.py), pushed to `<data prefix>ch`.
 # Answers {1, e...}: the entities (1-based) whose open segment is now larger than ARGV[2] (the writer closes
 # them); {3, id...} when ids were applied already (nothing written: the writer drops them and retries); {4, stored}
 # when the tenant's state went back (scripts._STEP_HELD).
@@ -46,6 +47,7 @@ for e = 1, nE do
   if nX > 0 then multi('SADD', KEYS[6 + 2 * e], ARGV, a + 4, a + 3 + nX) end
   a = a + 4 + nX
 end
+multi('RPUSH', string.sub(KEYS[3], 1, -2) .. 'ch', ARGV, a, #ARGV)     -- the change log (changelog.py)
 local set, fresh = {}, {}
 for i = 1, nE, 2000 do
   local j = math.min(i + 1999, nE)

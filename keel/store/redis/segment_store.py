@@ -17,6 +17,7 @@ from ...times import Micros, now_micros
 from ..base import BatchStep, EntityView, EventWrites, Key, Position, ViewRequest, entity_view, select_keys
 from . import segment_scripts
 from .batch import PendingStep, latest_of, state_behind
+from .changelog import CHANGES, encode_changes
 from .codec import clamped_point, freshness_of
 from .generations import RETRIES
 from .keys import MARKS, escape, index_key, key_of, prefix_of, unescape
@@ -27,7 +28,7 @@ from .store import GenerationChanged, RedisStore, store_of_layout
 from .transport import CHUNK, chunks, eval_many, pipelined
 
 LAYOUT = 2
-OPTIONAL_KEYS = (MARKS, "sg")
+OPTIONAL_KEYS = (MARKS, "sg", CHANGES)
 
 
 class _Step(PendingStep):
@@ -118,6 +119,7 @@ class SegmentStore(RedisStore):
                 args += (name, sb.min_recorded[i], sb.blocks[i] or "", len(incoming), *incoming)
             else:
                 args += (name, sb.min_recorded[i], sb.blocks[i] or "", 0)
+        args += encode_changes(p.events)        # the change log (changelog.py)
         tries.append((d, gen))
         return keys, args
 

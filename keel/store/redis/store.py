@@ -33,6 +33,7 @@ from ..base import (
 )
 from . import scripts
 from .batch import ApplyBatch, PendingStep, state_behind
+from .changelog import ChangeLogReads
 from .codec import ProvenanceCache, clamped_point, decode_view, freshness_of, timeline_of
 from .connection import connect, redacted
 from .generations import RETRIES, GenerationAdmin
@@ -104,7 +105,7 @@ class GenerationChanged(StoreUnavailable):
 
 
 @store_of_layout
-class RedisStore(GenerationAdmin, TenantWalks, TenantStarts, Store):
+class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Store):
     """A Store over Redis (single node or Cluster) in key layout 1; one namespace (a cartridge) per instance.
     `from_url` opens the class of the namespace's layout (layout 2: segment_store.SegmentStore)."""
     layout = 1

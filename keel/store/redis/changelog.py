@@ -1,0 +1,96 @@
+"""A tenant's change log in Redis (Store.changes), the same in both key layouts.
+
+Per generation `d` (keys.py's data prefix):
+
+    d ch      list: one element per write applied, in apply order, `<recorded_at>|<JSON>` with the JSON
+              `[key, point, value, closed, source, evidence, by, expires_at]`
+
+The writer encodes the elements of a step (`encode_changes`) and each layout's APPLY script appends them to
+the list in the same atomic step as the writes (layout 1: scripts.APPLY; layout 2: segment_scripts.APPLY; a
+layout-1 bulk load: loader.py). The list belongs to the generation, so a replay rebuilds it with the graph, and
+dropping the generation drops it. Positions in the list are the log's order; a tenant's recorded_at never goes
+backwards in its log (keel.envelope clamps it), so the first position recorded after a time is found by
+bisection. A page (the CHANGES script) reads at most its own entries: LRANGE of a run, never a scan of entities.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...timeline import Assertion
+from ...times import Micros
+from ..base import ChangeEntry, ChangePage, EventWrites
+from .scripts import _GEN_CHECK
+
+CHANGES = "ch"              # the change log's key, after the generation's data prefix
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_encode = _JSON.encode
+_digits = int.__repr__      # a time's digits, whatever int subclass carries it (keel.envelope.Instant prints RFC 3339)
+
+# KEYS: 1 gen, 2 the change log (list), 3 the meta hash.
+# ARGV: 1 expected gen, 2 the position to start from ("" = from `since`), 3 since, recorded_at in micros ("" =
+#       from the first entry), 4 how many entries at most.
+# Answers {1, start, length of the log, entries from start, the tenant's known_through `kt` or ""}: the page,
+# the log's length and known_through are read in one atomic step.
+READ = _GEN_CHECK + """
+local n = redis.call('LLEN', KEYS[2])
+local start = 0
+if ARGV[2] ~= '' then
+  start = tonumber(ARGV[2])
+elseif ARGV[3] ~= '' then
+  local since, lo, hi = tonumber(ARGV[3]), 0, n
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if tonumber(string.match(redis.call('LINDEX', KEYS[2], mid), '^(-?%d+)')) > since then hi = mid else lo = mid + 1 end
+  end
+  start = lo
+end
+local page = {}
+if start < n then page = redis.call('LRANGE', KEYS[2], start, start + tonumber(ARGV[4]) - 1) end
+return {1, start, n, page, redis.call('HGET', KEYS[3], 'kt') or ''}
+"""
+
+
+def encode_changes(events: Sequence[EventWrites]) -> list[str]:
+    """The change-log elements of a step's writes, in write order."""
+    return [f"{_digits(a[5])}|{_encode([key, a[0], a[1], 1 if a[2] else 0, a[3], a[4], a[6], a[7]])}"
+            for writes, _ in events for key, a in writes]
+
+
+def decode_change(position: int, element: str) -> ChangeEntry:
+    """An element back as (position, key, assertion)."""
+    rec, _, body = element.partition("|")
+    key, point, value, closed, source, evidence, by, expires = json.loads(body)
+    return ChangeEntry(position, tuple(key), Assertion(point, value, bool(closed), source, evidence, int(rec), by,
+                                                       expires))
+
+
+Build = Callable[[str], tuple[list[str], list[Any]]]
+
+
+class ChangeLogReads:
+    """`Store.changes` for both Redis layouts (a mixin of RedisStore: its script runner and generations)."""
+
+    _changes_script: Any = None
+    client: Any                 # RedisStore's
+    _script_many: Callable[[Any, Sequence[tuple[str, Build]]], list[list[Any]]]     # RedisStore's
+
+    def changes(self, tenant: str, *, start: int | None = None, since: Micros | None = None,
+                generation: int | None = None, count: int) -> ChangePage:
+        if self._changes_script is None:
+            self._changes_script = self.client.register_script(READ)
+        read: dict[str, int] = {}
+
+        def build(d: str) -> tuple[list[str], list[Any]]:
+            gen = read["gen"] = int(d.rstrip(":").rpartition(":g")[2])
+            from_start = start is not None and generation == gen
+            return ([d + CHANGES, d + "m"],
+                    ["" if not from_start else str(start), "" if from_start or since is None else str(since),
+                     str(int(count))])
+
+        [result] = self._script_many(self._changes_script, [(tenant, build)])
+        first, length, elements, kt = int(result[1]), int(result[2]), result[3], result[4]
+        entries = [decode_change(first + i, e) for i, e in enumerate(elements)]
+        return ChangePage(read["gen"], first, entries, length, int(kt) if kt else None)
+

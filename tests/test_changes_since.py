@@ -1,0 +1,266 @@
+"""What changed since (issue 27, item 1): `history` without an entity pages the tenant's changes recorded after
+`since`, oldest first, on the embedded graph and on Redis in both layouts (KEEL_REDIS_URL): a late event, a
+correction, a retraction, a withdrawn note, visibility of notes, paging with a cursor while ingest goes on."""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.mcp_sessions import FINANCE, KEEL, ROOT, TENANT_A, copy_finance, memory_session, ok, refused
+from support.redis_checks import random_batches
+from support.services import service_env
+
+import keel
+from keel.cartridge import load_cartridge
+from keel.embedded import replay_file
+from keel.errors import UsageError
+from keel.projector import Projector
+from keel.store.base import Store
+from keel.store.memory import MemoryStore
+from keel.store.redis import RedisStore, SegmentStore
+from keel.tools import Tools
+from tools_server.backend import Backend
+from tools_server.config import Identity, ServerConfig
+from tools_server.server import build_server
+
+SINCE = "2026-08-01"
+
+
+def story(tmp_path: Path) -> Path:
+    """The finance sample (a late payment, a correction) plus a task note withdrawn by its writer, another
+    agent's task note, and a retraction of a snapshot."""
+    events = copy_finance(tmp_path)
+    with keel.open(FINANCE, events=events) as graph:
+        me = graph.tools(tenant=TENANT_A, agent="a1", task="t1")
+        me.annotate("debt:visa", "next_step", "prepay", scope="task")
+        me.annotate("debt:visa", "next_step", scope="task", withdraw=True, reason="paid already")
+        graph.tools(tenant=TENANT_A, agent="a2", task="t2").annotate("debt:visa", "secret", "mine", scope="task")
+    with events.open("a") as f:
+        f.write(json.dumps({"id": "oops-visa-10", "tenant": TENANT_A, "type": "keel.retracted",
+                            "subject": "debt:visa", "occurred_at": "2026-11-01",
+                            "payload": {"event": "snap-visa-2026-10", "reason": "sent twice"}}) + "\n")
+    return events
+
+
+def pages(tools: Tools, limit: int, **kwargs: Any) -> list[dict[str, Any]]:
+    """Every answer from `since` on, following cursors until the log's end."""
+    out = [tools.history(since=SINCE, limit=limit, **kwargs)]
+    while out[-1]["more"]:
+        out.append(tools.history(since=SINCE, cursor=out[-1]["cursor"], limit=limit, **kwargs))
+    return out
+
+
+def rows(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [c for a in answers for c in a["changes"]]
+
+
+def check_story(tools: Tools) -> list[dict[str, Any]]:
+    """What the story's changes say, on any backend; returns every answer of a walk by 7."""
+    answers = pages(tools, 7)
+    changes = rows(answers)
+    assert changes == rows(pages(tools, 500)) == tools.history(since=SINCE, limit=500)["changes"]
+    assert all(len(a["changes"]) <= 7 for a in answers) and not answers[-1]["more"]
+    stamps = [c["recorded_at"] for c in changes]
+    assert stamps == sorted(stamps)                                            # oldest first
+    # a late event: the September payment was recorded after October's writes, and is listed there
+    [paid] = [c for c in changes if c["evidence"] == "pay-visa-2026-09" and c["name"] == "status"]
+    assert paid["valid_from"] < paid["recorded_at"] and paid["old"] == "pending" and paid["new"] == "paid"
+    # the correction: the balance replaced at its own valid_from, old and new values
+    [fixed] = [c for c in changes if c["evidence"] == "snap-libranza-2026-10-fix" and c["name"] == "balance_cop"]
+    assert (fixed["change"], fixed["old"], fixed["new"], fixed["by"]) == ("corrected", 12180000, 12150000, "human:ana")
+    # the retraction: every write of the snapshot voided, the value before it back
+    retracted = [c for c in changes if c["change"] == "retracted"]
+    assert retracted and {c["evidence"] for c in retracted} == {"oops-visa-10"}
+    [balance] = [c for c in retracted if c["name"] == "balance_cop"]
+    assert (balance["old"], balance["new"]) == (3870000, 4200000)
+    # the withdrawn note, with who and why; another agent's task note is not visible
+    [note] = [c for c in changes if c["what"] == "note" and c["change"] == "version"]
+    [gone] = [c for c in changes if c["change"] == "withdrawn"]
+    assert (note["name"], note["scope"], note["new"]) == ("next_step", "task", "prepay")
+    assert (gone["old"], gone["new"], gone["by"], gone["reason"]) == ("prepay", None, "agent:a1", "paid already")
+    assert gone["valid_from"] == note["valid_from"] and gone["valid_to"] == gone["recorded_at"]
+    assert not [c for c in changes if c["name"] == "secret"]
+    # each answer's known_through is complete: nothing after it was returned on an earlier page
+    for a, b in pairwise(answers):
+        assert all(c["recorded_at"] > a["known_through"] for c in b["changes"])
+    last = answers[-1]["known_through"]
+    assert last == stamps[-1] and tools.history(since=last)["changes"] == []
+    assert tools.history(cursor=answers[-1]["cursor"]) == {**answers[-1], "since": None, "changes": []}
+    only_dues = tools.history(since=SINCE, type="due", limit=500)["changes"]
+    assert only_dues and all("due:" in c["entity"] + (c["object"] or "") for c in only_dues)
+    return answers
+
+
+def test_the_story_on_the_embedded_graph(tmp_path: Path) -> None:
+    events = story(tmp_path)
+    with keel.open(FINANCE, events=events) as graph:
+        check_story(graph.tools(tenant=TENANT_A, agent="a1", task="t1"))
+
+
+def test_since_a_known_through_lists_exactly_what_came_after(tmp_path: Path) -> None:
+    events = copy_finance(tmp_path)
+    with keel.open(FINANCE, events=events) as graph:
+        me = graph.tools(tenant=TENANT_A, agent="a1", task="t1")
+        before = me.history(since=SINCE, limit=500)
+        assert before["more"] is False
+        me.annotate("debt:visa", "next_step", "prepay", scope="task")
+        [new] = me.history(since=before["known_through"])["changes"]
+        assert (new["entity"], new["what"], new["new"], new["change"]) == ("debt:visa", "note", "prepay", "version")
+        assert me.history(cursor=before["cursor"])["changes"] == [new]      # the cursor resumes exactly too
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({}, "since: a recorded time"),
+    ({"since": "yesterday"}, "since: 'yesterday' is neither"),
+    ({"since": SINCE, "limit": 0}, "limit: an integer from 1 to 500"),
+    ({"since": SINCE, "limit": 501}, "limit: an integer from 1 to 500"),
+    ({"since": SINCE, "type": "nope"}, "type: 'nope' is not an entity type"),
+    ({"cursor": "c1.x"}, "cursor: pass back the `cursor`"),
+    ({"since": SINCE, "predicate": "p"}, "predicate and known_at go with an entity"),
+    ({"entity": "debt:visa", "since": SINCE}, "since, type, cursor and limit go without an entity"),
+])
+def test_bad_arguments_are_usage_errors(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    with keel.open(FINANCE, events=copy_finance(tmp_path)) as graph, \
+            pytest.raises(UsageError, match=message.replace("(", r"\(").replace("`", ".")):
+        graph.tools(tenant=TENANT_A).history(**kwargs)
+
+
+def test_cli_json_is_the_tool_answer_and_pages_by_cursor(tmp_path: Path) -> None:
+    events = story(tmp_path)
+    with keel.open(FINANCE, events=events) as graph:
+        want = pages(graph.tools(tenant=TENANT_A, agent="a1", task="t1"), 40)
+    got, cursor = [], None
+    while True:
+        args = [*KEEL, "history", str(FINANCE), str(events), "--since", SINCE, "--limit", "40", "--json",
+                "--agent", "a1", "--task", "t1", *(["--cursor", cursor] if cursor else [])]
+        out = subprocess.run(args, cwd=str(ROOT), capture_output=True, text=True, check=True)
+        got.append(json.loads(out.stdout))
+        cursor = got[-1]["cursor"]
+        if not got[-1]["more"]:
+            break
+    assert got == want
+    text = subprocess.run([*KEEL, "history", str(FINANCE), str(events), "--since", SINCE, "--limit", "3"],
+                          cwd=str(ROOT), capture_output=True, text=True, check=True).stdout
+    assert "more: --cursor c1.3." in text and "known through" in text
+
+
+def test_over_mcp_the_answer_is_the_tools_answer(tmp_path: Path) -> None:
+    events = story(tmp_path)
+    with keel.open(FINANCE, events=events) as graph:
+        want = graph.tools(tenant=TENANT_A, agent="a1", task="t1").history(since=SINCE, limit=20)
+    server = build_server(ServerConfig(Backend.embedded(load_cartridge(FINANCE), events),
+                                       identity=Identity(TENANT_A, "a1", "t1")))
+
+    async def go() -> None:
+        async with memory_session(server) as s:
+            assert await ok(s, "history", {"since": SINCE, "limit": 20}) == want
+            assert "since, type, cursor and limit go without an entity" in await refused(
+                s, "history", {"entity": "debt:visa", "since": SINCE})
+    anyio.run(go)
+
+
+# ---- the change log of every store: paging while ingest goes on ------------------------------------------
+
+def paged_while_ingesting(store: Store, batches: list[Any], limits: list[int]) -> None:
+    """Apply batches one by one, reading a page (of the next size in `limits`) after each; then read to the end.
+    The pages together are exactly the whole log: nothing missed, nothing repeated."""
+    seen: list[Any] = []
+    start, generation = None, None
+    for i, (writes, event_id) in enumerate(batches):
+        store.apply_writes("acme", writes, event_id)
+        page = store.changes("acme", start=start, generation=generation, count=limits[i % len(limits)])
+        seen += page.entries
+        start, generation = page.start + len(page.entries), page.generation
+    while True:
+        page = store.changes("acme", start=start, generation=generation, count=7)
+        if not page.entries:
+            break
+        seen += page.entries
+        start = page.start + len(page.entries)
+    whole = store.changes("acme", count=10_000)
+    assert [e.position for e in seen] == list(range(whole.length))
+    assert seen == whole.entries == [(i, k, a) for i, (k, a) in enumerate(w for ws, _ in batches for w in ws)] \
+        or _same_when_ids_repeat(seen, whole.entries, batches)
+
+
+def _same_when_ids_repeat(seen: list[Any], whole: list[Any], batches: list[Any]) -> bool:
+    """A batch whose event id was applied before writes nothing: the log holds the others' writes only."""
+    applied: set[str] = set()
+    kept = []
+    for writes, event_id in batches:
+        if event_id is not None and event_id in applied:
+            continue
+        if event_id is not None:
+            applied.add(event_id)
+        kept += writes
+    return seen == whole and [(k, a) for _, k, a in whole] == [(w.key, w.assertion) for w in kept]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), limits=st.lists(st.integers(1, 9), min_size=1, max_size=5))
+def test_paging_while_ingesting_misses_and_repeats_nothing(seed: int, limits: list[int]) -> None:
+    paged_while_ingesting(MemoryStore(), random_batches(seed, 40), limits)
+
+
+# ---- Redis, both layouts -----------------------------------------------------------------------------------
+
+@pytest.fixture(params=[RedisStore, SegmentStore], ids=["layout1", "layout2"])
+def redis_store(request: pytest.FixtureRequest) -> Iterator[RedisStore]:
+    url = service_env("KEEL_REDIS_URL")
+    probe = RedisStore.from_url(url, namespace="probe")
+    store = request.param(probe.client, namespace=f"chg{uuid.uuid4().hex[:12]}", owns_client=False)
+    yield store
+    store.drop_namespace()
+    probe.close()
+
+
+@pytest.mark.services
+def test_the_story_on_redis_is_the_embedded_answer(tmp_path: Path, redis_store: RedisStore) -> None:
+    events = story(tmp_path)
+    cartridge = load_cartridge(FINANCE)
+    report = replay_file(Projector(cartridge, redis_store), events)
+    assert not report.rejected, report.rejected
+    on_redis = check_story(Tools(cartridge, redis_store, TENANT_A, "a1", "t1"))
+    with keel.open(FINANCE, events=events) as graph:
+        assert on_redis == pages(graph.tools(tenant=TENANT_A, agent="a1", task="t1"), 7)
+
+
+@pytest.mark.services
+def test_redis_paging_while_ingesting_misses_and_repeats_nothing(redis_store: RedisStore) -> None:
+    paged_while_ingesting(redis_store, random_batches(7, 60), [1, 4, 2, 9])
+
+
+@pytest.mark.services
+def test_redis_paging_under_a_concurrent_writer(tmp_path: Path, redis_store: RedisStore) -> None:
+    """A writer thread applies the sample's events while the reader pages with the tool's cursor."""
+    cartridge = load_cartridge(FINANCE)
+    events = copy_finance(tmp_path)
+    lines = events.read_text().splitlines()
+    first, rest = tmp_path / "first.jsonl", tmp_path / "rest.jsonl"
+    first.write_text("\n".join(lines[:3]) + "\n")
+    rest.write_text("\n".join(lines[3:]) + "\n")
+    replay_file(Projector(cartridge, redis_store), first)
+    reader = Tools(cartridge, redis_store, TENANT_A)
+    writer = threading.Thread(target=replay_file, args=(Projector(cartridge, redis_store), rest))
+    got: list[dict[str, Any]] = []
+    answer = reader.history(since=SINCE, limit=2)
+    writer.start()
+    while True:                 # follow the cursor, at the log's end too, until the writer is done
+        got += answer["changes"]
+        if not answer["more"] and not writer.is_alive():
+            break
+        answer = reader.history(cursor=answer["cursor"], limit=2)
+    writer.join()
+    got += reader.history(cursor=answer["cursor"], limit=500)["changes"]
+    assert got == rows(pages(reader, 500))
+
