@@ -13,6 +13,7 @@ answered): `tools/call context` on the finance sample's entities, one token per 
   stateless  --stateless: no session, every POST stands alone (what a load balancer needs)
   before     `keel serve` in its default mode, from the commit given by --baseline REV (extracted with git
              archive into a temporary folder), so the code before a change runs beside it in the same run
+  before-stateless   the same commit with --stateless (and the limits raised, as for this code's modes)
 Rounds alternate the modes. Printed per mode: calls/s, p50 and p99 latency seen by the clients, the server's
 CPU (utime + stime of its pid from /proc) per call, and calls per second of server CPU (calls per core). The
 client and the server share the machine's cores, so calls/s is bound by both; calls per core is the server's.
@@ -50,9 +51,10 @@ MODERN = "2026-07-28"       # the SDK's single-exchange protocol: no session, no
 ENTITIES = ("debt:visa", "debt:libranza", "due:visa-2026-09", "due:visa-2026-10", "due:visa-2026-11",
             "due:libranza-2026-09", "household:{tenant}")
 MODES: dict[str, list[str]] = {"sessions": [], "sse": ["--sse"], "stateless": ["--stateless"], "before": [],
-                                "modern": []}
+                                "before-stateless": ["--stateless"], "modern": []}
 CLIENTS = {"sessions": "sessions", "sse": "sessions", "before": "sessions", "stateless": "stateless",
-           "modern": "modern"}
+           "before-stateless": "stateless", "modern": "modern"}
+BEFORE = ("before", "before-stateless")      # modes run from the --baseline commit
 CLOCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -280,7 +282,7 @@ LIMITS = ["--calls-per-second", "1000000", "--calls-in-flight", "1000"]   # this
 
 
 def run_mode(setup: Setup, args: argparse.Namespace, mode: str, roots: dict[str, Path]) -> dict:
-    server = Server(setup, MODES[mode] + ([] if mode in roots else LIMITS), roots.get(mode, ROOT))
+    server = Server(setup, MODES[mode] + ([] if mode == "before" else LIMITS), roots.get(mode, ROOT))
     try:
         cmd = [sys.executable, __file__, "--client", server.url, "--client-tokens", str(setup.client_tokens),
                "--tenant", setup.tenant, "--clients", str(args.clients), "--seconds", str(args.seconds),
@@ -311,13 +313,14 @@ def load_main(args: argparse.Namespace) -> None:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
-    if args.baseline and "before" not in modes:
+    if args.baseline and not any(m in BEFORE for m in modes):
         modes.insert(0, "before")
-    if "before" in modes and not args.baseline:
-        raise SystemExit("mode 'before' needs --baseline REV")
+    if any(m in BEFORE for m in modes) and not args.baseline:
+        raise SystemExit("modes 'before' and 'before-stateless' need --baseline REV")
     setup = Setup(args)
     try:
-        roots = {"before": baseline_root(args.baseline, setup.tmp)} if args.baseline else {}
+        root = baseline_root(args.baseline, setup.tmp) if args.baseline else None
+        roots = {m: root for m in BEFORE if root is not None}
         print(f"keel serve under load: {args.clients} clients, {args.seconds:g} s per round after {args.warmup:g} s "
               f"warm-up, {args.rounds} round(s), store {'redis' if setup.redis else 'embedded'}, "
               f"load average {os.getloadavg()[0]:.1f}" + (f", before = {args.baseline}" if args.baseline else ""),
@@ -327,23 +330,23 @@ def load_main(args: argparse.Namespace) -> None:
             for mode in modes:
                 res = run_mode(setup, args, mode, roots)
                 results[mode].append(res)
-                print(f"  round {r + 1} {mode:9} {line(res)}", flush=True)
+                print(f"  round {r + 1} {mode:16} {line(res)}", flush=True)
         print(f"\nmedians over rounds (load average now {os.getloadavg()[0]:.1f}):")
-        print(f"{'mode':9} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'CPU ms/call':>11} {'calls/core-s':>12} "
+        print(f"{'mode':16} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'CPU ms/call':>11} {'calls/core-s':>12} "
               f"{'errors':>6} {'RSS MB':>6}")
         for mode in modes:
             rs = results[mode]
             med = {k: statistics.median(x[k] for x in rs) for k in ("p50_ms", "p99_ms", "rss_mb")}
             rate = statistics.median(x["calls"] / x["elapsed"] for x in rs)
             cpu = statistics.median(x["server_cpu_s"] / x["calls"] for x in rs)
-            print(f"{mode:9} {rate:8.0f} {med['p50_ms']:7.1f} {med['p99_ms']:7.1f} {1000 * cpu:11.3f} "
+            print(f"{mode:16} {rate:8.0f} {med['p50_ms']:7.1f} {med['p99_ms']:7.1f} {1000 * cpu:11.3f} "
                   f"{1 / cpu:12.0f} {sum(x['errors'] for x in rs):6d} {med['rss_mb']:6.0f}")
-        if "before" in modes:
-            base = statistics.median(x["calls"] / x["server_cpu_s"] for x in results["before"])
+        for before in (m for m in BEFORE if m in modes):
+            base = statistics.median(x["calls"] / x["server_cpu_s"] for x in results[before])
             for mode in modes:
-                if mode != "before":
+                if mode not in BEFORE:
                     per_core = statistics.median(x["calls"] / x["server_cpu_s"] for x in results[mode])
-                    print(f"calls per core, {mode} / before: {per_core / base:.2f}")
+                    print(f"calls per core, {mode} / {before}: {per_core / base:.2f}")
     finally:
         setup.close()
 
