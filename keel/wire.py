@@ -8,7 +8,7 @@ reads it, so a file and its topic build identical graphs.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 # Dead-letter headers: why a record was refused and where it came from.
@@ -57,9 +57,13 @@ class Enveloped(Protocol):
     def to_envelope(self) -> dict[str, Any]: ...
 
 
-def canonical_bytes(event: Enveloped) -> bytes:
-    """The record value of an event: its canonical envelope (`Event.to_envelope()`) as compact JSON."""
-    return json.dumps(event.to_envelope(), ensure_ascii=False, separators=(",", ":")).encode()
+def canonical_bytes(event: Enveloped, seal: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> bytes:
+    """The record value of an event: its canonical envelope (`Event.to_envelope()`) as compact JSON; with `seal`
+    (keel.privacy.Privacy.seal), its personal fields encrypted first."""
+    envelope = event.to_envelope()
+    if seal is not None:
+        envelope = seal(envelope)
+    return json.dumps(envelope, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def partition_for(tenant: str, partitions: int) -> int:

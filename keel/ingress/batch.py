@@ -7,6 +7,7 @@ single JSON value are read as JSON lines too, so senders need not set the conten
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,17 +58,21 @@ def split_body(body: bytes, content_type: str) -> list[bytes | dict[str, Any]]:
     return [line for line in body.splitlines() if line.strip()]
 
 
-def check_batch(catalog: Catalog, items: list[bytes | dict[str, Any]], tenant: str,
-                received_at: Micros) -> BatchOutcome:
+Item = bytes | dict[str, Any]
+
+
+def check_batch(catalog: Catalog, items: list[Item], tenant: str, received_at: Micros,
+                opened: Callable[[Item], Item] = lambda item: item) -> BatchOutcome:
     """Check each envelope with the catalog and against the signing tenant; the first valid envelope of an
-    id is accepted, later ones are reported as duplicates. `recorded_at` defaults to the receive time."""
+    id is accepted, later ones are reported as duplicates. `recorded_at` defaults to the receive time.
+    `opened` reveals sealed personal fields before the check (sealing.IngressSealing.opened)."""
     out = BatchOutcome(size=len(items))
     first: dict[str, int] = {}
     for index, item in enumerate(items):
         try:
             if not isinstance(item, (bytes, dict)):
                 raise EnvelopeRejected("an envelope must be a JSON object")
-            event = catalog.parse(item, default_recorded_at=received_at)
+            event = catalog.parse(opened(item), default_recorded_at=received_at)
         except EnvelopeRejected as e:
             out.rejected.append(_rejection(index, e.event_id, e.reason))
             continue

@@ -23,7 +23,11 @@ from keel.logs import add_log_arguments, log_format, setup_logging
 from . import DEFAULT_TABLE
 
 if TYPE_CHECKING:
+    from keel.cartridge import Cartridge
+    from keel.config import Settings
+
     from .outbox import OutboxTables
+    from .sealing import IngressSealing
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="partitions of topics created when missing (default 8)")
     kafka.add_argument("--replication-factor", type=positive_int, default=1,
                        help="replication factor of topics created when missing (default 1)")
+    keys = argparse.ArgumentParser(add_help=False)
+    keys.add_argument("--keys-dsn", metavar="DSN", help="a cartridge with personal fields: the PostgreSQL key store "
+                      "its fields are sealed with (env KEEL_KEYS_DSN; docs/privacy.md)")
+    keys.add_argument("--keys", metavar="FILE", help="or a key file (env KEEL_KEYS_FILE)")
+    keys.add_argument("--master-key-file", metavar="FILE", help="the master key (default: env KEEL_MASTER_KEY or "
+                      "KEEL_MASTER_KEY_FILE)")
     table = argparse.ArgumentParser(add_help=False)
     table.add_argument("--dsn", help="PostgreSQL connection string (env KEEL_POSTGRES_DSN)")
     table.add_argument("--schema", help="schema of the outbox tables (default: the search_path)")
@@ -49,11 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                          description="Create <table> (position bigserial, envelope jsonb, xid xid8 default "
                                      "pg_current_xact_id(), created_at) and <table>_cursor when missing.")
     p.set_defaults(run=cmd_outbox_init)
-    p = verbs.add_parser("relay", parents=[table, kafka], help="publish the outbox to keel.<cartridge>.events",
+    p = verbs.add_parser("relay", parents=[table, kafka, keys], help="publish the outbox to keel.<cartridge>.events",
                          description="Tail the outbox in (xid, position) order, never past a transaction that "
                                      "can still commit; produce valid envelopes (acks=all, key = tenant), invalid "
                                      "ones to keel.<cartridge>.dlq with the reason; store the cursor after Kafka "
-                                     "acknowledges. At least once. Runs until SIGTERM/SIGINT.")
+                                     "acknowledges. At least once. Runs until SIGTERM/SIGINT. A cartridge's "
+                                     "personal fields are sealed with the key store before they are produced.")
     p.add_argument("cartridge", help="cartridge folder")
     p.add_argument("--name", help="relay (cursor) name (default: the cartridge name)")
     p.add_argument("--once", action="store_true", help="relay what is relayable now, then exit")
@@ -70,10 +81,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_outbox_relay)
     outbox.set_defaults(run=lambda args: _usage(outbox))
 
-    p = sub.add_parser("webhook", parents=[kafka], help="signed HTTP ingress -> keel.<cartridge>.events",
+    p = sub.add_parser("webhook", parents=[kafka, keys], help="signed HTTP ingress -> keel.<cartridge>.events",
                        description="POST /events/<cartridge> one envelope or JSON lines, signed per tenant with "
                                    "X-Keel-Tenant and X-Keel-Signature: sha256=<hex HMAC-SHA256 of the body>. "
-                                   "Answers 202 with accepted ids and per-event rejections, 400, 401, 413.")
+                                   "Answers 202 with accepted ids and per-event rejections, 400, 401, 413, 503. "
+                                   "A cartridge's personal fields are sealed with the key store before they are "
+                                   "produced.")
     p.add_argument("cartridges", nargs="+", metavar="cartridge", help="cartridge folder(s)")
     p.add_argument("--port", type=int, required=True, help="TCP port (0: any free port, logged)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -150,11 +163,21 @@ def cmd_outbox_relay(args: argparse.Namespace) -> int:
     options = RelayOptions(name=args.name or cartridge.name, batch=args.batch, interval_s=args.interval,
                            xmin_warn_s=args.xmin_warn, progress_s=args.progress, prune=args.prune, once=args.once)
     settings = resolve(vars(args))
+    sealing = sealing_of(cartridge, settings)
     process = process_options(args)
     log = process_log("keel.relay")
     asyncio.run(relay_main(cartridge, dsn_of(args), tables_of(args), settings.kafka_bootstrap, options,
-                           TopicSpec(args.partitions, args.replication_factor), log, process))
+                           TopicSpec(args.partitions, args.replication_factor), log, process, sealing))
     return 0
+
+
+def sealing_of(cartridge: Cartridge, settings: Settings) -> IngressSealing:
+    """How the ingress seals a cartridge's personal fields: with the key store of the settings (a usage error
+    when the cartridge declares personal fields and none is given)."""
+    from keel.keystore_pg import privacy_of  # psycopg is imported only by the commands that need it
+
+    from .sealing import IngressSealing
+    return IngressSealing(privacy_of(cartridge, settings, create=True))
 
 
 def cmd_webhook(args: argparse.Namespace) -> int:
@@ -173,11 +196,13 @@ def cmd_webhook(args: argparse.Namespace) -> int:
     oauth = oauth_settings(args.issuer, args.resource, host=args.host, port=args.port, path="/events")
     if args.secrets is None and oauth is None:
         raise UsageError("give --secrets FILE (signed requests) or --issuer URL (OAuth bearer tokens), or both")
+    settings = resolve(vars(args))
+    sealing = {c.name: sealing_of(c, settings) for c in cartridges}
     process = process_options(args)
     log = process_log("keel.webhook")
     secrets = SecretsFile(Path(args.secrets), log) if args.secrets else NoSecrets()
-    settings = resolve(vars(args))
     return asyncio.run(webhook_main(cartridges, secrets, args.host, args.port, settings.kafka_bootstrap,
                                     Limits(args.max_body, args.max_batch, args.kafka_timeout),
                                     TopicSpec(args.partitions, args.replication_factor), log, args.progress,
-                                    process, oauth=JwtVerifier(oauth) if oauth is not None else None))
+                                    process, oauth=JwtVerifier(oauth) if oauth is not None else None,
+                                    sealing=sealing))

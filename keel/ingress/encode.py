@@ -1,5 +1,8 @@
 """Outbox rows → Kafka records: the canonical envelope of a valid row, a dead letter for any other.
 
+A cartridge's personal fields are sealed on the way (sealing.py): a row may hold them in clear (the product's
+own database) or sealed; the topic gets them sealed, a dead letter masked.
+
 An envelope without `recorded_at` gets the row's `created_at` (when the product's transaction wrote it),
 so a re-sent duplicate is byte-identical to the first copy. A row is never an error: whatever is wrong with
 it becomes the reason of its dead letter, so a bad row never blocks the relay.
@@ -15,6 +18,7 @@ from keel.identifiers import TENANT
 
 from .producer import KafkaSink
 from .records import OutRecord, dead_letter, event_record
+from .sealing import IngressSealing
 from .source import OutboxRow
 
 
@@ -29,8 +33,10 @@ class Encoded:
 class RowEncoder:
     """Outbox rows → records: canonical envelopes for valid rows, dead letters for the rest."""
 
-    def __init__(self, cartridge: Cartridge, sink: KafkaSink, table: str) -> None:
+    def __init__(self, cartridge: Cartridge, sink: KafkaSink, table: str,
+                 sealing: IngressSealing | None = None) -> None:
         self.catalog = Catalog(cartridge)
+        self.sealing = sealing or IngressSealing(None)
         self.cartridge = cartridge.name
         self.topic = cartridge.topic
         self.dlq = cartridge.dlq_topic
@@ -49,11 +55,13 @@ class RowEncoder:
         return out
 
     def _one(self, row: OutboxRow) -> OutRecord:
+        """The row's record; KeyStoreUnavailable (the key store cannot seal) stops the step, to be retried."""
         try:
-            event = self.catalog.parse(row.envelope, default_recorded_at=row.created_at_us)
+            opened = self.sealing.opened(row.envelope.encode())
+            event = self.catalog.parse(opened, default_recorded_at=row.created_at_us)
         except EnvelopeRejected as e:
             return self._dead(row, e.reason, e.event_id, e.tenant)
-        record = event_record(self.topic, event)
+        record = event_record(self.topic, event, self.sealing.value(event))
         if not self.sink.fits(record):
             return self._dead(row, f"envelope of {record.size()} bytes exceeds the Kafka record limit of "
                                    f"{self.sink.max_record_bytes} bytes; it stays in the outbox row",
@@ -64,7 +72,7 @@ class RowEncoder:
         """A dead letter with the row's text; without it (its size in a header) when too large for Kafka."""
         source = {"": "outbox", "table": self.table, "xid": str(row.xid), "position": str(row.position)}
         key_tenant = tenant if tenant and TENANT.match(tenant) else None
-        value = row.envelope.encode()
+        value = self.sealing.kept(row.envelope.encode()) or b""
         letter = dead_letter(self.dlq, self.cartridge, value, reason, event_id=_short(event_id),
                              tenant=key_tenant, source=source)
         if self.sink.fits(letter):

@@ -27,9 +27,9 @@ class OutRecord:
                 + sum(len(k) + len(v) for k, v in self.headers))
 
 
-def event_record(topic: str, event: Event) -> OutRecord:
-    """An accepted event: key = tenant, value = canonical envelope."""
-    return OutRecord(topic, record_key(event.tenant), canonical_bytes(event))
+def event_record(topic: str, event: Event, value: bytes | None = None) -> OutRecord:
+    """An accepted event: key = tenant, value = canonical envelope (or `value`: it with personal fields sealed)."""
+    return OutRecord(topic, record_key(event.tenant), canonical_bytes(event) if value is None else value)
 
 
 def dead_letter(topic: str, cartridge: str, value: bytes | None, reason: str, *, event_id: str | None,

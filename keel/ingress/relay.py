@@ -5,7 +5,9 @@ envelope with the catalog, produce valid ones (canonical form, key = tenant) and
 topic, the row's text and the reason in headers; see encode.py), wait for Kafka's acknowledgement of all of
 them, then store the cursor. A crash between the acknowledgement and the cursor write re-sends that batch:
 duplicates are harmless downstream because envelope ids are idempotency keys. A bad row never blocks the
-relay. Order on the topic: (xid, position), i.e. per tenant the order of the outbox.
+relay. Order on the topic: (xid, position), i.e. per tenant the order of the outbox. A cartridge's personal
+fields are sealed before they are produced (sealing.py); a key store that cannot answer stops the step, which
+is retried like a lost database.
 """
 from __future__ import annotations
 
@@ -15,12 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from keel.cartridge import Cartridge
+from keel.errors import StoreUnavailable
 from keel.health import Health
 
 from .encode import Encoded, RowEncoder
 from .errors import KafkaUnavailable, OutboxUnavailable, RelayBusy
 from .metrics import Probes, RelayMetrics
 from .producer import Acks, KafkaSink, TopicSpec
+from .sealing import IngressSealing
 from .source import START, Cursor, OutboxSource
 from .xmin import XminWatch
 
@@ -68,7 +72,7 @@ class Relay:
 
     def __init__(self, cartridge: Cartridge, source: OutboxSource, sink: KafkaSink, options: RelayOptions,
                  log: Log, stats: RelayStats | None = None, *, metrics: RelayMetrics | None = None,
-                 health: Health | None = None) -> None:
+                 health: Health | None = None, sealing: IngressSealing | None = None) -> None:
         self.cartridge = cartridge
         self.metrics = metrics
         self.health = health or Health()
@@ -76,7 +80,7 @@ class Relay:
         self.sink = sink
         self.options = options
         self.log = log
-        self.encoder = RowEncoder(cartridge, sink, str(source.tables))
+        self.encoder = RowEncoder(cartridge, sink, str(source.tables), sealing)
         self.watch = XminWatch(source, options.xmin_warn_s, log)
         self.stats = stats if stats is not None else RelayStats()
         self._pruned = START
@@ -161,18 +165,23 @@ class Backoff:
 async def run_relay(cartridge: Cartridge, make_source: Callable[[], OutboxSource],
                     make_sink: Callable[[], KafkaSink], options: RelayOptions, log: Log,
                     stop: asyncio.Event, *, topics: TopicSpec | None = None,
-                    backoff: Backoff | None = None, probes: Probes | None = None) -> RelayStats:
+                    backoff: Backoff | None = None, probes: Probes | None = None,
+                    sealing: IngressSealing | None = None) -> RelayStats:
     """Open the connections, take the relay's lock, create missing topics and run; on a lost database or
     Kafka, log, wait and start again from the stored cursor (with `once`, fail instead).
 
     `probes`: readiness follows PostgreSQL and Kafka; liveness follows the loop (standing by and retrying
-    count as turning); metrics count rows, steps and outages."""
+    count as turning); metrics count rows, steps and outages. `sealing`: the cartridge's personal fields are
+    sealed with its key store (a key store outage is retried like the others, probe `keys`)."""
     topics = topics or TopicSpec()
     backoff = backoff or Backoff()
     probes = probes or Probes()
     metrics = RelayMetrics(probes.registry, cartridge.name)
     probes.watch("postgres")
     probes.watch("kafka")
+    keys = sealing is not None and sealing.privacy is not None
+    if keys:
+        probes.watch("keys")
     stats = RelayStats()
     delay = backoff.first_s
     while not stop.is_set():
@@ -187,13 +196,18 @@ async def run_relay(cartridge: Cartridge, make_source: Callable[[], OutboxSource
             await sink.ensure_topics([cartridge.topic, cartridge.dlq_topic], topics)
             probes.reachable("kafka")
             delay = backoff.first_s
+            if keys:
+                probes.reachable("keys")       # asked again by the first step that seals
             metrics.active.set(1)
-            await Relay(cartridge, source, sink, options, log, stats, metrics=metrics, health=probes.health).run(stop)
+            await Relay(cartridge, source, sink, options, log, stats, metrics=metrics, health=probes.health,
+                        sealing=sealing).run(stop)
             break
-        except (OutboxUnavailable, KafkaUnavailable) as e:
-            system = "postgres" if isinstance(e, OutboxUnavailable) else "kafka"
+        except (OutboxUnavailable, KafkaUnavailable, StoreUnavailable) as e:
+            system = ("postgres" if isinstance(e, OutboxUnavailable) else "kafka" if isinstance(e, KafkaUnavailable)
+                      else "keys")
             probes.unreachable(system, e)
-            (metrics.postgres_errors if system == "postgres" else metrics.kafka_errors).inc()
+            if system != "keys":
+                (metrics.postgres_errors if system == "postgres" else metrics.kafka_errors).inc()
             if options.once:
                 raise
             log(f"{e}; retrying in {delay:.1f}s from the stored cursor")

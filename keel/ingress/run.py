@@ -23,6 +23,7 @@ from .metrics import Probes
 from .outbox import OutboxTables
 from .producer import KafkaSink, TopicSpec
 from .relay import Log, RelayOptions, RelayStats, run_relay
+from .sealing import IngressSealing
 from .source import OutboxSource
 from .webhook import Limits, WebhookHandler, create_app
 
@@ -68,13 +69,14 @@ def stop_on_signals(stop: asyncio.Event, log: Log) -> None:
 
 
 async def relay_main(cartridge: Cartridge, dsn: str, tables: OutboxTables, bootstrap: str, options: RelayOptions,
-                     topics: TopicSpec, log: Log, process: ProcessOptions) -> RelayStats:
+                     topics: TopicSpec, log: Log, process: ProcessOptions,
+                     sealing: IngressSealing | None = None) -> RelayStats:
     """`keel outbox relay` until SIGTERM/SIGINT (or, with --once, until nothing is relayable)."""
     with process_probes(process, log) as probes:
         stop = asyncio.Event()
         stop_on_signals(stop, log)
         return await run_relay(cartridge, lambda: OutboxSource(dsn, tables), lambda: KafkaSink(bootstrap), options,
-                               log, stop, topics=topics, probes=probes)
+                               log, stop, topics=topics, probes=probes, sealing=sealing)
 
 
 class NoSecrets:
@@ -111,16 +113,17 @@ class SecretsFile:
 
 async def webhook_main(cartridges: list[Cartridge], secrets: SecretsFile | NoSecrets, host: str, port: int,
                        bootstrap: str, limits: Limits, topics: TopicSpec, log: Log, progress_s: float = 10.0,
-                       process: ProcessOptions | None = None, *, oauth: JwtVerifier | None = None) -> int:
+                       process: ProcessOptions | None = None, *, oauth: JwtVerifier | None = None,
+                       sealing: dict[str, IngressSealing] | None = None) -> int:
     """`keel webhook` until SIGTERM/SIGINT: in-flight requests are answered before the producer closes."""
     with process_probes(process or ProcessOptions(), log) as probes:
         return await _webhook(cartridges, secrets, host, port, bootstrap, limits, topics, log, progress_s, probes,
-                              oauth)
+                              oauth, sealing)
 
 
 async def _webhook(cartridges: list[Cartridge], secrets: SecretsFile | NoSecrets, host: str, port: int,
                    bootstrap: str, limits: Limits, topics: TopicSpec, log: Log, progress_s: float, probes: Probes,
-                   oauth: JwtVerifier | None) -> int:
+                   oauth: JwtVerifier | None, sealing: dict[str, IngressSealing] | None) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop, log)
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, secrets.reload)
@@ -130,7 +133,7 @@ async def _webhook(cartridges: list[Cartridge], secrets: SecretsFile | NoSecrets
     try:
         await sink.ensure_topics([t for c in cartridges for t in (c.topic, c.dlq_topic)], topics)
         probes.reachable("kafka")
-        handler = WebhookHandler(cartridges, secrets, sink, limits, probes=probes, oauth=oauth)
+        handler = WebhookHandler(cartridges, secrets, sink, limits, probes=probes, oauth=oauth, sealing=sealing)
         runner = web.AppRunner(create_app(handler, limits), access_log=None, handle_signals=False,
                                shutdown_timeout=30)
         await runner.setup()

@@ -9,7 +9,8 @@ or a batch (JSON lines or a JSON array), signed per tenant (see auth.py). Answer
 * 400 the same shape with `error` when no envelope was valid, or the body is empty/malformed;
 * 401 missing or bad signature, unknown tenant; 404 unknown cartridge; 413 body or batch over the limits;
 * 503 Kafka did not acknowledge within `Limits.kafka_timeout_s` (`--kafka-timeout`, default 5 s) or failed
-  (retry the request: ids make the retry harmless; records Kafka acknowledges after the 503 are applied once).
+  (retry the request: ids make the retry harmless; records Kafka acknowledges after the 503 are applied once),
+  or the key store could not seal the cartridge's personal fields (sealing.py; nothing was produced).
 
 Routing is by path, not by event type, so cartridges may share event type names (every cartridge accepts
 `keel.annotated`). `GET /healthz` answers 200 without authentication.
@@ -26,6 +27,7 @@ from aiohttp import web
 
 from keel.cartridge import Cartridge
 from keel.envelope import Catalog
+from keel.errors import StoreUnavailable
 from keel.oauth import WRITE_SCOPE, JwtVerifier, TokenRefused
 from keel.times import Micros
 
@@ -34,6 +36,7 @@ from .batch import BatchOutcome, BodyMalformed, check_batch, split_body
 from .errors import KafkaUnavailable
 from .metrics import Probes, WebhookMetrics
 from .records import OutRecord, event_record
+from .sealing import IngressSealing
 
 Log = Callable[[str], None]
 
@@ -73,6 +76,7 @@ class Counters:
 class Route:
     cartridge: Cartridge
     catalog: Catalog
+    sealing: IngressSealing = field(default_factory=lambda: IngressSealing(None))
 
 
 def wall_clock_micros() -> Micros:
@@ -84,8 +88,11 @@ class WebhookHandler:
 
     def __init__(self, cartridges: Sequence[Cartridge], secrets: Callable[[], Secrets], sink: Sink,
                  limits: Limits, *, clock: Callable[[], Micros] = wall_clock_micros,
-                 probes: Probes | None = None, oauth: JwtVerifier | None = None) -> None:
-        self.routes = {c.name: Route(c, Catalog(c)) for c in cartridges}
+                 probes: Probes | None = None, oauth: JwtVerifier | None = None,
+                 sealing: dict[str, IngressSealing] | None = None) -> None:
+        """`sealing`: by cartridge name, how its personal fields are sealed (none: it declares none)."""
+        sealing = sealing or {}
+        self.routes = {c.name: Route(c, Catalog(c), sealing.get(c.name, IngressSealing(None))) for c in cartridges}
         self.secrets = secrets
         self.oauth = oauth              # OAuth bearer tokens (`--issuer`), beside the signatures
         self.sink = sink
@@ -94,6 +101,10 @@ class WebhookHandler:
         self.counters = Counters()
         self.probes = probes or Probes()
         self.metrics = WebhookMetrics(self.probes.registry)
+        self.seals = any(r.sealing.privacy is not None for r in self.routes.values())
+        if self.seals:                       # readiness follows the key store, as it follows Kafka
+            self.probes.watch("keys")
+            self.probes.reachable("keys")
 
     async def post(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -142,8 +153,14 @@ class WebhookHandler:
             return _error(400, "no envelope in the body")
         if len(items) > self.limits.max_batch:
             return _error(413, f"batch of {len(items)} envelopes over {self.limits.max_batch} (--max-batch)")
-        outcome = check_batch(route.catalog, items, tenant, received_at)
-        records = self._records(route, outcome)
+        outcome = check_batch(route.catalog, items, tenant, received_at, route.sealing.opened)
+        try:
+            records = self._records(route, outcome)
+        except StoreUnavailable as e:          # the key store: nothing is produced unsealed
+            self.probes.unreachable("keys", e)
+            return _error(503, f"events not stored, retry: {e}", headers={"Retry-After": "5"})
+        if self.seals:
+            self.probes.reachable("keys")
         self.counters.rejected += len(outcome.rejected)
         self.counters.duplicates += len(outcome.duplicates)
         events = self.metrics.events
@@ -177,7 +194,7 @@ class WebhookHandler:
         """Records of the accepted events; one too large for Kafka moves to the rejected list."""
         records, kept, indexes = [], [], []
         for event, index in zip(outcome.accepted, outcome.indexes, strict=True):
-            record = event_record(route.cartridge.topic, event)
+            record = event_record(route.cartridge.topic, event, route.sealing.value(event))
             if self.sink.fits(record):
                 records.append(record)
                 kept.append(event)
