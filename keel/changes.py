@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from .errors import UsageError
 from .notes import withdrawal_of
-from .store.base import ChangeEntry, Store, scope_of
-from .store.writes import REF_LABEL, Key
+from .store.base import ChangeEntry, Store, Window, scope_of
+from .store.writes import Key
 from .timeline import Assertion, Timeline, Version, insert, is_retraction_void, is_void
 from .times import Micros, format_time
 
 DEFAULT_CHANGES = 100          # changes per answer when `limit` is not given
 MAX_CHANGES = 500              # the most one answer holds
 SCAN_FACTOR = 4                # a page reads at most limit * SCAN_FACTOR entries (some may be filtered out)
+WINDOW = 4                     # assertions read of the point before a change's (Store.windows_many)
 
 _WHAT = {"l": "label", "r": "relation", "e": "entity"}
 _CURSOR = re.compile(r"c([1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,14})\.(-?[0-9]{1,17})")
@@ -76,8 +76,7 @@ def read_changes(store: Store, tenant: str, *, since: Micros | None, after: Curs
         if visible(entry.key, scopes) and of_type(entry.key, type):
             kept.append(entry)
     more = page.start + used < page.length
-    keys = sorted({e.key for e in kept})
-    rows = change_rows(kept, dict(zip(keys, store.assertions_many(tenant, keys))) if keys else {})
+    rows = change_rows(store, tenant, kept) if kept else []
     for row in rows:            # values the caller may change (an embedded graph keeps its own)
         row["old"], row["new"] = _own(row["old"]), _own(row["new"])
     through = page.known_through
@@ -104,21 +103,32 @@ def visible(key: Key, scopes: set[str]) -> bool:
     return key[0] != "f" or key[3] == "" or key[3] in scopes
 
 
-def change_rows(entries: Iterable[ChangeEntry], timelines: dict[Key, list[Assertion]]) -> list[dict[str, Any]]:
-    """The rows of entries, each against the whole timeline of its key (every assertion, by point then log order)."""
-    return [change_row(e.key, e.assertion, timelines.get(e.key, [e.assertion])) for e in entries]
+def change_rows(store: Store, tenant: str, entries: list[ChangeEntry]) -> list[dict[str, Any]]:
+    """The rows of entries: each from a window of its timeline around its point (Store.windows_many), or from
+    the whole timeline when the window does not decide it."""
+    windows = store.windows_many(tenant, [(e.key, e.assertion.point) for e in entries], WINDOW)
+    rows = [change_row(e.key, e.assertion, w) for e, w in zip(entries, windows)]
+    undecided = sorted({e.key for e, row in zip(entries, rows) if row is None})
+    if undecided:
+        whole = dict(zip(undecided, store.assertions_many(tenant, undecided)))
+        rows = [row if row is not None else change_row(e.key, e.assertion, Window(whole[e.key], None, None, True))
+                for e, row in zip(entries, rows)]
+    return cast(list[dict[str, Any]], rows)
 
 
-def change_row(key: Key, a: Assertion, timeline: list[Assertion]) -> dict[str, Any]:
-    """One change: which timeline, what happened (`change`), the value before and after at the change's point
-    (as the timeline stood just before and just after the change was recorded), the version's valid times, and
-    the change's provenance. Later writes never alter a row, so a page read again is the same."""
-    before = _before(timeline, a)
+def change_row(key: Key, a: Assertion, window: Window) -> dict[str, Any] | None:
+    """One change: which timeline, what happened (`change`), the value at the change's point just before and
+    just after the change was recorded (`old`, `new`), the valid times of the version it concerns (`valid_to`
+    as known now) and its provenance. None when the window (Store.Window) does not decide the row."""
+    before = _before(window.assertions, a)
     after = list(before)
     insert(after, a)
     old = Timeline.over(before).as_of(a.point)
     new = Timeline.over(after).as_of(a.point)
-    change, valid_from, valid_to = _what_happened(a, before, old, new)
+    if window.low is not None and (old is None or (new is None and is_void(a))):
+        return None             # what held before may lie below the window
+    following = _next_point(window.assertions, a.point) if window.whole else window.next_point
+    change, valid_from, valid_to = _what_happened(a, before, old, following)
     kind = key[0]
     row: dict[str, Any] = {
         "entity": key[1], "what": _WHAT.get(kind) or ("fact" if key[3] == "" else "note"),
@@ -130,8 +140,6 @@ def change_row(key: Key, a: Assertion, timeline: list[Assertion]) -> dict[str, A
     if change == "withdrawn":
         withdrawn = withdrawal_of(a) or {}
         row["reason"] = withdrawn.get("reason")
-    if kind == "l" and key[2] == REF_LABEL:
-        row["name"] = REF_LABEL
     return row
 
 
@@ -151,19 +159,29 @@ def _before(timeline: list[Assertion], a: Assertion) -> list[Assertion]:
     return out
 
 
-def _what_happened(a: Assertion, before: list[Assertion], old: Version | None, new: Version | None
+def _next_point(timeline: list[Assertion], point: Micros) -> Micros | None:
+    """The first point after `point` whose winner now is no void (keel.timeline's next point)."""
+    last: dict[Micros, Assertion] = {}
+    for x in timeline:
+        if x.point > point:
+            last[x.point] = x           # by point, then log order: the last one of a point wins it
+    return next((p for p, x in last.items() if not is_void(x)), None)
+
+
+def _what_happened(a: Assertion, before: list[Assertion], old: Version | None, following: Micros | None
                    ) -> tuple[str, Micros | None, Micros | None]:
     """(change, valid_from, valid_to): a value asserted (`version`, or `corrected` when it replaces an earlier
-    assertion at its point), an end (`closed`, `withdrawn` for a note), a void (`retracted` by keel.retracted,
-    `corrected` by an event's correction)."""
+    assertion at its point) valid from its point to the next point (or its expiry); an end (`closed`,
+    `withdrawn` for a note) of the version it ended; a void (`retracted` by keel.retracted, `corrected` by an
+    event's correction) from its point to the next."""
     if is_void(a):
-        span = (old.assertion.point, old.valid_to) if old is not None else (a.point, None)
-        return ("retracted" if is_retraction_void(a) else "corrected"), *span
+        return ("retracted" if is_retraction_void(a) else "corrected"), a.point, following
     if a.closed:
         start = old.assertion.point if old is not None else None
         return ("withdrawn" if withdrawal_of(a) is not None else "closed"), start, a.point
     shared = any(x.point == a.point for x in before)
-    valid_to = new.valid_to if new is not None else None
+    valid_to = following if a.expires_at is None or (following is not None and following < a.expires_at) \
+        else a.expires_at
     return ("corrected" if shared else "version"), a.point, valid_to
 
 

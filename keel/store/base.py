@@ -74,6 +74,17 @@ class ChangePage(NamedTuple):
     known_through: Micros | None
 
 
+class Window(NamedTuple):
+    """A timeline around a point (Store.windows_many). `whole`: `assertions` is the whole timeline. Else they
+    are every assertion at the point and the last ones (in log order) of some points before it, by point then
+    log order; `low` is the lowest of those points when anything at or below it was left out (None: nothing),
+    and `next_point` the first point after the point whose winner now is no void (None: none)."""
+    assertions: list[Assertion]
+    low: Micros | None
+    next_point: Micros | None
+    whole: bool
+
+
 class EntityInfo(NamedTuple):
     entity: str
     type: str
@@ -316,6 +327,14 @@ class Store(ABC):
         from the first entry recorded after `since` (None: the first), with the log's length and the tenant's
         known_through read in the same atomic step (keel/changes.py)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no change log")
+
+    def windows_many(self, tenant: str, items: list[tuple[Key, Micros]], size: int) -> list[Window]:
+        """For each (key, point): the timeline around the point (keel/changes.py reads a change's neighbourhood,
+        not its whole timeline; `size` bounds what a backend reads before the point). This default reads whole
+        timelines; backends may cut the read."""
+        keys = sorted({key for key, _ in items})
+        found = dict(zip(keys, self.assertions_many(tenant, keys))) if keys else {}
+        return [Window(found[key], None, None, True) for key, _ in items]
 
     def resting_on(self, tenant: str, event_id: str) -> list[tuple[Key, list[Assertion]]]:
         """The domain timelines (labels, facts without scope, relations) holding an assertion whose evidence

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ...timeline import Assertion
 from ...times import Micros
-from ..base import ChangeEntry, ChangePage, EventWrites
-from .scripts import _GEN_CHECK
+from ..base import ChangeEntry, ChangePage, EventWrites, Key, Store, Window
+from .codec import ProvenanceCache, decode_point, encode_point
+from .keys import escape, prefix_of
+from .scripts import _GEN_CHECK, _NOTES, _PROV_OF, _WINNER
 
 CHANGES = "ch"              # the change log's key, after the generation's data prefix
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -51,6 +53,53 @@ if start < n then page = redis.call('LRANGE', KEYS[2], start, start + tonumber(A
 return {1, start, n, page, redis.call('HGET', KEYS[3], 'kt') or ''}
 """
 
+# Layout 1: a window of each asked timeline around a point (Store.windows_many): every member at the point, the
+# last ARGV[2] members (by log order) of the point before it, whether anything below those was left out, and the
+# first point after the point whose winner now is no void (`winner_at`'s next point), with the provenance
+# entries of the members returned.
+# KEYS: 1 gen, 2 provenance. ARGV: 1 expected gen, 2 how many members of the point before, 3 the prefix of
+# sorted-set names ("<data prefix>z:"), then per timeline: its owner (escaped), P, the point (point9).
+# Answers {1, {members before (ascending), members at, "1" when some below were left out else "0", next point9
+# or "", ...}, {index, entry, ...}}, members without P.
+WINDOW = _GEN_CHECK + _PROV_OF + _WINNER + _NOTES + """
+local M, zs, out = tonumber(ARGV[2]), ARGV[3], {}
+local function strip(ms, P)
+  for x, m in ipairs(ms) do note(m, #P + 10); ms[x] = string.sub(m, #P + 1) end
+  return ms
+end
+for i = 4, #ARGV, 3 do
+  local z, P, pt = zs .. ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local below, more = {}, '0'
+  local prev = redis.call('ZREVRANGEBYLEX', z, '(' .. P .. pt, '[' .. P, 'LIMIT', 0, 1)[1]
+  if prev then
+    local p1 = string.sub(prev, #P + 1, #P + 9)
+    local last = redis.call('ZREVRANGEBYLEX', z, '(' .. P .. p1 .. '~', '[' .. P, 'LIMIT', 0, M + 1)
+    if #last > M or string.sub(last[#last], #P + 1, #P + 9) ~= p1 then
+      more = '1'
+      last[#last] = nil
+      while last[#last] and string.sub(last[#last], #P + 1, #P + 9) ~= p1 do last[#last] = nil end
+    end
+    for x = #last, 1, -1 do below[#below + 1] = last[x] end
+  end
+  local lo, nx = '(' .. P .. pt .. '~', ''
+  while true do
+    local f = redis.call('ZRANGEBYLEX', z, lo, '(' .. P .. '~', 'LIMIT', 0, 1)
+    if not f[1] then break end
+    local p2 = string.sub(f[1], #P + 1, #P + 9)
+    lo = '(' .. P .. p2 .. '~'
+    if not void_at(redis.call('ZREVRANGEBYLEX', z, lo, '[' .. P .. p2, 'LIMIT', 0, 1)[1], P) then
+      nx = p2
+      break
+    end
+  end
+  out[#out + 1] = strip(below, P)
+  out[#out + 1] = strip(redis.call('ZRANGEBYLEX', z, '[' .. P .. pt, '(' .. P .. pt .. '~'), P)
+  out[#out + 1] = more
+  out[#out + 1] = nx
+end
+return {1, out, provs}
+"""
+
 
 def encode_changes(events: Sequence[EventWrites]) -> list[str]:
     """The change-log elements of a step's writes, in write order."""
@@ -73,6 +122,8 @@ class ChangeLogReads:
     """`Store.changes` for both Redis layouts (a mixin of RedisStore: its script runner and generations)."""
 
     _changes_script: Any = None
+    _window_script: Any = None
+    layout: int
     client: Any                 # RedisStore's
     _script_many: Callable[[Any, Sequence[tuple[str, Build]]], list[list[Any]]]     # RedisStore's
 
@@ -94,3 +145,27 @@ class ChangeLogReads:
         entries = [decode_change(first + i, e) for i, e in enumerate(elements)]
         return ChangePage(read["gen"], first, entries, length, int(kt) if kt else None)
 
+    def windows_many(self, tenant: str, items: list[tuple[Key, Micros]], size: int) -> list[Window]:
+        """Layout 1 reads, for each (key, point), the members at the point, the last `size` of the point before
+        it, and the next point (the WINDOW script); layout 2, whose timelines live in segments, reads whole
+        timelines (Store's default)."""
+        if self.layout != 1 or not items:
+            return Store.windows_many(cast(Store, self), tenant, items, size)
+        if self._window_script is None:
+            self._window_script = self.client.register_script(WINDOW)
+        unique = list(dict.fromkeys(items))
+        triples = [x for key, point in unique for x in (escape(key[1]), prefix_of(key), encode_point(point))]
+        [result] = self._script_many(self._window_script,
+                                     [(tenant, lambda d: ([d + "pv"], [str(size), d + "z:", *triples]))])
+        prov = ProvenanceCache()
+        pairs = result[2]
+        for i in range(0, len(pairs), 2):
+            prov.add(pairs[i], pairs[i + 1])
+        found: dict[tuple[Key, Micros], Window] = {}
+        lists = result[1]
+        for i, item in enumerate(unique):
+            below, at, more, nx = lists[4 * i:4 * i + 4]
+            assertions = [prov.assertion(m) for m in [*below, *at]]
+            found[item] = Window(assertions, assertions[0].point if more == "1" else None,
+                                 decode_point(nx) if nx else None, False)
+        return [found[item] for item in items]
