@@ -52,7 +52,7 @@ from mode import Service
 from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.connect import open_redis_store
-from keel.errors import StateBehind, StoreUnavailable, UsageError
+from keel.errors import ServiceUnavailable, StateBehind, StoreUnavailable, UsageError
 from keel.health import Health
 from keel.kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_consumer, new_producer
 from keel.keystore_pg import privacy_of
@@ -323,9 +323,10 @@ class CartridgeIngest(Service):
         """A retried outage in the pipeline: count it and keep its cause for readiness; the loop is alive."""
         if isinstance(error, GenerationChanged):
             return
-        redis = isinstance(error, StoreUnavailable)
-        (self.metrics.redis_errors if redis else self.metrics.kafka_errors).inc()
-        self._note_outage(f"{'Redis' if redis else 'Kafka'}: {error}")
+        service = error.service if isinstance(error, ServiceUnavailable) else "Kafka"   # Redis, the key store's
+        if service in ("Redis", "Kafka"):                                               # PostgreSQL, Kafka
+            (self.metrics.redis_errors if service == "Redis" else self.metrics.kafka_errors).inc()
+        self._note_outage(f"{service}: {error}")
         self.health.beat(self.beat_name)
 
     def _note_outage(self, cause: str) -> None:
