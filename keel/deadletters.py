@@ -17,9 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
-from .kafka import admin_client, bootstrap_list, kafka_guard
+from .kafka import read_to_end, topic_partitions
 from .wire import REASON, REDRIVEN, SOURCE, TENANT
 
 HOUR_MS = 3_600_000
@@ -101,28 +99,7 @@ def fold(records: Iterable[Any]) -> DeadLetters:
 
 async def read_dead_letters(bootstrap: str, topic: str) -> DeadLetters:
     """Every record of the topic up to its current end (no consumer group, nothing committed)."""
-    async with admin_client(bootstrap) as admin, kafka_guard(f"describe {topic}", bootstrap):
-        [described] = await admin.describe_topics([topic])
-    tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
-    records: list[Any] = []
-    if not tps:
-        return fold(records)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_list(bootstrap), enable_auto_commit=False,
-                                client_id="keel-dlq", isolation_level="read_committed",
-                                auto_offset_reset="earliest")    # else assign()'s own reset may race the seek
-    async with kafka_guard(f"read {topic}", bootstrap):
-        await consumer.start()
-        try:
-            consumer.assign(tps)
-            ends = await consumer.end_offsets(tps)
-            await consumer.seek_to_beginning(*tps)
-            todo = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
-            while todo:
-                batch = await consumer.getmany(*todo, timeout_ms=1000)
-                for tp, recs in batch.items():
-                    records += [r for r in recs if r.offset < ends[tp]]
-                todo = {tp for tp in todo if await consumer.position(tp) < ends[tp]}
-        finally:
-            await consumer.stop()
+    tps = await topic_partitions(bootstrap, topic)
+    records = [r async for r in read_to_end(bootstrap, tps, "keel-dlq")]
     records.sort(key=lambda r: (r.timestamp, r.partition, r.offset))
     return fold(records)

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -146,6 +146,40 @@ async def _partition_counts(admin: AIOKafkaAdminClient, bootstrap: str, topics: 
 async def topic_exists(bootstrap: str, topic: str) -> bool:
     async with admin_client(bootstrap) as admin, kafka_guard("list topics", bootstrap):
         return topic in set(await admin.list_topics())
+
+
+async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
+    """The partitions of a topic (none when it does not exist)."""
+    async with admin_client(bootstrap) as admin, kafka_guard(f"describe {topic}", bootstrap):
+        [described] = await admin.describe_topics([topic])
+    return [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
+
+
+async def read_to_end(bootstrap: str, tps: Sequence[TopicPartition], client_id: str) -> AsyncIterator[Any]:
+    """Every committed record of the partitions, from their beginning up to their end as it is when reading
+    starts (no consumer group, nothing committed); partition by partition in offset order, interleaved."""
+    if not tps:
+        return
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_list(bootstrap), enable_auto_commit=False,
+                                client_id=client_id, isolation_level="read_committed",
+                                auto_offset_reset="earliest")    # else assign()'s own reset may race the seek
+    topic = tps[0].topic
+    async with kafka_guard(f"read {topic}", bootstrap):
+        await consumer.start()
+        try:
+            consumer.assign(list(tps))
+            ends = await consumer.end_offsets(list(tps))
+            await consumer.seek_to_beginning(*tps)
+            todo = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
+            while todo:
+                batch = await consumer.getmany(*todo, timeout_ms=1000)
+                for tp, records in batch.items():
+                    for r in records:
+                        if r.offset < ends[tp]:
+                            yield r
+                todo = {tp for tp in todo if await consumer.position(tp) < ends[tp]}
+        finally:
+            await consumer.stop()
 
 
 async def group_offsets(bootstrap: str, topic: str, group: str) -> list[PartitionOffsets]:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from contextlib import aclosing
 from typing import Any
-
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from .config import Settings
 from .errors import UsageError
-from .kafka import admin_client, bootstrap_list, kafka_guard
+from .kafka import read_to_end, topic_partitions
 from .kafka_log import _KafkaSender
 from .wire import record_key
 
@@ -49,33 +48,16 @@ def find_topic_record(bootstrap: str, topic: str, record_id: str) -> dict[str, A
 
 
 async def _find(bootstrap: str, topic: str, record_id: str) -> dict[str, Any] | None:
-    async with admin_client(bootstrap) as admin, kafka_guard(f"describe {topic}", bootstrap):
-        [described] = await admin.describe_topics([topic])
-    tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
+    tps = await topic_partitions(bootstrap, topic)
     if not tps:
         raise UsageError(f"no topic {topic} at {bootstrap}: no audit record was written there")
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_list(bootstrap), enable_auto_commit=False,
-                                client_id="keel-audit", isolation_level="read_committed",
-                                auto_offset_reset="earliest")
     needle = record_id.encode()
-    async with kafka_guard(f"read {topic}", bootstrap):
-        await consumer.start()
-        try:
-            consumer.assign(tps)
-            ends = await consumer.end_offsets(tps)
-            await consumer.seek_to_beginning(*tps)
-            todo = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
-            while todo:
-                batch = await consumer.getmany(*todo, timeout_ms=1000)
-                for tp, records in batch.items():
-                    for r in records:
-                        if r.offset < ends[tp] and r.value is not None and needle in r.value:
-                            record = _record(r.value)
-                            if record is not None and record.get("id") == record_id:
-                                return record
-                todo = {tp for tp in todo if await consumer.position(tp) < ends[tp]}
-        finally:
-            await consumer.stop()
+    async with aclosing(read_to_end(bootstrap, tps, "keel-audit")) as records:
+        async for r in records:
+            if r.value is not None and needle in r.value:
+                record = _record(r.value)
+                if record is not None and record.get("id") == record_id:
+                    return record
     return None
 
 
