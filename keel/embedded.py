@@ -11,6 +11,7 @@ from typing import Any, BinaryIO, TextIO
 
 from .cartridge import Cartridge
 from .echo import cut, printable
+from .envelope import OFFBOARDED
 from .errors import EnvelopeRejected, HandlerFailed, UsageError
 from .projector import Projector
 from .store.base import Store
@@ -101,6 +102,12 @@ def replay_file(projector: Projector, path: str | Path, *,
                 report.rejected.append(rejected)
                 if on_reject is not None:
                     on_reject(rejected)
+                continue
+            if event.type == OFFBOARDED:        # the tenant left (keel offboard): nothing of it is kept
+                report.tenants.discard(event.tenant)
+                drop = getattr(projector.store, "drop", None)
+                if drop is not None:
+                    drop(event.tenant)
                 continue
             report.tenants.add(event.tenant)
             if event.clamped_from is not None:

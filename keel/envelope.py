@@ -27,7 +27,8 @@ from .upcast import UpcastFailed
 
 ANNOTATED = "keel.annotated"
 RETRACTED = "keel.retracted"
-ERASED = "keel.erased"      # the receipt of a data subject's erasure (keel erase, docs/privacy.md): no writes
+ERASED = "keel.erased"      # the receipt of a data subject's erasure (keel erase, docs/privacy.md)
+OFFBOARDED = "keel.offboarded"  # the receipt of a tenant's offboarding (keel offboard, docs/privacy.md)
 
 Tenant = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
 EntityRef = Annotated[str, StringConstraints(pattern=ENTITY_PATTERN)]
@@ -218,7 +219,7 @@ class Catalog:
         corrects = env.corrects
         version = env.version
         payload = recorded_payload = env.payload
-        if event_type in (ANNOTATED, RETRACTED, ERASED):
+        if event_type in (ANNOTATED, RETRACTED, ERASED, OFFBOARDED):
             if version is not None and version != 1:
                 raise VersionUnknown(event_type, version, 1, event_id=env.id, tenant=env.tenant)
             if corrects is not None:
@@ -525,10 +526,10 @@ def check_retraction_payload(env: Decoded) -> None:
 
 
 def check_erasure_payload(env: Decoded) -> None:
-    """A keel.erased payload, the PII-free receipt of an erasure of the envelope's subject (the data subject):
-    `{keys: <how many keys were deleted>, reason?: string}`."""
+    """A keel.erased payload, the PII-free receipt of an erasure of the envelope's subject (the data subject), and
+    a keel.offboarded one (of a tenant): `{keys: <how many keys were deleted>, reason?: string}`."""
     p = env.payload
-    problems = [f"payload.{k}: unknown field for {ERASED}" for k in p if k not in ("keys", "reason")]
+    problems = [f"payload.{k}: unknown field for {env.type}" for k in p if k not in ("keys", "reason")]
     keys = p.get("keys")
     if not isinstance(keys, int) or isinstance(keys, bool) or keys < 0:
         problems.append("payload.keys: required, the number of keys deleted (an integer from 0)")
@@ -540,4 +541,4 @@ def check_erasure_payload(env: Decoded) -> None:
 
 
 _CORE_CHECKS = {ANNOTATED: check_annotation_payload, RETRACTED: check_retraction_payload,
-                ERASED: check_erasure_payload}
+                ERASED: check_erasure_payload, OFFBOARDED: check_erasure_payload}

@@ -9,6 +9,8 @@ Tables (in an optional schema, created when missing):
 * `keel_keys_erased (kid, erased_at)`: the ids of erased keys (no key material), so an erased id reads as the
   mask and an id never held is an error.
 * `keel_keys_erasures (tenant, subject, at, keys)`: one row per erasure (the answer to a second `keel erase`).
+* `keel_keys_offboarded (tenant, at, keys)`: one row per offboarded tenant (keel offboard): no key is created
+  for it afterwards.
 * `keel_keys_meta (fingerprint)`: a fingerprint of the master key; a store written under another master key
   is refused.
 
@@ -35,7 +37,7 @@ from psycopg import sql
 from .cartridge import Cartridge
 from .config import Settings
 from .errors import StoreUnavailable, UsageError
-from .privacy import FileKeyStore, KeyStore, Privacy, master_key, open_key_file
+from .privacy import FileKeyStore, KeyStore, Privacy, master_key, open_key_file, refuse_offboarded
 from .times import format_time, now_micros
 
 KEYS_DSN_ENV = "KEEL_KEYS_DSN"
@@ -99,6 +101,9 @@ class PostgresKeyStore:
             self._conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (n bigserial PRIMARY KEY, tenant text NOT NULL, subject text NOT NULL, "
                 "at text NOT NULL, keys integer NOT NULL)").format(erasures))
+            self._conn.execute(sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (tenant text PRIMARY KEY, at text NOT NULL, keys integer NOT NULL)"
+            ).format(self._t("keel_keys_offboarded")))
             self._conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (one boolean PRIMARY KEY DEFAULT true "
                                        "CHECK (one), fingerprint text NOT NULL)").format(meta))
             self._conn.execute(sql.SQL("INSERT INTO {} (fingerprint) VALUES (%s) ON CONFLICT DO NOTHING"
@@ -139,6 +144,7 @@ class PostgresKeyStore:
             row = self._conn.execute(sql.SQL("SELECT kid, wrapped FROM {} WHERE tenant = %s AND subject = %s"
                                              ).format(keys), (tenant, subject)).fetchone()
             if row is None:
+                refuse_offboarded(self._offboarding(tenant))
                 kid, key = secrets.token_hex(16), AESGCM.generate_key(bit_length=256)
                 iv = secrets.token_bytes(12)
                 wrapped = iv + self._master.encrypt(iv, key, self._wrap_ad(tenant, subject, kid))
@@ -191,6 +197,36 @@ class PostgresKeyStore:
                                              "ORDER BY n DESC LIMIT 1").format(self._t("keel_keys_erasures")),
                                      (tenant, subject)).fetchone()
         return None if row is None else {"tenant": tenant, "subject": subject, "at": row[0], "keys": row[1]}
+
+    def offboard(self, tenant: str, *, reason: str | None = None) -> dict[str, Any]:
+        at = format_time(now_micros())
+        with _guard("offboarding"), self._conn.transaction():
+            known = self._offboarding(tenant, lock=True)
+            if known is not None:
+                return known
+            kids = [r[0] for r in self._conn.execute(sql.SQL(
+                "DELETE FROM {} WHERE tenant = %s RETURNING kid").format(self._t("keel_keys")), (tenant,)).fetchall()]
+            for kid in kids:
+                self._conn.execute(sql.SQL("INSERT INTO {} (kid, erased_at) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+                                           ).format(self._t("keel_keys_erased")), (kid, at))
+            self._conn.execute(sql.SQL("INSERT INTO {} (tenant, at, keys) VALUES (%s, %s, %s)").format(
+                self._t("keel_keys_offboarded")), (tenant, at, len(kids)))
+        for kid in kids:
+            self._unwrapped.pop(kid, None)
+        for pair in [p for p in self._current if p[0] == tenant]:
+            del self._current[pair]
+        return {"tenant": tenant, "at": at, "keys": len(kids)}
+
+    def offboarding(self, tenant: str) -> dict[str, Any] | None:
+        with _guard("offboarding lookup"):
+            return self._offboarding(tenant)
+
+    def _offboarding(self, tenant: str, *, lock: bool = False) -> dict[str, Any] | None:
+        if lock:        # one offboarding per tenant: a concurrent second call waits, then finds the first
+            self._conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(self._t("keel_keys_offboarded")))
+        row = self._conn.execute(sql.SQL("SELECT at, keys FROM {} WHERE tenant = %s").format(
+            self._t("keel_keys_offboarded")), (tenant,)).fetchone()
+        return None if row is None else {"tenant": tenant, "at": row[0], "keys": row[1]}
 
 
 def open_key_store(*, keys_file: str | Path | None = None, keys_dsn: str | None = None,

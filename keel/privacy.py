@@ -110,6 +110,15 @@ class KeyStore(Protocol):
         """The record of an erasure of a data subject (when, how many keys), or None."""
         ...
 
+    def offboard(self, tenant: str, *, reason: str | None = None) -> dict[str, Any]:
+        """Delete every key of a tenant (keel offboard) and record it: {tenant, at, keys}; a second call deletes
+        nothing and returns the first record. No key is created for the tenant afterwards."""
+        ...
+
+    def offboarding(self, tenant: str) -> dict[str, Any] | None:
+        """The record of a tenant's offboarding, or None."""
+        ...
+
 
 class FileKeyStore:
     """The key store of embedded mode: a JSON file, rewritten atomically (a temporary file in the same folder,
@@ -202,6 +211,7 @@ class FileKeyStore:
             key = self.key(kid)
             assert key is not None
             return kid, key
+        refuse_offboarded(self.offboarding(tenant))
         kid, key = secrets.token_hex(16), AESGCM.generate_key(bit_length=256)
         iv = secrets.token_bytes(12)
         wrapped = iv + self._master.encrypt(iv, key, self._wrap_ad(tenant, subject, kid))
@@ -245,6 +255,41 @@ class FileKeyStore:
     def erasure(self, tenant: str, subject: str) -> dict[str, Any] | None:
         done = [e for e in self.doc["erasures"] if e.get("tenant") == tenant and e.get("subject") == subject]
         return done[-1] if done else None
+
+    def offboard(self, tenant: str, *, reason: str | None = None) -> dict[str, Any]:
+        known = self.offboarding(tenant)
+        if known is not None:
+            return known
+        kids = sorted(k for k, e in self.doc["keys"].items() if e["tenant"] == tenant)
+        at = format_time(now_micros())
+        for kid in kids:
+            del self.doc["keys"][kid]
+            self._unwrapped.pop(kid, None)
+            self.doc["erased"][kid] = at
+        for pair in [p for p in self._current if p[0] == tenant]:
+            del self._current[pair]
+        done = {"tenant": tenant, "at": at, "keys": len(kids)}
+        self.doc.setdefault("offboarded", []).append(done)
+        self._save()
+        return done
+
+    def offboarding(self, tenant: str) -> dict[str, Any] | None:
+        done = [e for e in self.doc.get("offboarded", ()) if e.get("tenant") == tenant]
+        return done[0] if done else None
+
+
+class TenantOffboarded(UsageError):
+    """A key asked for a tenant that was offboarded (keel offboard): its events are refused."""
+
+    def __init__(self, tenant: str, at: str) -> None:
+        super().__init__(f"tenant {tenant!r} was offboarded at {at} (keel offboard): its events are refused")
+        self.tenant = tenant
+
+
+def refuse_offboarded(done: Mapping[str, Any] | None) -> None:
+    """Raise TenantOffboarded for the record of an offboarding (None: the tenant was not offboarded)."""
+    if done is not None:
+        raise TenantOffboarded(str(done["tenant"]), str(done["at"]))
 
 
 def open_key_file(path: str | Path, *, create: bool = False, master_file: str | Path | None = None
@@ -467,6 +512,26 @@ def _decode(text: bytes) -> Any:
         return msgspec.json.decode(text)
     except msgspec.DecodeError:
         return json.loads(text)
+
+
+def masked_line(cartridge: Cartridge, raw: bytes | None) -> bytes | None:
+    """A record's value with every personal field the cartridge declares (sealed or in clear) replaced by its
+    mask, for a dead letter that must keep none of them (an offboarded tenant's record); the value itself when it
+    holds none, or is not a JSON object (Keel cannot tell which part of it is personal)."""
+    if raw is None or not cartridge.spec.personal:
+        return raw
+    try:
+        envelope = _decode(raw)
+    except ValueError:
+        return raw
+    spec = cartridge.spec.personal.get(envelope.get("type")) if isinstance(envelope, dict) else None
+    payload = envelope.get("payload") if spec is not None else None
+    if not isinstance(payload, dict):
+        return raw
+    fields = [f for f in spec.fields if payload.get(f) is not None]
+    if not fields:
+        return raw
+    return msgspec.json.encode({**envelope, "payload": {**payload, **dict.fromkeys(fields, spec.mask)}})
 
 
 def _is_note(envelope: object) -> bool:

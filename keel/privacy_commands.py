@@ -16,7 +16,7 @@ from .commandline import settings_of
 from .connect import open_graph
 from .echo import cut, printable
 from .embedded import BOM, open_events
-from .envelope import ERASED, MAX_REASON
+from .envelope import ERASED, MAX_REASON, OFFBOARDED
 from .errors import EXIT_DOMAIN, EXIT_USAGE, EnvelopeRejected, UsageError
 from .identifiers import ENTITY, TENANT
 from .privacy import Privacy, open_key_file
@@ -58,6 +58,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reason", help="why (kept in the receipt: never write personal data here)")
     p.add_argument("--master-key-file", metavar="FILE", help=MASTER_HELP)
     p.set_defaults(run=cmd_erase)
+
+    p = sub.add_parser("offboard", help="offboard a tenant: shred its keys, drop its graph, refuse its events",
+                       description="Tenant T leaves: every key of T is deleted from the key store (its sealed "
+                                   "fields read as the mask for good), a keel.offboarded receipt (no personal "
+                                   "data: how many keys, the reason) is written to the log, and T's graph is "
+                                   "dropped; T's later events are refused. Idempotent: a second call says when it "
+                                   "was done. Embedded mode: --events FILE [--keys FILE]; Redis/Kafka mode "
+                                   "(--redis, --kafka, added by the workers package) drops every Redis key of T "
+                                   "(docs/privacy.md).")
+    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("--events", metavar="FILE", help="embedded mode: the events file (the receipt is appended)")
+    p.add_argument("--keys", metavar="FILE", help="the key file (a cartridge with personal fields)")
+    p.add_argument("--tenant", required=True, help="the tenant that leaves")
+    p.add_argument("--reason", help="why (kept in the receipt: never write personal data here)")
+    p.add_argument("--master-key-file", metavar="FILE", help=MASTER_HELP)
+    p.set_defaults(run=cmd_offboard)
 
 
 def cmd_seal(args: argparse.Namespace) -> int:
@@ -170,3 +186,70 @@ def cmd_erase(args: argparse.Namespace) -> int:
 
 def keys_text(count: int) -> str:
     return f"{count} key" if count == 1 else f"{count} keys"
+
+
+def check_offboard_arguments(tenant: str, reason: str | None) -> None:
+    """Usage errors of `keel offboard` (either mode), before anything changes."""
+    if not TENANT.match(tenant):
+        raise UsageError(f"--tenant {tenant!r}: ASCII letters, digits and . _ - (at most 64 characters)")
+    if reason is not None and len(reason) > MAX_REASON:
+        raise UsageError(f"--reason: at most {MAX_REASON} characters")
+
+
+def offboard_receipt_id(tenant: str, at: str) -> str:
+    """The id of an offboarding's receipt: the same for every call about that offboarding (idempotent)."""
+    return "offboarded-" + hashlib.sha256(f"{tenant}\0{at}".encode()).hexdigest()[:24]
+
+
+def offboard_receipt(tenant: str, at: str, keys: int, reason: str | None) -> dict[str, object]:
+    """The PII-free `keel.offboarded` envelope: the tenant (its envelope's tenant and subject `tenant:<T>`), how
+    many keys were shredded, the reason."""
+    payload: dict[str, object] = {"keys": keys}
+    if reason is not None:
+        payload["reason"] = reason
+    return {"id": offboard_receipt_id(tenant, at), "tenant": tenant, "type": OFFBOARDED, "subject": f"tenant:{tenant}",
+            "occurred_at": at, "recorded_at": format_time(now_micros()), "source": "keel", "payload": payload}
+
+
+def file_receipt(events: Path, tenant: str) -> dict[str, object] | None:
+    """The `keel.offboarded` receipt of `tenant` in an events file, or None."""
+    marker = OFFBOARDED.encode()
+    with open_events(events) as f:
+        for raw in f:
+            if marker not in raw:
+                continue
+            try:
+                e = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(e, dict) and e.get("type") == OFFBOARDED and e.get("tenant") == tenant:
+                return e
+    return None
+
+
+def cmd_offboard(args: argparse.Namespace) -> int:
+    tenant, reason = args.tenant, args.reason
+    check_offboard_arguments(tenant, reason)
+    if not args.events:
+        raise UsageError("give --events FILE (embedded mode), or --redis URL --kafka BOOTSTRAP (Redis/Kafka mode)")
+    cartridge = load_cartridge(args.cartridge)
+    events = Path(args.events)
+    if cartridge.spec.personal and not args.keys:
+        raise UsageError(f"cartridge {cartridge.name!r} declares personal fields: give its key file (--keys FILE), "
+                         f"whose keys of tenant {tenant} are shredded")
+    found = file_receipt(events, tenant)        # also: a missing or unreadable events file, before any change
+    keys = open_key_file(args.keys, master_file=args.master_key_file) if args.keys else None
+    done = None if keys is None else keys.offboard(tenant, reason=reason)
+    if found is not None:
+        print(f"tenant {tenant}: already offboarded at {found.get('occurred_at')} (receipt {found.get('id')} in "
+              f"{events})")
+        return 0
+    at = str(done["at"]) if done is not None else format_time(now_micros())
+    count = int(done["keys"]) if done is not None else 0
+    envelope = offboard_receipt(tenant, at, count, reason)
+    with open_graph(cartridge, settings_of(argparse.Namespace()), events, keys=keys, stream=sys.stderr) as graph:
+        assert graph.log is not None
+        graph.log.append(envelope)
+    print(f"tenant {tenant}: offboarded ({keys_text(count)} deleted); receipt {envelope['id']} appended to {events}; "
+          f"its events are refused from now on")
+    return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from .cartridge import Cartridge
-from .envelope import ANNOTATED, ENTITY, ERASED, RETRACTED, Catalog, Event, Instant
+from .envelope import ANNOTATED, ENTITY, ERASED, OFFBOARDED, RETRACTED, Catalog, Event, Instant
 from .errors import EnvelopeRejected, HandlerFailed, KeelError
 from .limits import ValueRefused, check_value
 from .notes import NotePolicy, withdrawal_write
@@ -17,7 +17,7 @@ from .registry import Handler
 from .store.base import EventId, Key, Store, Write
 from .store.writes import checked_label_writes, event_key, fact_write
 from .timeline import VOID, Assertion, is_void, new_assertion, void_of
-from .times import Micros, parse_time
+from .times import Micros, format_time, parse_time
 
 Outcome = Literal["applied", "duplicate"]
 _tuple_new = tuple.__new__
@@ -210,6 +210,7 @@ class Projector:
         self.notes = NotePolicy(cartridge, store, allow_global=allow_global_notes)
         self._handlers: dict[str, tuple[Handler, bool]] = {}    # event type -> (handler, declarative)
         self._view = EventStore(store, self.checks)
+        self.offboarded: dict[str, dict[str, Any]] = {}    # tenant -> its keel.offboarded receipt, once applied
 
     def parse(self, raw: bytes | str | dict[str, Any], *, default_recorded_at: Micros | None = None) -> Event:
         return self.catalog.parse(raw, default_recorded_at=default_recorded_at)
@@ -221,6 +222,10 @@ class Projector:
         keeps it in `clamped_from`). Raises EnvelopeRejected (refused note, conflict, refused value) or
         HandlerFailed."""
         store = self.store
+        gone = self.offboarded.get(event.tenant)
+        if gone is not None:
+            raise EnvelopeRejected(f"tenant {event.tenant!r} was offboarded at {gone['at']} (keel offboard, receipt "
+                                   f"{gone['receipt']}): its events are refused", event_id=event.id, tenant=event.tenant)
         if store.has_event(event.tenant, event.id):
             self._check_identical(event)
             return "duplicate"
@@ -230,6 +235,11 @@ class Projector:
         key = event_key(event.id, f"{event.content_hash()} {origin or 'earlier in the log'}", int(event.recorded_at))
         if event.type == ANNOTATED:
             self._apply_note(event, key)
+            return "applied"
+        if event.type == OFFBOARDED:         # a receipt: the tenant's later events are refused (its graph is
+            self.offboarded[event.tenant] = {    # dropped by whoever builds it: keel/embedded.py, workers/replay.py)
+                "at": format_time(event.occurred_at), "keys": event.payload.get("keys"), "receipt": event.id}
+            store.apply_writes(event.tenant, [], key)
             return "applied"
         if event.type == ERASED:             # a receipt: the keys are gone, reads already show the mask
             store.apply_writes(event.tenant, self._erasure_writes(event), key)

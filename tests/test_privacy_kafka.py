@@ -18,7 +18,16 @@ from support.workers import (
     services_env,
     wait_applied,
 )
-from test_privacy import MASTER, SECRET_NAME, STREAM, masked, plaintext_forms, write_cartridge, write_lines
+from test_privacy import (
+    MASTER,
+    SECRET_NAME,
+    STREAM,
+    envelope,
+    masked,
+    plaintext_forms,
+    write_cartridge,
+    write_lines,
+)
 
 from keel.cartridge import load_cartridge
 from keel.cli import main
@@ -236,3 +245,180 @@ def test_a_worker_dead_letters_clear_personal_fields_masked(tmp_path: Path, keye
     stored = b"\n".join(r.value + b"".join(v for _, v in r.headers) for r in letters) + log.read_bytes()
     hits = [(v, f) for v in ERASED_VALUES + ["Other Tenant", "+1 555 0100"] for f in plaintext_forms(v) if f in stored]
     assert hits == []
+
+
+def key_store_text(env: dict[str, str]) -> bytes:
+    """Every row of the key store's tables (the test's schema), as text."""
+    import psycopg
+    out: list[str] = []
+    with psycopg.connect(env["KEEL_KEYS_DSN"], autocommit=True) as conn:
+        for table in ("keel_keys", "keel_keys_erased", "keel_keys_erasures", "keel_keys_offboarded"):
+            out += [repr(row) for row in conn.execute(f"SELECT * FROM {table}").fetchall()]
+    assert out
+    return "\n".join(out).encode()
+
+
+@services
+def test_erase_and_offboard_leave_no_personal_value_anywhere(tmp_path: Path, keyed_env: dict[str, str]) -> None:
+    """Issue 24's "Done when": a stream of several subjects in three tenants (sealed by keel publish, plus records
+    that arrive in clear), a note on the subject; erase one subject of t1 and offboard t2 while a worker runs;
+    then no erased or offboarded value, as written, JSON-escaped or in base64, is in any Redis value of the
+    cartridge's namespace, any record of the events topic (the clear arrivals' own values aside: a producer
+    wrote them there) or of the dead-letter topic, the worker's log, the commands' output, search results or
+    the key store; the same after `keel replay --all`; t3's digest is unchanged, t2 has no Redis key left, and
+    `keel status` lists t2 as offboarded."""
+    import json
+
+    from support.workers import produce_raw
+
+    from keel.wire import dlq_topic, events_topic
+    env = keyed_env
+    folder = unique_clinic(tmp_path)
+    name = load_cartridge(folder).name
+    t3 = [envelope(20, "t3", "client.registered", "client:c7", {"name": "Untouched Person", "phone": "+1 555 0177"}),
+          envelope(21, "t3", "visit.completed", "visit:v7", {"client": "client:c7", "remark": "no changes",
+                                                             "price": 10})]
+    stream = [*STREAM, *t3]
+    keel("publish", str(folder), str(write_lines(tmp_path / "clear.jsonl", stream)), "--partitions", "2", env=env)
+    late_clear = "Llegó Sin Sellar"        # a producer that does not seal: dead-lettered, masked
+    produce_raw(env, events_topic(name), [(b"t1", json.dumps(envelope(
+        9, "t1", "client.registered", "client:c1", {"name": late_clear, "phone": "+57 300 555 0199"})).encode())],
+        partitions=2)
+    log = tmp_path / "worker.log"
+    worker = WorkerProcess([folder], env, log)
+    outputs: list[str] = []
+    redis = ["--redis", env["KEEL_REDIS_URL"]]
+    note = "nota privada sobre la clienta"
+    try:
+        wait_applied(folder, env, len(stream) + 1, worker)
+        outputs.append(keel("annotate", str(folder), *redis, "client:c1", "call", note, "--tenant", "t1", "--scope",
+                            "tenant", "--evidence", "e1", "--json", env=env).stdout)
+        wait_applied(folder, env, len(stream) + 2, worker)
+        before = redis_digests(folder, env, ["t1", "t2", "t3"])
+        found = keel("search", str(folder), *redis, "Zoë", "--tenant", "t1", "--json", env=env).stdout
+        assert "client:c1" in found                                  # the tools answer with the revealed values
+        c2_before = keel("context", str(folder), *redis, "client:c2", "--tenant", "t1", "--json", env=env).stdout
+        outputs.append(keel("erase", str(folder), *redis, "--kafka", env["KEEL_KAFKA_BOOTSTRAP"], "--tenant", "t1",
+                            "--subject", "client:c1", env=env).stdout)
+        first = keel("offboard", str(folder), *redis, "--kafka", env["KEEL_KAFKA_BOOTSTRAP"], "--tenant", "t2",
+                     "--reason", "contract ended", env=env).stdout
+        assert "tenant t2: offboarded (1 key shredded); receipt offboarded-" in first and "produced" in first
+        second = keel("offboard", str(folder), *redis, "--kafka", env["KEEL_KAFKA_BOOTSTRAP"], "--tenant", "t2",
+                      env=env).stdout
+        assert "tenant t2: already offboarded at" in second and "already in the log" in second
+        outputs += [first, second]
+        # t2's later events are refused to the dead-letter topic (one sealed field, one in clear)
+        produce_raw(env, events_topic(name), [(b"t2", json.dumps(envelope(
+            30, "t2", "client.registered", "client:c1", {"name": "Late Tenant Two", "phone": "+1 555 0130"})).encode())],
+            partitions=2)
+        wait_applied(folder, env, len(stream) + 5, worker)    # + clear one, note, 2 receipts, late t2
+        after = redis_digests(folder, env, ["t1", "t3"])
+        c2_after = keel("context", str(folder), *redis, "client:c2", "--tenant", "t1", "--json", env=env).stdout
+        searches = [keel("search", str(folder), *redis, q, "--tenant", "t1", "--json", env=env).stdout
+                    for q in ("Zoë", "Quintana", "látex", "nota")]
+        status = json.loads(keel("status", str(folder), *redis, "--json", env=env, check=False).stdout)
+    finally:
+        assert worker.terminate() == 0
+    assert after["t3"] == before["t3"] and after["t1"] != before["t1"]
+    assert json.loads(c2_after)["labels"] == json.loads(c2_before)["labels"]
+    assert all(json.loads(s)["results"] == [] or all(r["entity"] != "client:c1" for r in json.loads(s)["results"])
+               for s in searches[:3])
+    assert set(status["offboarded"]) == {"t2"} and status["offboarded"]["t2"]["keys"] == 1
+    letters = read_topic(env, dlq_topic(name), 2)
+    reasons = sorted(dict(r.headers)["keel.reason"].decode()[:40] for r in letters)
+    assert len(letters) == 2 and reasons[0].startswith("payload.name, payload.phone: personal") and \
+        reasons[1].startswith("tenant 't2' was offboarded at")
+
+    erased = ERASED_VALUES + ["Other Tenant", "+1 555 0100"]          # t1's c1, and every value of t2
+    arrived_clear = [late_clear, "+57 300 555 0199", "Late Tenant Two", "+1 555 0130"]
+
+    def scan(label: str) -> None:
+        topic = topic_bytes(env, events_topic(name), len(stream) + 5)
+        dead = b"\n".join((r.value or b"") + b"".join(v for _, v in r.headers)
+                          for r in read_topic(env, dlq_topic(name), 2))
+        places = {"redis": redis_values(env, name), "events topic": topic, "dead letters": dead,
+                  "worker log": log.read_bytes(), "outputs": "\n".join(outputs).encode(),
+                  "search": "\n".join(searches).encode(), "key store": key_store_text(env)}
+        hits = [(label, where, v) for where, text in places.items()
+                for v in erased + (arrived_clear if where != "events topic" else []) + [note] * (where == "redis")
+                for f in plaintext_forms(v) if f in text]
+        assert hits == []
+        assert b"Untouched Person" in places["redis"] and b"Ana Ruiz" in places["redis"]     # others kept
+        assert f"{{{name}/t2}}".encode() not in places["redis"]                               # no key of t2
+
+    scan("after erase and offboard")
+    replayed = keel("replay", str(folder), "--all", "--quiet", *redis, env=env)
+    outputs.append(replayed.stdout + replayed.stderr)
+    assert redis_digests(folder, env, ["t1", "t3"]) == after
+    scan("after keel replay --all")
+    refused = keel("replay", str(folder), "--tenant", "t2", *redis, env=env, check=False)
+    assert refused.returncode == 2 and "tenant 't2' was offboarded" in refused.stderr
+
+
+@services
+def test_an_offboarded_tenant_stays_gone_after_redis_is_lost_and_rebuilt(tmp_path: Path,
+                                                                         keyed_env: dict[str, str]) -> None:
+    """The log's keel.offboarded receipt is enough: with every Redis key of the namespace lost (the offboarded
+    set included), `keel replay --all` records the tenant as offboarded again and keeps none of its keys; the
+    other tenant's graph is rebuilt as it was. The key store refuses to create a key for the tenant again."""
+    import redis as redis_client
+
+    env = keyed_env
+    folder = unique_clinic(tmp_path)
+    name = load_cartridge(folder).name
+    keel("publish", str(folder), str(write_lines(tmp_path / "clear.jsonl", STREAM)), "--partitions", "2", env=env)
+    redis = ["--redis", env["KEEL_REDIS_URL"]]
+    worker = WorkerProcess([folder], env, tmp_path / "worker.log")
+    try:
+        wait_applied(folder, env, len(STREAM), worker)
+        keel("offboard", str(folder), *redis, "--kafka", env["KEEL_KAFKA_BOOTSTRAP"], "--tenant", "t2", env=env)
+        wait_applied(folder, env, len(STREAM) + 1, worker)
+        before = redis_digests(folder, env, ["t1"])
+    finally:
+        assert worker.terminate() == 0
+    client = redis_client.Redis.from_url(env["KEEL_REDIS_URL"])
+    try:
+        lost = list(client.scan_iter(match=f"keel:{{{name}*", count=1000))
+        assert f"keel:{{{name}}}:offboarded".encode() in lost
+        client.unlink(*lost)
+        keel("replay", str(folder), "--all", "--quiet", *redis, env=env)
+        assert redis_digests(folder, env, ["t1"]) == before
+        left = [k for k in client.scan_iter(match=f"keel:{{{name}/t2}}*", count=1000)]
+        assert left == []
+        assert b"receipt" in (client.hget(f"keel:{{{name}}}:offboarded", "t2") or b"")
+    finally:
+        client.close()
+    status = keel("status", str(folder), *redis, env=env, check=False).stdout
+    assert "offboarded: t2 at" in status
+    again = write_lines(tmp_path / "again.jsonl", [STREAM[5]])
+    refused = keel("publish", str(folder), str(again), env=env, check=False)
+    assert refused.returncode == 2 and "tenant 't2' was offboarded at" in refused.stderr
+
+
+def test_offboard_embedded_drops_the_tenant_and_refuses_its_later_lines(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    monkeypatch.setenv("KEEL_MASTER_KEY", base64.b64encode(MASTER).decode())
+    monkeypatch.delenv("KEEL_MASTER_KEY_FILE", raising=False)
+    folder = write_cartridge(tmp_path / "c")
+    clear, sealed, keys = write_lines(tmp_path / "clear.jsonl", STREAM), tmp_path / "sealed.jsonl", tmp_path / "k.json"
+    assert main(["seal", str(folder), str(clear), str(sealed), "--keys", str(keys)]) == 0
+    offboard = ["offboard", str(folder), "--events", str(sealed), "--keys", str(keys), "--tenant", "t2"]
+    assert main(offboard) == 0
+    assert "tenant t2: offboarded (1 key deleted)" in capsys.readouterr().out
+    assert main(offboard) == 0
+    assert "tenant t2: already offboarded at" in capsys.readouterr().out
+    receipt = json.loads(sealed.read_text(encoding="utf-8").splitlines()[-1])
+    assert receipt["type"] == "keel.offboarded" and receipt["payload"] == {"keys": 1}
+    assert json.loads(keys.read_text())["offboarded"][0]["tenant"] == "t2"
+    assert not [k for k in json.loads(keys.read_text())["keys"].values() if k["tenant"] == "t2"]
+    with sealed.open("a", encoding="utf-8") as f:       # a later line of t2, sealed before: refused
+        f.write(sealed.read_text(encoding="utf-8").splitlines()[5] .replace('"e6"', '"e60"') + "\n")
+    assert main(["digest", str(folder), str(sealed), "--keys", str(keys), "--tenant", "t2"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown tenant 't2'" in err and "event e60: tenant 't2' was offboarded at" in err
+    assert main(["digest", str(folder), str(sealed), "--keys", str(keys), "--tenant", "t1"]) == 0
+    assert main(["offboard", str(folder), "--events", str(sealed), "--tenant", "t1"]) == 2     # keys needed
+    assert "give its key file" in capsys.readouterr().err

@@ -23,6 +23,7 @@ from keel.store.base import GLOBAL_TENANT, BatchStep, EventWrites, Position, Sto
 
 from .judge import Reveal, judge
 from .mirror import Mirrors, TopicPartition
+from .offboarded import OffboardedCheck
 from .records import Record
 
 COMMIT_CHUNK = 1024         # tenant steps per round trip when the store can pipeline them
@@ -99,6 +100,7 @@ class BatchApplier:
                  reveal: Reveal | None = None) -> None:
         self.cartridge = cartridge
         self.reveal = reveal                            # decrypts sealed personal fields (keel.privacy)
+        self.offboarded = OffboardedCheck(cartridge, durable)
         self.durable = durable                          # mirrors load from it (the planning thread)
         self.writer = writer if writer is not None else durable     # commits go through it (maybe another thread)
         self.mirrors = Mirrors(durable, max_tenants=max_mirrored_tenants)
@@ -115,6 +117,7 @@ class BatchApplier:
         mirrors this batch touched are dropped (they hold writes that were never committed)."""
         plan = BatchPlan(tag=self.recorder.begin())
         try:
+            self.offboarded.refresh()
             self.mirrors.prefetch(_tenants_by_key(records))
             through = plan.through
             for record in records:
@@ -131,6 +134,12 @@ class BatchApplier:
         """Plan one record; False when its partition is held (at this record or an earlier one)."""
         if plan.held and (record.topic, record.partition) in plan.held:
             return False
+        gone = self.offboarded.refusal(record)      # an offboarded tenant's record (workers/offboarded.py)
+        if gone is not None:
+            if gone[1]:                             # (its receipt is passed over)
+                plan.dead_letters.append(DeadLetter(record._replace(value=gone[0]), gone[1], None,
+                                                    record.key.decode("utf-8", "replace") if record.key else None))
+            return True
         verdict = judge(self.projector, self.recorder, record, lambda t: self._already_applied(plan, t, record),
                         self.reveal)
         if verdict.outcome == "skipped":

@@ -156,6 +156,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         erase.add_argument("--keys-dsn", metavar="DSN", help="Redis/Kafka mode: the PostgreSQL key store (env "
                            "KEEL_KEYS_DSN), or --keys FILE")
         erase.set_defaults(run=cmd_erase, embedded_erase=erase.get_default("run"))
+    offboard = sub.choices.get("offboard")  # keel offboard (keel/privacy_commands.py): its Redis/Kafka mode
+    if offboard is not None:
+        offboard.add_argument("--redis", metavar="URL", help="Redis/Kafka mode: the Redis graph, where every key "
+                              "of T is dropped and T is recorded as offboarded")
+        offboard.add_argument("--kafka", metavar="BOOTSTRAP", help="Redis/Kafka mode: where the receipt is produced "
+                              "(env KEEL_KAFKA_BOOTSTRAP)")
+        offboard.add_argument("--keys-dsn", metavar="DSN", help="Redis/Kafka mode: the PostgreSQL key store (env "
+                              "KEEL_KEYS_DSN), or --keys FILE")
+        offboard.set_defaults(run=cmd_offboard, embedded_offboard=offboard.get_default("run"))
 
 
 
@@ -314,6 +323,22 @@ def cmd_dlq_close(args: argparse.Namespace) -> int:
 
     refs = close(load_cartridge(args.cartridge), settings_of(args).kafka_bootstrap, _dlq_filter(args, args.ref))
     print(f"closed {len(refs)} dead letter(s)" + (f": {', '.join(refs)}" if refs else ""))
+    return 0
+
+
+def cmd_offboard(args: argparse.Namespace) -> int:
+    """`keel offboard`: embedded mode (keel/privacy_commands.py) unless --redis is given (workers/offboard.py)."""
+    if not args.redis:
+        return args.embedded_offboard(args)
+    from keel.cartridge import load_cartridge
+    from keel.errors import UsageError
+
+    from .offboard import offboard_in_stream
+
+    if args.events:
+        raise UsageError("--events is embedded mode; with --redis the log is the cartridge's topic")
+    setup_logging(log_format(None))
+    print(offboard_in_stream(load_cartridge(args.cartridge), settings_of(args), args.tenant, args.reason).summary())
     return 0
 
 

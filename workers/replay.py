@@ -39,6 +39,8 @@ from keel.store.redis.layout import stamp_layout
 from keel.wire import events_topic, group_id
 
 from .collector import gc_young_threshold
+from .offboard import drop_tenant_keys
+from .offboarded import OffboardedSet
 from .replay_build import PartitionBuild
 from .replay_progress import Progress
 from .replay_scan import PartitionScan, end_offsets, partition_count, tenant_partition
@@ -172,6 +174,11 @@ class Replayer:
     async def run(self, tenants: list[str] | None) -> ReplayReport:
         started = time.monotonic()
         self.report.every = tenants is None
+        self.offboarded = await self._run(self._writer, OffboardedSet(self.store).all)
+        for t in tenants or ():
+            if t in self.offboarded:
+                raise UsageError(f"tenant {t!r} was offboarded at {self.offboarded[t].get('at')} (keel offboard): "
+                                 f"there is nothing to rebuild")
         bootstrap = self.settings.kafka_bootstrap
         partitions = await self._retry("read topic metadata", partition_count, bootstrap, self.topic)
         if tenants is None:
@@ -204,8 +211,9 @@ class Replayer:
 
     async def _partition(self, partition: int, wanted: set[str] | None) -> None:
         scan = PartitionScan(self.settings.kafka_bootstrap, self.topic, partition, max_records=self.options.fetch)
+        gone = self.offboarded      # offboarded tenants are skipped (workers refuse their records)
         build = PartitionBuild(self.cartridge, (lambda t: t in wanted) if wanted is not None else
-                               (lambda t: TENANT.match(t) is not None),
+                               (lambda t: TENANT.match(t) is not None and t not in gone),
                                allow_global_notes=self.settings.allow_global_notes,
                                reveal=None if self.privacy is None else self.privacy.reveal_line)
         for t in sorted(wanted or ()):
@@ -340,6 +348,10 @@ class Replayer:
 
     def _switch_each(self, build: PartitionBuild, partition: int, finishing: list[Future[None]]) -> None:
         for tenant in sorted(build.tenants):
+            receipt = build.projector.offboarded.get(tenant)
+            if receipt is not None:         # its keel.offboarded receipt is in the log: record it, keep nothing
+                self._forget(build, tenant, receipt, finishing)
+                continue
             r = self.claimed[tenant]
             outcome = self._retry_sync("switch generations", self.store.switch_when_caught_up, tenant, r.old_gen,
                                        r.new_gen, [(self.topic, partition)])
@@ -362,6 +374,20 @@ class Replayer:
             self.progress.switched(None if self.report.every else
                                    f"{tenant}: switched generation {r.old_gen} -> {r.new_gen} "
                                    f"({r.applied:,} events); old generation dropped")
+
+    def _forget(self, build: PartitionBuild, tenant: str, receipt: dict[str, Any],
+                finishing: list[Future[None]]) -> None:
+        """A tenant whose offboarding receipt the log holds (the offboarded set lost with Redis): recorded in the
+        set again, and every key of it dropped, the shadow included."""
+        self.claimed.pop(tenant, None)
+        loader = self.loaders.pop(tenant, None)
+        if loader is not None:
+            loader.abort()
+        OffboardedSet(self.store).put(tenant, {**receipt, "produced": True})
+        drop_tenant_keys(self.store, tenant)
+        finishing.append(self._planner.submit(build.finish, tenant))
+        self.progress.note(f"{tenant}: offboarded at {receipt['at']} (receipt {receipt['receipt']} in the log); "
+                           f"its keys dropped, not rebuilt")
 
     def _abandon(self) -> None:
         """After an error or Ctrl-C: drop the shadows not switched (the served generations never changed)."""

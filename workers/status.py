@@ -25,6 +25,7 @@ from keel.kafka import GroupDescription, PartitionOffsets, describe_group, group
 from keel.wire import dlq_topic, events_topic, group_id, partition_for
 
 from .dlq import DeadLetterCounts
+from .offboarded import OffboardedSet
 
 NO_TENANT = ""      # dead letters whose tenant could not be read
 EXIT_PARTIAL = EXIT_UNAVAILABLE    # Kafka or Redis could not be read: the status printed is partial
@@ -174,7 +175,10 @@ def shape_status(name: str, partitions: list[PartitionOffsets], group: GroupDesc
         "dead_letters_counted_by_workers": redis_counts,
         "unavailable": unavailable,
         "redis_condition": redis.condition,
-        "redis_holds_data": redis.holds_data}
+        "redis_holds_data": redis.holds_data,
+        "offboarded": None if redis.offboarded is None else {
+            t: {k: v for k, v in info.items() if k in ("at", "keys", "receipt")}
+            for t, info in sorted(redis.offboarded.items())}}
     for row in doc["partitions"]:
         applied_through = redis.watermarks.get(row["partition"])
         row["redis_applied"] = applied_through
@@ -203,6 +207,7 @@ class RedisPart:
     holds_data: bool | None = None
     predates_watermarks: bool | None = None      # Store.predates_watermarks
     condition: str | None = None                 # out of memory, read-only (RedisStore.condition)
+    offboarded: dict[str, dict[str, Any]] | None = None      # tenant -> its offboarding (workers/offboarded.py)
 
 
 def _redis_part(cartridge: Cartridge, settings: Settings, partitions: list[PartitionOffsets], tenant: str | None,
@@ -216,6 +221,7 @@ def _redis_part(cartridge: Cartridge, settings: Settings, partitions: list[Parti
                          condition=store.condition(), holds_data=store.holds_data(),
                          predates_watermarks=store.predates_watermarks())
         part.watermarks = store.partitions_applied(topic, [p.partition for p in partitions])
+        part.offboarded = OffboardedSet(store).all()
         tenants = [] if not per_tenant else [tenant] if tenant else store.tenants()
         for t in tenants:
             if partitions:
@@ -258,6 +264,8 @@ def render_status(doc: dict[str, Any]) -> str:
             lines.append(f"  {t}: applied {offsets}{extra}")
         if len(tenants) > 20:
             lines.append(f"  … {len(tenants) - 20} more (--json for all, --tenant T for one)")
+    for t, info in (doc.get("offboarded") or {}).items():
+        lines.append(f"offboarded: {t} at {info.get('at')} (receipt {info.get('receipt')}; its events are refused)")
     dead = doc["dead_letters"]
     if dead is not None:
         writers = ", ".join(f"{w} {n}" for w, n in dead["by_writer"].items())
