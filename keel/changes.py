@@ -13,6 +13,7 @@ import copy
 import re
 from typing import Any, NamedTuple, cast
 
+from .envelope import ERASED
 from .errors import UsageError
 from .notes import withdrawal_of
 from .store.base import ChangeEntry, Store, Window, scope_of
@@ -46,7 +47,7 @@ class Cursor(NamedTuple):
     recorded_at: Micros
 
     def text(self) -> str:
-        return f"c{self.generation}.{self.position}.{self.recorded_at}"
+        return f"c{int(self.generation)}.{int(self.position)}.{int.__repr__(int(self.recorded_at))}"
 
 
 def parse_cursor(value: object) -> Cursor | None:
@@ -130,6 +131,8 @@ def change_row(key: Key, a: Assertion, window: Window) -> dict[str, Any] | None:
     following = _next_point(window.assertions, a.point) if window.whole else window.next_point
     change, valid_from, valid_to = _what_happened(a, before, old, following)
     kind = key[0]
+    if kind == "f" and key[2] == ERASED and change == "version":
+        change = "erased"           # the receipt of a data subject's erasure (keel erase): its keys are gone
     row: dict[str, Any] = {
         "entity": key[1], "what": _WHAT.get(kind) or ("fact" if key[3] == "" else "note"),
         "name": None if kind == "e" else key[2], "object": key[3] if kind == "r" else None,

@@ -121,7 +121,7 @@ class Change(TypedDict):
     name: str | None                    # the label, predicate or relation (None: an entity's existence)
     object: str | None                  # a relation's other end
     scope: str | None                   # a note's scope
-    change: str                         # version, corrected, closed, withdrawn or retracted
+    change: str                         # version, corrected, closed, withdrawn, retracted or erased
     old: Any                            # the value at valid_from just before the change (None: none)
     new: Any                            # and just after it
     valid_from: str | None

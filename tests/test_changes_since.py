@@ -39,7 +39,7 @@ SINCE = "2026-08-01"
 
 def story(tmp_path: Path) -> Path:
     """The finance sample (a late payment, a correction) plus a task note withdrawn by its writer, another
-    agent's task note, and a retraction of a snapshot."""
+    agent's task note, a retraction of a snapshot and an erasure receipt."""
     events = copy_finance(tmp_path)
     with keel.open(FINANCE, events=events) as graph:
         me = graph.tools(tenant=TENANT_A, agent="a1", task="t1")
@@ -50,6 +50,8 @@ def story(tmp_path: Path) -> Path:
         f.write(json.dumps({"id": "oops-visa-10", "tenant": TENANT_A, "type": "keel.retracted",
                             "subject": "debt:visa", "occurred_at": "2026-11-01",
                             "payload": {"event": "snap-visa-2026-10", "reason": "sent twice"}}) + "\n")
+        f.write(json.dumps({"id": "erased-visa", "tenant": TENANT_A, "type": "keel.erased", "subject": "debt:visa",
+                            "occurred_at": "2026-11-02", "payload": {"keys": 0}}) + "\n")
     return events
 
 
@@ -91,6 +93,8 @@ def check_story(tools: Tools) -> list[dict[str, Any]]:
     assert (gone["old"], gone["new"], gone["by"], gone["reason"]) == ("prepay", None, "agent:a1", "paid already")
     assert gone["valid_from"] == note["valid_from"] and gone["valid_to"] == gone["recorded_at"]
     assert not [c for c in changes if c["name"] == "secret"]
+    [erased] = [c for c in changes if c["change"] == "erased"]
+    assert (erased["entity"], erased["name"], erased["evidence"]) == ("debt:visa", "keel.erased", "erased-visa")
     # each answer's known_through is complete: nothing after it was returned on an earlier page
     for a, b in pairwise(answers):
         assert all(c["recorded_at"] > a["known_through"] for c in b["changes"])
