@@ -63,32 +63,42 @@ def parse_cursor(value: object) -> Cursor | None:
 def read_changes(store: Store, tenant: str, *, since: Micros | None, after: Cursor | None, limit: int,
                  type: str | None, scopes: set[str]) -> ChangesPage:
     """Up to `limit` changes the caller sees (of entities of `type`) after `after` (else recorded after `since`):
-    one read of at most limit * SCAN_FACTOR + 1 log entries, one of the timelines they touch. A cursor of a
-    replaced generation resumes from its recorded time (changes of that very microsecond may come again)."""
+    reads of the log (limit + 1 entries, then more while some were filtered out, at most limit * SCAN_FACTOR in
+    all) and one read of the timelines they touch. A cursor of a replaced generation resumes from its recorded
+    time (changes of that very microsecond may come again)."""
     page = store.changes(tenant, start=None if after is None else after.position,
                          since=since if after is None else after.recorded_at - 1,
-                         generation=None if after is None else after.generation, count=limit * SCAN_FACTOR + 1)
-    kept: list[ChangeEntry] = []
-    used = 0
-    for entry in page.entries[:limit * SCAN_FACTOR]:
-        if len(kept) == limit:
+                         generation=None if after is None else after.generation, count=limit + 1)
+    read, kept, used = list(page.entries), [], 0
+    budget = limit * SCAN_FACTOR
+    while True:
+        while used < len(read) and used < budget and len(kept) < limit:
+            entry = read[used]
+            used += 1
+            if visible(entry.key, scopes) and of_type(entry.key, type):
+                kept.append(entry)
+        end = page.start + len(page.entries)
+        if len(kept) == limit or used == budget or used < len(read) or end >= page.length:
             break
-        used += 1
-        if visible(entry.key, scopes) and of_type(entry.key, type):
-            kept.append(entry)
-    more = page.start + used < page.length
+        nxt = store.changes(tenant, start=end, generation=page.generation, count=min(budget - used, 4 * limit) + 1)
+        if nxt.generation != page.generation or nxt.start != end:
+            break                       # replaced meanwhile: answer with what was read
+        page = nxt
+        read += page.entries
+    first = read[0].position if read else page.start
+    more = first + used < page.length
     rows = change_rows(store, tenant, kept) if kept else []
     for row in rows:            # values the caller may change (an embedded graph keeps its own)
         row["old"], row["new"] = _own(row["old"]), _own(row["new"])
     through = page.known_through
     if used:
-        last = page.entries[used - 1].assertion.recorded_at
+        last = read[used - 1].assertion.recorded_at
     else:
         last = after.recorded_at if after is not None else (since or 0)
-    if more:            # one entry past the page was read: complete through the last time wholly returned
-        following = page.entries[used].assertion.recorded_at
+    if more:            # complete through the last time wholly returned
+        following = read[used].assertion.recorded_at if used < len(read) else last
         through = last if following > last else last - 1
-    return ChangesPage(rows, Cursor(page.generation, page.start + used, last).text(), more, through)
+    return ChangesPage(rows, Cursor(page.generation, first + used, last).text(), more, through)
 
 
 def of_type(key: Key, type: str | None) -> bool:
