@@ -103,6 +103,9 @@ def check_story(tools: Tools) -> list[dict[str, Any]]:
     assert tools.history(cursor=answers[-1]["cursor"]) == {**answers[-1], "since": None, "changes": []}
     only_dues = tools.history(since=SINCE, type="due", limit=500)["changes"]
     assert only_dues and all("due:" in c["entity"] + (c["object"] or "") for c in only_dues)
+    rare = pages(tools, 1, type="account")          # pages cut short by the scan bound still continue exactly
+    assert any(not a["changes"] and a["more"] for a in rare)
+    assert rows(rare) == tools.history(since=SINCE, type="account", limit=500)["changes"] != []
     return answers
 
 
