@@ -65,6 +65,7 @@ from .dlq import DeadLetterCounts, DeadLetterQueue
 from .held import HeldPartitions
 from .metrics import CartridgeMetrics
 from .pipeline import BatchPipeline
+from .progress import Progress
 from .records import Record
 from .resume import Resume, decide
 from .status import commit_metadata
@@ -130,10 +131,8 @@ class CartridgeIngest(Service):
         self.assigned_count = 0               # readiness: partitions the group gave this worker
         self._kafka_failing: str | None = None    # readiness: why the last fetch failed (None: it worked)
         self._lag_at = 0.0                        # monotonic time the idle lag was last measured
-        self._progress_at = time.monotonic()      # last commit, or last time the partitions were found caught up
-        self._last_outage: str | None = None      # why the last write, fetch or lag request failed (readiness)
-        self._stalled = False                     # an outage line was logged: log one when ingestion resumes
         self._unpositioned: set[TopicPartition] = set()   # assigned, paused until their resume point is set
+        self.progress = Progress(options.unready_after_s, self.log, self.label, lambda: len(self._unpositioned))
         self._behind: dict[TopicPartition, int] = {}      # partition -> offset Redis must reach to be repaired
         self._went_back: StateBehind | None = None        # the idle check found Redis holding less than written
         self._held = HeldPartitions(self.log, self.label)   # stopped at a version the cartridge lacks (held.py)
@@ -183,11 +182,11 @@ class CartridgeIngest(Service):
                           lambda: None if self.assigned_count else "no partition assigned: waiting for the group, "
                                                                    "or more workers than partitions")
         self.health.check(f"redis {self.cartridge.name}", self._redis_reachable)
-        self.health.check(f"progress {self.cartridge.name}", self._progressing)
+        self.health.check(f"progress {self.cartridge.name}", self.progress.unready)
         self.health.check(f"versions {self.cartridge.name}", self._held.reason)
         self.metrics.ready.set_function(lambda: 1.0 if self.health.readiness()[0] else 0.0)
         self.metrics.since_commit.set_function(       # a spare worker (no partition) has nothing to commit
-            lambda: time.monotonic() - self._progress_at if self.assigned_count else 0.0)
+            lambda: self.progress.idle_s() if self.assigned_count else 0.0)
         self.log.info("%s: consuming %s as group %s into Redis namespace %r", self.label, self.topic,
                       group_id(self.cartridge.name), self.cartridge.name)
 
@@ -265,7 +264,7 @@ class CartridgeIngest(Service):
         except KafkaError as e:
             self.metrics.kafka_errors.inc()
             self._kafka_failing = f"fetch failed: {type(e).__name__}: {e}"
-            self._note_outage(f"Kafka: {self._kafka_failing}")
+            self.progress.outage(f"Kafka: {self._kafka_failing}")
             self.log.warning("%s: fetch failed, retrying: %s: %s", self.label, type(e).__name__, e)
             await asyncio.sleep(1.0)
             return {}
@@ -290,7 +289,7 @@ class CartridgeIngest(Service):
             lags = {tp: end - await self.consumer.position(tp) for tp, end in ends.items()}
         except (KafkaError, TimeoutError) as e:      # the broker does not answer: no progress to report
             self.metrics.kafka_errors.inc()
-            self._note_outage(f"Kafka: cannot read the partitions' log ends ({type(e).__name__})")
+            self.progress.outage(f"Kafka: cannot read the partitions' log ends ({type(e).__name__})")
             return
         except AssertionError:                       # assignment changed meanwhile: next time
             return
@@ -308,7 +307,7 @@ class CartridgeIngest(Service):
             stored = await asyncio.to_thread(self.stores[0].partitions_applied, self.topic, mine) if mine else {}
         except StoreUnavailable as e:
             self.metrics.redis_errors.inc()
-            self._note_outage(f"Redis: {e}")
+            self.progress.outage(f"Redis: {e}")
             return
         for p, value in stored.items():
             h = held.get((self.topic, p))
@@ -317,7 +316,7 @@ class CartridgeIngest(Service):
                                               f"than the {h} this worker wrote", topic=self.topic, partition=p,
                                               held=int(h or 0), stored=value)
                 return
-        self._progressed()
+        self.progress.progressed()
 
     def _outage(self, error: BaseException) -> None:
         """A retried outage in the pipeline: count it and keep its cause for readiness; the loop is alive."""
@@ -326,33 +325,8 @@ class CartridgeIngest(Service):
         service = error.service if isinstance(error, ServiceUnavailable) else "Kafka"   # Redis, the key store's
         if service in ("Redis", "Kafka"):                                               # PostgreSQL, Kafka
             (self.metrics.redis_errors if service == "Redis" else self.metrics.kafka_errors).inc()
-        self._note_outage(f"{service}: {error}")
+        self.progress.outage(f"{service}: {error}")
         self.health.beat(self.beat_name)
-
-    def _note_outage(self, cause: str) -> None:
-        """An outage stops ingestion: keep the cause (readiness says it); the first one after progress is logged
-        here or by the retrying pipeline, and the next progress logs one line saying ingestion resumed."""
-        self._last_outage = cause
-        self._stalled = True
-
-    def _progressed(self) -> None:
-        """A batch was committed, or every partition was found caught up and Redis holding what was written."""
-        now = time.monotonic()
-        if self._stalled:
-            self.log.info("%s: ingestion resumed after %.0fs without progress (last cause: %s)", self.label,
-                          now - self._progress_at, self._last_outage)
-        self._progress_at = now
-        self._stalled = False
-        self._last_outage = None
-
-    def _progressing(self) -> str | None:
-        """Readiness: not ready when nothing was committed (nor found caught up) for `unready_after_s`."""
-        idle = time.monotonic() - self._progress_at
-        if idle <= self.options.unready_after_s:
-            return None
-        cause = self._last_outage or (f"{len(self._unpositioned)} partition(s) waiting for their resume point"
-                                      if self._unpositioned else "no outage seen: a batch may be slow")
-        return f"no batch committed for {idle:.0f}s: {cause}"
 
     def _redis_reachable(self) -> str | None:
         if not self.stores:
@@ -429,7 +403,7 @@ class CartridgeIngest(Service):
             self.log.warning("%s: %d dead letter(s) in a batch of %d, e.g. partition %d offset %d: %s", self.label,
                              len(plan.dead_letters), len(batch.records), first.record.partition,
                              first.record.offset, first.reason)
-        self._progressed()
+        self.progress.progressed()
         self._repaired(plan)
         metadata = commit_metadata(self.client_id)        # `keel status` tells a stalled owner by it
         offsets = {tp: OffsetAndMetadata(recs[-1].offset + 1, metadata) for tp, recs in batch.fetched.items()}
@@ -520,7 +494,7 @@ class CartridgeIngest(Service):
         assert self.consumer is not None and self.pipeline is not None
         self._went_back = None
         self.metrics.state_losses.inc()
-        self._note_outage(f"Redis lost acknowledged writes ({error})")
+        self.progress.outage(f"Redis lost acknowledged writes ({error})")
         self.log.warning("%s: Redis lost acknowledged writes (%s): a failover to a replica that lagged, or a "
                          "restart from an older backup; resuming every partition from what Redis holds",
                          self.label, error)
