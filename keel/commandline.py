@@ -40,6 +40,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def key_store_arguments(what: str = "the PostgreSQL key store of a cartridge's personal fields") -> argparse.ArgumentParser:
+    """A parent parser: the key store (`--keys-dsn` or `--keys`) and the master key of sealed personal fields."""
+    keys = argparse.ArgumentParser(add_help=False)
+    keys.add_argument("--keys-dsn", metavar="DSN", help=f"{what} (env KEEL_KEYS_DSN; docs/privacy.md)")
+    keys.add_argument("--keys", metavar="FILE", help="or a key file (env KEEL_KEYS_FILE)")
+    keys.add_argument("--master-key-file", metavar="FILE", help="the master key (default: env KEEL_MASTER_KEY or "
+                      "KEEL_MASTER_KEY_FILE)")
+    return keys
+
+
 def add_events_arguments(parser: argparse.ArgumentParser, help: str) -> None:
     """An events file a command reads, in either spelling: an optional argument after the cartridge, or
     `--events FILE` (read them with `events_of`). Every command that reads an events file takes both."""

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from keel.commandline import add_events_arguments, events_of, positive_int, settings_of
+from keel.commandline import add_events_arguments, events_of, key_store_arguments, positive_int, settings_of
 from keel.health import add_probe_arguments
 from keel.logs import add_log_arguments, log_format, setup_logging
 
@@ -33,12 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="replication factor of topics created when missing (default 1)")
     redis = argparse.ArgumentParser(add_help=False)
     redis.add_argument("--redis", metavar="URL", help="Redis URL, redis://host:port/db (env KEEL_REDIS_URL)")
-    keys = argparse.ArgumentParser(add_help=False)
-    keys.add_argument("--keys-dsn", metavar="DSN", help="the PostgreSQL key store of a cartridge's personal fields "
-                      "(env KEEL_KEYS_DSN; docs/privacy.md)")
-    keys.add_argument("--keys", metavar="FILE", help="or a key file (env KEEL_KEYS_FILE)")
-    keys.add_argument("--master-key-file", metavar="FILE", help="the master key (default: env KEEL_MASTER_KEY or "
-                      "KEEL_MASTER_KEY_FILE)")
+    keys = key_store_arguments()
 
     p = sub.add_parser("publish", parents=[kafka, topics, keys], help="send an events file to the cartridge's topic",
                        description="Check each line of an events file with the cartridge's catalog and send "

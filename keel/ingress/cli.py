@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from keel.cartridge import load_cartridge
-from keel.commandline import positive_int
+from keel.commandline import key_store_arguments, positive_int
 from keel.config import resolve
 from keel.errors import UsageError
 from keel.health import add_probe_arguments, metrics_port
@@ -39,12 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="partitions of topics created when missing (default 8)")
     kafka.add_argument("--replication-factor", type=positive_int, default=1,
                        help="replication factor of topics created when missing (default 1)")
-    keys = argparse.ArgumentParser(add_help=False)
-    keys.add_argument("--keys-dsn", metavar="DSN", help="a cartridge with personal fields: the PostgreSQL key store "
-                      "its fields are sealed with (env KEEL_KEYS_DSN; docs/privacy.md)")
-    keys.add_argument("--keys", metavar="FILE", help="or a key file (env KEEL_KEYS_FILE)")
-    keys.add_argument("--master-key-file", metavar="FILE", help="the master key (default: env KEEL_MASTER_KEY or "
-                      "KEEL_MASTER_KEY_FILE)")
+    keys = key_store_arguments("a cartridge with personal fields: the PostgreSQL key store they are sealed with")
     table = argparse.ArgumentParser(add_help=False)
     table.add_argument("--dsn", help="PostgreSQL connection string (env KEEL_POSTGRES_DSN)")
     table.add_argument("--schema", help="schema of the outbox tables (default: the search_path)")
