@@ -212,6 +212,7 @@ class BatchApplier:
                 chunk = steps[i:i + COMMIT_CHUNK]
                 self.writer.commit_many(chunk)
             self.advance(plan.through)
+            self.offboarded.written(self.writer)    # an offboarded tenant met in the log: its keys dropped now
 
     def check_state(self, through: dict[tuple[str, int], int]) -> None:
         """Before any step of a batch: the store still holds each partition as far as this worker saw it stored.

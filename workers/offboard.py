@@ -27,11 +27,10 @@ from keel.errors import KafkaUnavailable, UsageError
 from keel.kafka import TopicSpec, ensure_topics, group_offsets, topic_exists
 from keel.keystore_pg import open_key_store, require_key_store
 from keel.privacy_commands import check_offboard_arguments, offboard_receipt, offboard_receipt_id
-from keel.store.redis import dead_letter_keys, guard
 from keel.times import format_time, now_micros
 from keel.wire import events_topic, group_id, record_key
 
-from .offboarded import OffboardedSet
+from .offboarded import OffboardedSet, drop_tenant_keys
 from .publish import send_records
 from .replay_scan import end_offsets, partition_count, tenant_partition
 
@@ -78,7 +77,7 @@ def offboard_in_stream(cartridge: Cartridge, settings: Settings, tenant: str, re
         if known is None:
             at = str(shredded["at"]) if shredded is not None else format_time(now_micros())
             known = {"at": at, "keys": int(shredded["keys"]) if shredded is not None else 0,
-                     "receipt": offboard_receipt_id(tenant, at), "produced": False}
+                     "receipt": offboard_receipt_id(tenant, at), "produced": False, "dropped": False}
             if reason is not None:
                 known["reason"] = reason
             offboarded.put(tenant, known)
@@ -92,25 +91,11 @@ def offboard_in_stream(cartridge: Cartridge, settings: Settings, tenant: str, re
             produced = True
         settled = _settle(settings.kafka_bootstrap, topic, group_id(cartridge.name), tenant, settle_s)
         dropped = drop_tenant_keys(store, tenant)
+        offboarded.put(tenant, {**known, "produced": True, "dropped": True})
     finally:
         store.close()
     return OffboardReport(tenant, first, known["at"], int(known["keys"]), known["receipt"], produced, settled,
                           dropped)
-
-
-def drop_tenant_keys(store: object, tenant: str) -> int:
-    """Every Redis key of a tenant: its generations and counters (RedisStore.drop_tenant), then whatever else
-    its hash tag holds (the replay marker, keys a later version may add), and its dead-letter count."""
-    dropped = int(store.drop_tenant(tenant))        # type: ignore[attr-defined]
-    namespace, client = store.namespace, store.client  # type: ignore[attr-defined]
-    prefix = f"keel:{{{namespace}/{tenant}}}:"
-    pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
-    with guard(namespace, "drop the offboarded tenant's keys", tenant):
-        rest = list(client.scan_iter(match=pattern, count=1000))
-        for start in range(0, len(rest), 500):
-            dropped += int(client.unlink(*rest[start:start + 500]))
-        client.hdel(dead_letter_keys(namespace)[1], tenant)
-    return dropped
 
 
 async def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:

@@ -22,7 +22,7 @@ from keel.cartridge import Cartridge
 from keel.envelope import OFFBOARDED
 from keel.privacy import masked_line
 from keel.store.base import Store
-from keel.store.redis import RedisStore, guard
+from keel.store.redis import RedisStore, dead_letter_keys, guard
 
 from .records import Record
 
@@ -73,6 +73,29 @@ def refusal_reason(tenant: str, record: dict[str, Any]) -> str:
             f"{record.get('receipt')}): its events are refused")
 
 
+def drop_tenant_keys(store: RedisStore, tenant: str) -> int:
+    """Every Redis key of a tenant: its generations and counters (RedisStore.drop_tenant), then whatever else
+    its hash tag holds (the replay marker, keys a later version may add), and its dead-letter count."""
+    dropped = int(store.drop_tenant(tenant))
+    namespace, client = store.namespace, store.client
+    prefix = f"keel:{{{namespace}/{tenant}}}:"
+    pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
+    with guard(namespace, "drop the offboarded tenant's keys", tenant):
+        rest = list(client.scan_iter(match=pattern, count=1000))
+        for start in range(0, len(rest), 500):
+            dropped += int(client.unlink(*rest[start:start + 500]))
+        client.hdel(dead_letter_keys(namespace)[1], tenant)
+    return dropped
+
+
+def receipt_record(value: bytes) -> dict[str, Any]:
+    """The offboarded set's record of a `keel.offboarded` receipt read from the log."""
+    doc = json.loads(value)
+    payload = doc.get("payload") if isinstance(doc.get("payload"), dict) else {}
+    return {"at": doc.get("occurred_at"), "keys": payload.get("keys"), "receipt": doc.get("id"), "produced": True,
+            "dropped": False}
+
+
 class OffboardedCheck:
     """The worker's check (workers/applier.py): `refresh()` once per batch, then `refusal(record)` per record:
     None (go on), or (the value the dead letter keeps, the reason) for a record of an offboarded tenant; the
@@ -83,18 +106,40 @@ class OffboardedCheck:
         self.cartridge = cartridge
         self.set = OffboardedSet(durable) if isinstance(durable, RedisStore) else None
         self.tenants: dict[str, dict[str, Any]] = {}
+        self.forget: set[str] = set()       # offboarded tenants whose keys are still to be dropped (`written`)
 
     def refresh(self) -> None:
         if self.set is not None:
             self.tenants = self.set.all()
+            self.forget |= {t for t, r in self.tenants.items() if r.get("dropped") is False}
 
     def refusal(self, record: Record) -> tuple[bytes | None, str] | None:
-        if not self.tenants or record.key is None:
+        if record.key is None or (not self.tenants and (record.value is None or _RECEIPT not in record.value)):
             return None
         tenant = record.key.decode("utf-8", "replace")
         done = self.tenants.get(tenant)
         if done is None:
-            return None
+            if self.set is None or not is_receipt(tenant, record.value):
+                return None
+            # a receipt of a tenant the set does not hold: the log re-read after Redis was lost (workers re-apply
+            # from the beginning). The tenant is refused from here on; its keys re-applied before the receipt are
+            # dropped once this batch is written (`written`).
+            assert record.value is not None
+            done = self.tenants[tenant] = receipt_record(record.value)
+            self.set.put(tenant, done)
+            self.forget.add(tenant)
+            return b"", ""
         if is_receipt(tenant, record.value):
             return b"", ""
         return masked_line(self.cartridge, record.value), refusal_reason(tenant, done)
+
+    def written(self, writer: Store) -> None:
+        """After a batch is written (the writer thread): drop every key of the tenants to forget; batches are
+        written in order and every later one refuses them, so nothing of them is written again."""
+        if not self.forget or self.set is None or not isinstance(writer, RedisStore):
+            return
+        for tenant in sorted(self.forget):
+            drop_tenant_keys(writer, tenant)
+            record = self.tenants.get(tenant) or self.set.get(tenant) or {}
+            self.set.put(tenant, {**record, "dropped": True})
+            self.forget.discard(tenant)

@@ -39,8 +39,7 @@ from keel.store.redis.layout import stamp_layout
 from keel.wire import events_topic, group_id
 
 from .collector import gc_young_threshold
-from .offboard import drop_tenant_keys
-from .offboarded import OffboardedSet
+from .offboarded import OffboardedSet, drop_tenant_keys
 from .replay_build import PartitionBuild
 from .replay_progress import Progress
 from .replay_scan import PartitionScan, end_offsets, partition_count, tenant_partition
@@ -383,8 +382,9 @@ class Replayer:
         loader = self.loaders.pop(tenant, None)
         if loader is not None:
             loader.abort()
-        OffboardedSet(self.store).put(tenant, {**receipt, "produced": True})
+        OffboardedSet(self.store).put(tenant, {**receipt, "produced": True, "dropped": False})
         drop_tenant_keys(self.store, tenant)
+        OffboardedSet(self.store).put(tenant, {**receipt, "produced": True, "dropped": True})
         finishing.append(self._planner.submit(build.finish, tenant))
         self.progress.note(f"{tenant}: offboarded at {receipt['at']} (receipt {receipt['receipt']} in the log); "
                            f"its keys dropped, not rebuilt")
