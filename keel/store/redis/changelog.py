@@ -21,7 +21,7 @@ from typing import Any, cast
 from ...timeline import Assertion
 from ...times import Micros
 from ..base import ChangeEntry, ChangePage, EventWrites, Key, Store, Window
-from .codec import ProvenanceCache, decode_point, encode_point
+from .codec import ProvenanceCache, decode_point, encode_point, json_text
 from .keys import escape, prefix_of
 from .scripts import _GEN_CHECK, _NOTES, _PROV_OF, _WINNER
 
@@ -29,6 +29,8 @@ CHANGES = "ch"              # the change log's key, after the generation's data 
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _encode = _JSON.encode
 _digits = int.__repr__      # a time's digits, whatever int subclass carries it (keel.envelope.Instant prints RFC 3339)
+_KEYS: dict[Any, str] = {}  # timeline key -> its JSON (encode_changes)
+_CACHE = 100_000
 
 # KEYS: 1 gen, 2 the change log (list), 3 the meta hash.
 # ARGV: 1 expected gen, 2 the position to start from ("" = from `since`), 3 since, recorded_at in micros ("" =
@@ -102,9 +104,28 @@ return {1, out, provs}
 
 
 def encode_changes(events: Sequence[EventWrites]) -> list[str]:
-    """The change-log elements of a step's writes, in write order."""
-    return [f"{_digits(a[5])}|{_encode([key, a[0], a[1], 1 if a[2] else 0, a[3], a[4], a[6], a[7]])}"
-            for writes, _ in events for key, a in writes]
+    """The change-log elements of a step's writes, in write order (the writer's hot path: a key's JSON is cached
+    process-wide, an event's provenance is encoded once)."""
+    out: list[str] = []
+    keys = _KEYS
+    if len(keys) > _CACHE:
+        keys.clear()
+    for writes, _ in events:
+        last: tuple[Any, ...] | None = None
+        head = tail = ""        # `<recorded_at>|`, and the provenance fields of the JSON
+        for key, a in writes:
+            point, value, closed, source, evidence, rec, by, expires = a
+            kt = keys.get(key)
+            if kt is None:
+                kt = keys[key] = _encode(list(key))
+            prov = (source, evidence, rec, by)
+            if prov != last:
+                last = prov
+                head = f"{_digits(rec)}|["
+                tail = f",{json_text(source)},{json_text(evidence)},{json_text(by)},"
+            out.append(f"{head}{kt},{_digits(point)},{json_text(value)},{1 if closed else 0}{tail}"
+                       f"{'null' if expires is None else _digits(expires)}]")
+    return out
 
 
 def decode_change(position: int, element: str) -> ChangeEntry:
