@@ -316,6 +316,11 @@ def test_erase_and_offboard_leave_no_personal_value_anywhere(tmp_path: Path, key
         c2_after = keel("context", str(folder), *redis, "client:c2", "--tenant", "t1", "--json", env=env).stdout
         searches = [keel("search", str(folder), *redis, q, "--tenant", "t1", "--json", env=env).stdout
                     for q in ("Zoë", "Quintana", "látex", "nota")]
+        history = keel("history", str(folder), *redis, "client:c1", "--tenant", "t1", "--json", env=env).stdout
+        outputs.append(history)
+        erased_at = [v for v in json.loads(history)["versions"] if v["predicate"] == "keel.erased"]
+        assert len(erased_at) == 1 and erased_at[0]["evidence"].startswith("erased-")    # history says when
+        assert [v["value"] for v in json.loads(history)["versions"] if v["predicate"] == "call"] == ["[erased]"]
         status = json.loads(keel("status", str(folder), *redis, "--json", env=env, check=False).stdout)
     finally:
         assert worker.terminate() == 0
