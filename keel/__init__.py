@@ -27,6 +27,7 @@ from .errors import (
     UnknownTenant,
     UsageError,
 )
+from .producer import Sealer, sealer
 from .projector import Projector
 from .registry import Registry
 from .results import (
@@ -55,7 +56,7 @@ __all__ = [
     "DomainError",
     "Envelope", "EnvelopeRejected", "Event", "Fact", "FactVersion", "Graph", "HandlerFailed",
     "HistoryResult", "KafkaUnavailable", "KeelError", "LabelVersion", "MemoryStore", "NoteRefused",
-    "Projector", "Registry", "RelatedResult", "Relation", "RelationVersion", "Scope", "SearchHit",
-    "SearchResult", "ServiceUnavailable", "Store", "StoreUnavailable", "Time", "Tools", "UnknownEntity",
-    "UnknownTenant", "UsageError", "digest", "load_cartridge", "open",
+    "Projector", "Registry", "RelatedResult", "Relation", "RelationVersion", "Scope", "Sealer",
+    "SearchHit", "SearchResult", "ServiceUnavailable", "Store", "StoreUnavailable", "Time", "Tools", "UnknownEntity",
+    "UnknownTenant", "UsageError", "digest", "load_cartridge", "open", "sealer",
 ]

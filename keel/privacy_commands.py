@@ -12,14 +12,14 @@ import tempfile
 from pathlib import Path
 
 from .cartridge import load_cartridge
-from .commandline import settings_of
+from .commandline import key_store_arguments, settings_of
 from .connect import open_graph
 from .echo import cut, printable
 from .embedded import BOM, open_events
 from .envelope import ERASED, MAX_REASON, OFFBOARDED
 from .errors import EXIT_DOMAIN, EXIT_USAGE, EnvelopeRejected, UsageError
 from .identifiers import ENTITY, TENANT
-from .privacy import Privacy, open_key_file
+from .privacy import Privacy, b64, open_key_file
 from .times import format_time, now_micros
 
 MASTER_HELP = "a file holding the master key (default: KEEL_MASTER_KEY, else KEEL_MASTER_KEY_FILE)"
@@ -74,6 +74,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reason", help="why (kept in the receipt: never write personal data here)")
     p.add_argument("--master-key-file", metavar="FILE", help=MASTER_HELP)
     p.set_defaults(run=cmd_offboard)
+
+    p = sub.add_parser("data-key", parents=[key_store_arguments()],
+                       help="hand out a data subject's data key, for a producer that seals in another language",
+                       description="Print, as JSON, the data key (base64) and key id of data subject S of tenant T, "
+                                   "created in the key store when S has none: a producer in another language seals "
+                                   "S's personal fields with it (docs/privacy.md, \"Wire format\"). The key reads "
+                                   "every personal field of S: send it over a protected channel, keep it in memory "
+                                   "only, and drop it when S is erased (an erasure cannot recall a copy). Exit 2 "
+                                   "for an offboarded tenant.")
+    p.add_argument("cartridge", help="cartridge folder (it must declare personal fields)")
+    p.add_argument("--tenant", required=True, help="the tenant")
+    p.add_argument("--subject", required=True, help="the data subject, an entity reference (type:id)")
+    p.set_defaults(run=cmd_data_key)
 
 
 def cmd_seal(args: argparse.Namespace) -> int:
@@ -252,4 +265,25 @@ def cmd_offboard(args: argparse.Namespace) -> int:
         graph.log.append(envelope)
     print(f"tenant {tenant}: offboarded ({keys_text(count)} deleted); receipt {envelope['id']} appended to {events}; "
           f"its events are refused from now on")
+    return 0
+
+
+def cmd_data_key(args: argparse.Namespace) -> int:
+    """`keel data-key`: the data key of one subject, for a producer that seals by itself."""
+    from .keystore_pg import open_key_store  # psycopg only for the commands that open a key store
+    cartridge = load_cartridge(args.cartridge)
+    if not cartridge.spec.personal:
+        raise UsageError(f"cartridge {cartridge.name!r} declares no personal fields (`personal:` in cartridge.yaml)")
+    if not TENANT.match(args.tenant):
+        raise UsageError(f"bad tenant {args.tenant!r}")
+    if not ENTITY.match(args.subject):
+        raise UsageError("--subject: an entity reference (type:id)")
+    settings = settings_of(args)
+    keys = open_key_store(keys_file=settings.keys_file, keys_dsn=settings.keys_dsn,
+                          master_file=settings.master_key_file, create=True)
+    if keys is None:
+        raise UsageError("give the key store: --keys-dsn DSN (KEEL_KEYS_DSN) or --keys FILE (KEEL_KEYS_FILE)")
+    kid, key = keys.key_for(args.tenant, args.subject)
+    print(json.dumps({"cartridge": cartridge.name, "tenant": args.tenant, "subject": args.subject, "kid": kid,
+                      "key": b64(key), "alg": "AES-256-GCM"}))
     return 0
