@@ -25,6 +25,7 @@ one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
                                            `<escaped owner>|<P>` (absent while there is none)
     keel:{<ns>/<t>}:g<N>:ents              set: the generation's entities (its explicit index)
     keel:{<ns>/<t>}:g<N>:pv                list: provenance entries `[source, evidence, recorded_at, by]`
+    keel:{<ns>/<t>}:g<N>:ch                list: every write applied, in apply order (changelog.py; both layouts)
     keel:{<ns>/<t>}:g<N>:z:<entity>        sorted set: every assertion of the timelines the entity owns
     keel:{<ns>/<t>}:g<N>:x:<entity>        list: [first recorded_at, one element per timeline involving it]
 
