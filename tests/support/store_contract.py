@@ -346,6 +346,31 @@ class StoreContract:
         assert elsewhere.start == 3         # a position of another generation: from `since` instead
         assert s.changes("nobody", count=5).entries == []
 
+    def test_change_rows_equal_the_memory_stores(self) -> None:
+        """keel.changes builds each row from a window of its timeline (Store.windows_many, cut by some backends):
+        the rows equal those the memory store builds from whole timelines."""
+        from keel.changes import change_rows
+        from keel.store.base import fact_write, new_write
+        from keel.timeline import new_assertion, void_of
+        s, m = self.make_store(), MemoryStore()
+        if not getattr(s, "keeps_changes", True):
+            pytest.skip("a worker's mirror keeps no change log")
+        for i in range(40):
+            point, rec = day(1 + (i % 7) // 2), day(10 + i)
+            writes = [fact_write(E, "p", i % 5, point, i % 9 == 8, source="s", evidence=f"e{i}", recorded_at=rec,
+                                 by=None)]
+            if i % 11 == 10:
+                writes.append(new_write(("f", E, "p", ""), new_assertion(parse_time(day(2)), void_of(f"e{i - 3}"),
+                                                                         True, None, f"e{i}", parse_time(rec))))
+            if i % 13 == 12:
+                writes.append(fact_write(E, "q", "late", day(1), False, source="s", evidence=f"e{i}", recorded_at=rec,
+                                         by=None, scope="tenant", expires_at=day(3)))
+            for store in (s, m):
+                store.apply_writes(T, writes, f"e{i}")
+        entries = m.changes(T, count=1000).entries
+        assert s.changes(T, count=1000).entries == entries
+        assert change_rows(s, T, entries) == change_rows(m, T, entries)
+
     def test_tenants_are_isolated(self) -> None:
         s = self.make_store()
         s.open_fact("a", E, "p", 1, valid_from=day(1))
