@@ -132,11 +132,17 @@ def change_row(key: Key, a: Assertion, window: Window) -> dict[str, Any] | None:
     just after the change was recorded (`old`, `new`), the valid times of the version it concerns (`valid_to`
     as known now) and its provenance. None when the window (Store.Window) does not decide the row."""
     before = _before(window.assertions, a)
-    after = list(before)
-    insert(after, a)
     old = Timeline.over(before).as_of(a.point)
-    new = Timeline.over(after).as_of(a.point)
-    if window.low is not None and (old is None or (new is None and is_void(a))):
+    if is_void(a):              # the point counts for nothing now: what held before it shows through
+        after = list(before)
+        insert(after, a)
+        restored = Timeline.over(after).as_of(a.point)
+        new = _value(key, restored)
+    else:
+        restored = None
+        ended = a.closed or (a.expires_at is not None and a.expires_at <= a.point)
+        new = None if ended else True if key[0] in "re" else a.value      # a value wins its own point
+    if window.low is not None and (old is None or (restored is None and is_void(a))):
         return None             # what held before may lie below the window
     following = _next_point(window.assertions, a.point) if window.whole else window.next_point
     change, valid_from, valid_to = _what_happened(a, before, old, following)
@@ -147,7 +153,7 @@ def change_row(key: Key, a: Assertion, window: Window) -> dict[str, Any] | None:
         "entity": key[1], "what": _WHAT.get(kind) or ("fact" if key[3] == "" else "note"),
         "name": None if kind == "e" else key[2], "object": key[3] if kind == "r" else None,
         "scope": scope_of(key[3]) if kind == "f" else None, "change": change,
-        "old": _value(key, old), "new": _value(key, new),
+        "old": _value(key, old), "new": new,
         "valid_from": format_time(valid_from), "valid_to": format_time(valid_to),
         "recorded_at": format_time(a.recorded_at), "source": a.source, "evidence": a.evidence, "by": a.by}
     if change == "withdrawn":

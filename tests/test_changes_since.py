@@ -26,9 +26,10 @@ from keel.changes import change_rows
 from keel.embedded import replay_file
 from keel.errors import UsageError
 from keel.projector import Projector
-from keel.store.base import Store
+from keel.store.base import Store, new_write
 from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore, SegmentStore
+from keel.timeline import Timeline, new_assertion, void_of
 from keel.tools import Tools
 from tools_server.backend import Backend
 from tools_server.config import Identity, ServerConfig
@@ -289,3 +290,26 @@ def test_redis_windows_give_the_rows_whole_timelines_give(redis_store: RedisStor
     assert redis_store.changes("acme", count=100_000).entries == entries
     for i in range(0, len(entries), 50):
         assert change_rows(redis_store, "acme", entries[i:i + 50]) == change_rows(memory, "acme", entries[i:i + 50])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["value", "end", "void"]), st.integers(0, 3)),
+                min_size=1, max_size=25))
+def test_old_and_new_are_the_belief_before_and_after_the_change(ops: list[tuple[int, str, int]]) -> None:
+    """Against a model: `old` (`new`) is the value at the change's point of a timeline rebuilt from the log
+    before (through) the change. One write per event, each recorded later than the one before."""
+    store = MemoryStore()
+    key = ("f", "thing:one", "p", "")
+    for i, (point, kind, value) in enumerate(ops):
+        closed = kind != "value"
+        body: Any = void_of(f"e{max(i - 1, 0)}") if kind == "void" else None if closed else value
+        store.apply_writes("acme", [new_write(key, new_assertion(point * 10, body, closed, None, f"e{i}", 1000 + i))],
+                           f"e{i}")
+    entries = store.changes("acme", count=100).entries
+    for i, (entry, row) in enumerate(zip(entries, change_rows(store, "acme", entries))):
+        for field, prefix in (("old", entries[:i]), ("new", entries[:i + 1])):
+            model = Timeline()
+            for e in prefix:
+                model.add(e.assertion)
+            held = model.as_of(entry.assertion.point)
+            assert row[field] == (None if held is None else held.assertion.value), (field, i)
