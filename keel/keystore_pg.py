@@ -24,7 +24,7 @@ import hashlib
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -173,6 +173,17 @@ class PostgresKeyStore:
                     return None
                 raise UsageError(f"key {kid!r} is not in {self.where} (another key store?)")
         return self._unwrap(kid, row[0], row[1], bytes(row[2]))
+
+    def prefetch(self, kids: Iterable[str]) -> None:
+        now = time.monotonic()
+        wanted = [k for k in kids if (known := self._unwrapped.get(k)) is None or known[1] <= now]
+        if not wanted:
+            return
+        with _guard("key lookup"):
+            rows = self._conn.execute(sql.SQL("SELECT kid, tenant, subject, wrapped FROM {} WHERE kid = ANY(%s)"
+                                              ).format(self._t("keel_keys")), (wanted,)).fetchall()
+        for kid, tenant, subject, wrapped in rows:
+            self._unwrap(kid, tenant, subject, bytes(wrapped))
 
     def erase(self, tenant: str, subject: str, *, reason: str | None = None) -> int:
         at = format_time(now_micros())

@@ -72,6 +72,19 @@ class TestKeyStoreContract:
         again = open_store()
         assert again.key(kid) == key and again.key_for("t1", "client:c1") == (kid, key)
 
+    def test_prefetch_makes_keys_ready_and_leaves_erased_and_unknown_ids_to_key(self, backend) -> None:
+        open_store, _ = backend
+        keys = open_store()
+        made = dict(keys.key_for("t1", f"client:c{i}") for i in range(5))
+        erased_kid, _ = keys.key_for("t1", "client:gone")
+        keys.erase("t1", "client:gone")
+        reader = open_store()                        # another process: nothing unwrapped yet
+        reader.prefetch([*made, erased_kid, "0" * 32])
+        assert {kid: reader.key(kid) for kid in made} == made
+        assert reader.key(erased_kid) is None
+        with pytest.raises(UsageError, match="not in"):
+            reader.key("0" * 32)
+
     def test_another_master_key_and_an_unknown_id_are_refused(self, backend) -> None:
         open_store, _ = backend
         keys = open_store()

@@ -21,7 +21,7 @@ from keel.errors import StateBehind
 from keel.projector import Projector
 from keel.store.base import GLOBAL_TENANT, BatchStep, EventWrites, Position, Store, went_back
 
-from .judge import Reveal, judge
+from .judge import PrefetchKeys, Reveal, judge
 from .mirror import Mirrors, TopicPartition
 from .offboarded import OffboardedCheck
 from .records import Record
@@ -97,9 +97,10 @@ class BatchApplier:
 
     def __init__(self, cartridge: Cartridge, durable: Store, *, writer: Store | None = None,
                  allow_global_notes: bool = False, max_mirrored_tenants: int = 100_000,
-                 reveal: Reveal | None = None) -> None:
+                 reveal: Reveal | None = None, prefetch_keys: PrefetchKeys | None = None) -> None:
         self.cartridge = cartridge
         self.reveal = reveal                            # decrypts sealed personal fields (keel.privacy)
+        self.prefetch_keys = prefetch_keys              # asks the key store once for a batch's keys
         self.offboarded = OffboardedCheck(cartridge, durable)
         self.durable = durable                          # mirrors load from it (the planning thread)
         self.writer = writer if writer is not None else durable     # commits go through it (maybe another thread)
@@ -119,6 +120,8 @@ class BatchApplier:
         try:
             self.offboarded.refresh()
             self.mirrors.prefetch(_tenants_by_key(records))
+            if self.prefetch_keys is not None:
+                self.prefetch_keys([r.value for r in records])
             through = plan.through
             for record in records:
                 plan.records += 1

@@ -172,7 +172,8 @@ class CartridgeIngest(Service):
         privacy = await asyncio.to_thread(privacy_of, self.cartridge, s)
         applier = BatchApplier(self.cartridge, reader, writer=writer, allow_global_notes=s.allow_global_notes,
                                max_mirrored_tenants=o.max_mirrored_tenants,
-                               reveal=None if privacy is None else privacy.reveal_line)
+                               reveal=None if privacy is None else privacy.reveal_line,
+                               prefetch_keys=None if privacy is None else privacy.prefetch)
         self.pipeline = BatchPipeline(applier, DeadLetterQueue(self.producer, dlq_topic(self.cartridge.name),
                                                                self.cartridge.name, s.kafka_bootstrap),
                                       DeadLetterCounts(writer.client, self.cartridge.name), log=self.log,

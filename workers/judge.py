@@ -32,6 +32,7 @@ from .mirror import RecordingStore
 from .records import Record
 
 Reveal = Callable[[bytes], bytes]
+PrefetchKeys = Callable[[list[bytes | None]], None]   # keel.privacy.Privacy.prefetch: a batch's keys in one request
 Outcome = Literal["skipped", "refused", "duplicate", "applied", "held"]
 EMPTY_RECORD = "empty record: the value must be an event envelope"
 

@@ -214,7 +214,8 @@ class Replayer:
         build = PartitionBuild(self.cartridge, (lambda t: t in wanted) if wanted is not None else
                                (lambda t: TENANT.match(t) is not None and t not in gone),
                                allow_global_notes=self.settings.allow_global_notes,
-                               reveal=None if self.privacy is None else self.privacy.reveal_line)
+                               reveal=None if self.privacy is None else self.privacy.reveal_line,
+                               prefetch_keys=None if self.privacy is None else self.privacy.prefetch)
         for t in sorted(wanted or ()):
             build.add_tenant(t)
             await self._run(self._writer, self._claim, t, partition)

@@ -19,7 +19,7 @@ from keel.errors import UsageError
 from keel.projector import Projector
 from keel.store.base import GLOBAL_TENANT, EventWrites
 
-from .judge import Reveal, judge
+from .judge import PrefetchKeys, Reveal, judge
 from .mirror import RecordingStore
 from .records import Record
 
@@ -38,9 +38,11 @@ class PartitionBuild:
     """Rebuilds the tenants of one partition in memory; `accepts(tenant)` says which keys to rebuild."""
 
     def __init__(self, cartridge: Cartridge, accepts: Callable[[str], bool], *,
-                 allow_global_notes: bool = False, reveal: Reveal | None = None) -> None:
+                 allow_global_notes: bool = False, reveal: Reveal | None = None,
+                 prefetch_keys: PrefetchKeys | None = None) -> None:
         self.accepts = accepts
         self.reveal = reveal
+        self.prefetch_keys = prefetch_keys      # the key store asked once per fetched batch (Privacy.prefetch)
         self.mirror = RecordingStore()
         self.projector = Projector(cartridge, self.mirror, allow_global_notes=allow_global_notes)
         self.tenants: dict[str, TenantProgress] = {}
@@ -49,6 +51,9 @@ class PartitionBuild:
 
     def feed(self, records: Iterable[Record]) -> None:
         """Apply the records whose key is a tenant being rebuilt, in order."""
+        records = list(records)
+        if self.prefetch_keys is not None:
+            self.prefetch_keys([r.value for r in records])
         for record in records:
             key = record.key
             if key is None:
