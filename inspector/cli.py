@@ -13,7 +13,7 @@ import sys
 from contextlib import ExitStack
 
 from keel.cartridge import load_cartridge
-from keel.commandline import settings_of
+from keel.commandline import keys_of, settings_of
 from keel.connect import Graph, open_graph
 from keel.errors import EXIT_UNAVAILABLE, UsageError
 from keel.logs import add_log_arguments, log_format, setup_logging
@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("cartridges", nargs="+", metavar="CARTRIDGE", help="cartridge folder(s)")
     p.add_argument("--events", metavar="FILE", action="append", default=[],
                    help="embedded: an events file per cartridge, in the same order (repeat for several)")
+    p.add_argument("--keys", metavar="FILE", help="embedded: the key file that decrypts sealed events files' "
+                                                  "personal fields (docs/privacy.md; master key from KEEL_MASTER_KEY)")
     p.add_argument("--redis", metavar="URL", help="read the Redis graph the workers maintain (env KEEL_REDIS_URL)")
     p.add_argument("--kafka", metavar="BOOTSTRAP", help="with --redis: where answers' lag is measured "
                                                         "(env KEEL_KAFKA_BOOTSTRAP)")
@@ -117,10 +119,14 @@ def _open(args: argparse.Namespace) -> dict[str, Graph]:
     names = [c.name for c in cartridges]
     if len(set(names)) != len(names):
         raise UsageError(f"a cartridge is named twice: {', '.join(names)}")
+    if args.keys and not args.events:
+        raise UsageError("--keys decrypts events files; the Redis graph holds what the workers revealed")
+    keys = keys_of(args)
     graphs: dict[str, Graph] = {}
     try:
         for i, cartridge in enumerate(cartridges):
-            graphs[cartridge.name] = open_graph(cartridge, settings, args.events[i] if args.events else None)
+            graphs[cartridge.name] = open_graph(cartridge, settings, args.events[i] if args.events else None,
+                                                keys=keys)
     except BaseException:
         for graph in graphs.values():
             graph.close()

@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tenant", help="stdio: the tenant served (default: the only one in the events file); "
                                     "http: serve only this tenant's tokens")
     add_events_arguments(p, "embedded: replay this events file; notes are appended to it")
+    p.add_argument("--keys", metavar="FILE", help="embedded: the key file that decrypts a sealed events file's "
+                                                  "personal fields (docs/privacy.md; master key from KEEL_MASTER_KEY)")
     p.add_argument("--redis", metavar="URL", help="read the Redis graph the workers maintain (env KEEL_REDIS_URL)")
     p.add_argument("--kafka", metavar="BOOTSTRAP", help="with --redis: where annotate produces its events "
                                                         "(env KEEL_KAFKA_BOOTSTRAP)")
@@ -208,7 +210,7 @@ def warn_empty_tenants(backend, tenants: list[str]) -> None:  # backend: Backend
 
 def _open_backend(args: argparse.Namespace):  # -> Backend (imported lazily)
     from keel.cartridge import load_cartridge
-    from keel.commandline import settings_of
+    from keel.commandline import keys_of, settings_of
     from keel.connect import open_graph
 
     from .backend import Backend
@@ -220,7 +222,9 @@ def _open_backend(args: argparse.Namespace):  # -> Backend (imported lazily)
         raise UsageError("give one of an events file (or --events FILE) or --redis URL")
     if not events and not settings.redis_url:
         raise UsageError("give an events file (or --events FILE; embedded) or --redis URL (or set KEEL_REDIS_URL)")
-    return Backend.of(open_graph(cartridge, settings, events), settings)
+    if args.keys and not events:
+        raise UsageError("--keys decrypts an events file; the Redis graph holds what the workers revealed")
+    return Backend.of(open_graph(cartridge, settings, events, keys=keys_of(args)), settings)
 
 
 def call_logger() -> logging.Logger:
