@@ -13,9 +13,8 @@ from keel.connect import Graph, open_graph
 from keel.errors import StoreUnavailable
 from keel.eventlog import EventLog
 from keel.store.base import Store
+from keel.tokens import Identity
 from keel.tools import Tools
-
-from .config import Identity
 
 
 class Backend:

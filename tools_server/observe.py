@@ -18,8 +18,7 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from keel.logs import FIELDS
-
-from .config import Identity
+from keel.tokens import Identity
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
