@@ -68,7 +68,12 @@ def offboard_in_stream(cartridge: Cartridge, settings: Settings, tenant: str, re
         require_key_store([cartridge], settings)
         keys = open_key_store(keys_file=settings.keys_file, keys_dsn=settings.keys_dsn,
                               master_file=settings.master_key_file)
-    shredded = None if keys is None else keys.offboard(tenant, reason=reason)
+    try:
+        shredded = None if keys is None else keys.offboard(tenant, reason=reason)
+    finally:
+        close = getattr(keys, "close", None)        # the PostgreSQL store's connection (a key file has none)
+        if close is not None:
+            close()
     store = open_redis_store(cartridge, settings)
     try:
         offboarded = OffboardedSet(store)
