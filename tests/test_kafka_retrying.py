@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiokafka.errors import GroupCoordinatorNotAvailableError, UnknownTopicOrPartitionError, UnsupportedVersionError
+from aiokafka.errors import (
+    GroupCoordinatorNotAvailableError,
+    UnknownTopicOrPartitionError,
+    UnsupportedVersionError,
+)
 
 from keel.kafka import retrying
 

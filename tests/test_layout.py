@@ -144,6 +144,8 @@ def test_a_namespace_begun_with_watermarks_never_resumes_from_a_kafka_commit(env
         assert client.exists(watermarked_key(new)) and not store.predates_watermarks()
         store.commit_batch("t1", [], ("keel.x.events", 0, 4))
         assert store.holds_data() and not store.predates_watermarks()
+        store.drop_namespace()                               # a namespace made again is new: marked again
+        assert not client.exists(watermarked_key(new), layout_key(new))
         store.close()
         client.sadd(registry_key(old), "t1")                 # written by a Keel from before the layout stamp
         legacy = RedisStore.from_url(url, namespace=old)

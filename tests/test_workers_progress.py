@@ -24,6 +24,6 @@ def test_readiness_names_the_last_outage_once_nothing_progressed_for_too_long(
         p.progressed()
         p.progressed()                                       # no outage in between: no second line
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["W(finance): ingestion resumed after 45s without progress (last cause: PostgreSQL: key store "
-                     "(PostgreSQL) connect failed: OperationalError)"]
+    assert lines == [("W(finance): ingestion resumed after 45s without progress (last cause: PostgreSQL: key store "
+                      "(PostgreSQL) connect failed: OperationalError)")]
     assert p.unready() is None and p.last_outage is None

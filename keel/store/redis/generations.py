@@ -11,7 +11,16 @@ from typing import Any
 
 from ...errors import UsageError
 from .changelog import CHANGES
-from .keys import DATA_KEYS, MARKS, RELATION_ENDS, applied_key, escape, layout_key, offset_field
+from .keys import (
+    DATA_KEYS,
+    MARKS,
+    RELATION_ENDS,
+    applied_key,
+    escape,
+    layout_key,
+    offset_field,
+    watermarked_key,
+)
 from .loader import GenerationLoader
 from .transport import Client, chunks
 
@@ -131,12 +140,12 @@ class GenerationAdmin:
         return deleted
 
     def drop_namespace(self) -> int:
-        """Delete every tenant of the namespace (a cartridge's whole graph), its layout stamp and its partitions'
-        applied watermarks; returns keys deleted."""
+        """Delete every tenant of the namespace (a cartridge's whole graph), its layout stamp, its partitions'
+        applied watermarks and their mark; returns keys deleted."""
         with self._guard("drop_namespace"):
             tenants = sorted(self._client.smembers(self._registry))
         deleted = sum(self.drop_tenant(t) for t in tenants)
         with self._guard("drop_namespace"):             # and its layout stamp: a namespace made again is new
             deleted += int(self._client.unlink(self._registry, layout_key(self.namespace),
-                                               applied_key(self.namespace)))
+                                               applied_key(self.namespace), watermarked_key(self.namespace)))
         return deleted
