@@ -266,9 +266,12 @@ def test_erase_and_offboard_leave_no_personal_value_anywhere(tmp_path: Path, key
     cartridge's namespace, any record of the events topic (the clear arrivals' own values aside: a producer
     wrote them there) or of the dead-letter topic, the worker's log, the commands' output, search results or
     the key store; the same after `keel replay --all`; t3's digest is unchanged, t2 has no Redis key left, and
-    `keel status` lists t2 as offboarded."""
+    `keel status` lists t2 as offboarded. An MCP server (`keel serve` over Redis, its call log and audit log kept)
+    answers with the revealed values before the erasure and the mask after; its logs hold neither."""
     import json
 
+    import anyio
+    from support.mcp_sessions import ok, stdio_session
     from support.workers import produce_raw
 
     from keel.wire import dlq_topic, events_topic
@@ -289,6 +292,17 @@ def test_erase_and_offboard_leave_no_personal_value_anywhere(tmp_path: Path, key
     outputs: list[str] = []
     redis = ["--redis", env["KEEL_REDIS_URL"]]
     note = "nota privada sobre la clienta"
+    serve_log, audit_log = tmp_path / "serve.log", tmp_path / "audit.jsonl"
+
+    def mcp_name() -> str:
+        """c1's name over MCP, after a search for it by name (the query reaches the server's logs' path)."""
+        async def go() -> str:
+            with serve_log.open("a") as err:
+                async with stdio_session(str(folder), *redis, "--tenant", "t1", "--agent", "care",
+                                         "--log-format", "json", "--audit", str(audit_log), stderr=err) as s:
+                    await ok(s, "search", {"query": SECRET_NAME})
+                    return str((await ok(s, "context", {"entity": "client:c1"}))["labels"]["name"])
+        return anyio.run(go)
     try:
         wait_applied(folder, env, len(stream) + 1, worker)
         outputs.append(keel("annotate", str(folder), *redis, "client:c1", "call", note, "--tenant", "t1", "--scope",
@@ -298,6 +312,10 @@ def test_erase_and_offboard_leave_no_personal_value_anywhere(tmp_path: Path, key
         found = keel("search", str(folder), *redis, "Zoë", "--tenant", "t1", "--json", env=env).stdout
         assert "client:c1" in found                                  # the tools answer with the revealed values
         c2_before = keel("context", str(folder), *redis, "client:c2", "--tenant", "t1", "--json", env=env).stdout
+        with pytest.MonkeyPatch.context() as mp:             # the server is a subprocess of this environment
+            for k, v in env.items():
+                mp.setenv(k, v)
+            assert mcp_name() == SECRET_NAME + " (2)"         # the revealed value, before the erasure
         outputs.append(keel("erase", str(folder), *redis, "--kafka", env["KEEL_KAFKA_BOOTSTRAP"], "--tenant", "t1",
                             "--subject", "client:c1", env=env).stdout)
         first = keel("offboard", str(folder), *redis, "--kafka", env["KEEL_KAFKA_BOOTSTRAP"], "--tenant", "t2",
@@ -322,6 +340,10 @@ def test_erase_and_offboard_leave_no_personal_value_anywhere(tmp_path: Path, key
         assert len(erased_at) == 1 and erased_at[0]["evidence"].startswith("erased-")    # history says when
         assert [v["value"] for v in json.loads(history)["versions"] if v["predicate"] == "call"] == ["[erased]"]
         status = json.loads(keel("status", str(folder), *redis, "--json", env=env, check=False).stdout)
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            assert mcp_name() == "[erased]"                   # the mask, after it
     finally:
         assert worker.terminate() == 0
     assert after["t3"] == before["t3"] and after["t1"] != before["t1"]
@@ -343,6 +365,7 @@ def test_erase_and_offboard_leave_no_personal_value_anywhere(tmp_path: Path, key
                           for r in read_topic(env, dlq_topic(name), 2))
         places = {"redis": redis_values(env, name), "events topic": topic, "dead letters": dead,
                   "worker log": log.read_bytes(), "outputs": "\n".join(outputs).encode(),
+                  "MCP server log": serve_log.read_bytes(), "audit log": audit_log.read_bytes(),
                   "search": "\n".join(searches).encode(), "key store": key_store_text(env)}
         hits = [(label, where, v) for where, text in places.items()
                 for v in erased + (arrived_clear if where != "events topic" else []) + [note] * (where == "redis")
@@ -351,6 +374,7 @@ def test_erase_and_offboard_leave_no_personal_value_anywhere(tmp_path: Path, key
         assert b"Untouched Person" in places["redis"] and b"Ana Ruiz" in places["redis"]     # others kept
         assert f"{{{name}/t2}}".encode() not in places["redis"]                               # no key of t2
 
+    assert serve_log.read_bytes().count(b'"message":"tool_call"') == 4 and len(audit_log.read_bytes().splitlines()) == 4
     scan("after erase and offboard")
     replayed = keel("replay", str(folder), "--all", "--quiet", *redis, env=env)
     outputs.append(replayed.stdout + replayed.stderr)
