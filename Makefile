@@ -16,17 +16,23 @@ $(VENV)/.installed: pyproject.toml
 demo: install  ## the finance story, embedded: no servers
 	$(BIN)/keel demo
 
+# pytest-xdist workers: the tests mostly wait on Kafka, Redis and subprocesses, so more workers than cores pay.
+# tests/conftest.py's scheduler keeps the serial tiers (SERIAL_TIERS: one test at a time) and the modules with a
+# costly shared fixture (ONE_WORKER_MODULES) each on one worker. TEST_WORKERS=0: everything in one process.
+TEST_WORKERS ?= 4
+PARALLEL := -n $(TEST_WORKERS)
+
 test: install  ## the whole suite; starts local Kafka, Redis and PostgreSQL unless KEEL_* point at them, and a container engine for the deploy tier
 	scripts/ensure-promtool  # Debian's prometheus package, for promtool (tests/test_alert_rules.py)
 	scripts/ensure-chromium  # Debian's chromium and chromium-driver, for the inspector's browser test
-	scripts/with-services scripts/with-engine $(BIN)/python -m pytest
+	scripts/with-services scripts/with-engine $(BIN)/python -m pytest $(PARALLEL)
 
 # the slow tiers' pytest markers (tests/conftest.py TIERS); `make test-fast` leaves them out
 SLOW_TIERS := faults or deploy or rebalance or rolling_segments
 test-fast: install  ## the suite without its slow tiers (SLOW_TIERS): the loop while working; `make test` runs them all
 	scripts/ensure-promtool
 	scripts/ensure-chromium
-	scripts/with-services $(BIN)/python -m pytest -m "not ($(SLOW_TIERS))"
+	scripts/with-services $(BIN)/python -m pytest $(PARALLEL) -m "not ($(SLOW_TIERS))"
 
 test-deploy: install  ## only the deploy tier: images from deploy/, the stack in containers, the compose file
 	scripts/with-engine env KEEL_REQUIRE_SERVICES=1 $(BIN)/python -m pytest tests/deploy

@@ -1,13 +1,14 @@
 """The suite's slow tiers agree in the three places that name them: tests/conftest.py gives the markers
 (TIERS), pyproject.toml declares them, and the Makefile's `test-fast` leaves out exactly those tiers while
-`make test` selects none away."""
+`make test` selects none away. Both run on pytest-xdist workers grouped so that the serial tiers run one test
+at a time (tests/conftest.py: SERIAL_TIERS, xdist_group_of)."""
 from __future__ import annotations
 
 import re
 import tomllib
 from pathlib import Path
 
-from conftest import TIERS, tiers_of
+from conftest import ONE_WORKER_MODULES, SERIAL_TIERS, TIERS, tiers_of, xdist_group_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +40,19 @@ def test_test_fast_leaves_out_exactly_the_tiers_and_make_test_keeps_them() -> No
     recipe = re.search(r"^test-fast:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
     assert recipe and '-m "not ($(SLOW_TIERS))"' in recipe.group(1)
     whole = re.search(r"^test:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
-    assert whole and re.search(r"python -m pytest$", whole.group(1), re.MULTILINE)   # every tier, no -m
+    assert whole and re.search(r"python -m pytest \$\(PARALLEL\)$", whole.group(1), re.MULTILINE)  # every tier, no -m
+    assert make_variable("PARALLEL").startswith("-n ")       # on xdist workers, grouped by xdist_group_of
+
+
+def test_the_serial_tiers_share_one_xdist_group_and_the_other_tests_none() -> None:
+    assert set(SERIAL_TIERS) <= set(TIERS)
+    assert xdist_group_of("tests/faults/test_faults.py::test_x") == "serial_tiers"
+    assert xdist_group_of("tests/deploy/test_stack.py::test_y[a]") == "serial_tiers"
+    assert xdist_group_of("tests/test_workers_rebalance.py::test_z[join]") == "serial_tiers"
+    assert xdist_group_of("tests/test_store_redis.py::TestRedisStore::test_timeline_matches") is None
+    for module in ONE_WORKER_MODULES:
+        assert (ROOT / module).is_file(), module
+        assert xdist_group_of(f"{module}::test_a") == xdist_group_of(f"{module}::test_b[1]") == module
 
 
 def test_a_test_is_in_the_tier_of_its_place() -> None:
