@@ -2,6 +2,7 @@
 
     keys.py            the key layout (names, timeline prefixes, escaping), defined once
     transport.py       redis errors -> StoreUnavailable, pipelined commands, script calls, round-trip chunks
+    retries.py         the generation retry: an attempt run again over what a switch interrupted
     connection.py      Redis clients from Keel's URLs (a node, a Cluster, Sentinel)
     layout.py          the namespace's layout stamp, checked when a process opens its store
     codec.py           points, assertion bodies and provenance entries as strings, and back

@@ -24,8 +24,6 @@ from .keys import (
 from .loader import GenerationLoader
 from .transport import Client, chunks
 
-RETRIES = 8                       # generation switches tolerated during one call
-
 
 class GenerationAdmin:
     """Generation management of RedisStore (a mixin over its key names, guard and caches)."""

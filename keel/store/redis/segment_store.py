@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ...errors import StoreUnavailable
 from ...timeline import Assertion, Timeline, covering
 from ...times import Micros, now_micros
 from ..base import BatchStep, EntityView, EventWrites, Key, Position, ViewRequest, entity_view, select_keys
@@ -19,8 +18,8 @@ from . import segment_scripts
 from .batch import PendingStep, latest_of, state_behind
 from .changelog import CHANGES, encode_changes
 from .codec import clamped_point, freshness_of
-from .generations import RETRIES
 from .keys import MARKS, escape, index_key, key_of, prefix_of, unescape
+from .retries import KEPT_CONFLICTING, in_current, until_done
 from .segment_loader import SegmentLoader
 from .segment_scripts import DATA_KEYS
 from .segments import ROLL_BYTES, Fold, StepBlocks, decode, delta_ranges, encode_step, past_timelines, restate
@@ -64,37 +63,37 @@ class SegmentStore(RedisStore):
             return
         with self._guard(what, pending[0].tenant if len(pending) == 1 else None):
             self._register_all(p.tenant for p in pending)
-            for _ in range(RETRIES):
-                tries: list[tuple[str, int]] = []
-                calls = (self._encode(p, tries) for p in pending)
-                results = eval_many(self._client, self._seg_apply, list(calls) if len(pending) == 1 else calls)
-                left: list[_Step] = []
-                rolls: list[tuple[str, str, int, str]] = []
-                for p, (d, gen), result in zip(pending, tries, results):
-                    code = int(result[0])
-                    if code == 1:
-                        names = list(p.blocks.entities) if p.blocks is not None else []
-                        rolls += ((p.tenant, d, gen, names[int(e) - 1]) for e in result[1:])
-                        continue
-                    if code == 4:
-                        raise state_behind(p, result[1])
-                    if code == 0:
-                        old = self._gens.get(p.tenant, 1)
-                        self._gens[p.tenant] = int(result[1])
-                        if self.strict_generations and p.tenant not in self._pins:
-                            raise GenerationChanged(p.tenant, old, int(result[1]))
-                    else:
-                        applied = set(result[1:])
-                        p.events = [e for e in p.events if e[1] not in applied]
-                        p.blocks = None
-                    left.append(p)
-                if rolls:
-                    self._roll(rolls)
-                if not left:
-                    return
-                pending = left
-        raise StoreUnavailable(f"could not apply a batch of tenant {pending[0].tenant!r}: it kept conflicting "
-                               f"with other writers", tenant=pending[0].tenant)
+            until_done(pending, self._apply_segments, lambda p: p.tenant, failure=KEPT_CONFLICTING)
+
+    def _apply_segments(self, pending: list[_Step]) -> list[_Step]:
+        """Send each step's APPLY once, with the current guesses, and close the segments they report grown;
+        the steps to send again."""
+        tries: list[tuple[str, int]] = []
+        calls = (self._encode(p, tries) for p in pending)
+        results = eval_many(self._client, self._seg_apply, list(calls) if len(pending) == 1 else calls)
+        left: list[_Step] = []
+        rolls: list[tuple[str, str, int, str]] = []
+        for p, (d, gen), result in zip(pending, tries, results):
+            code = int(result[0])
+            if code == 1:
+                names = list(p.blocks.entities) if p.blocks is not None else []
+                rolls += ((p.tenant, d, gen, names[int(e) - 1]) for e in result[1:])
+                continue
+            if code == 4:
+                raise state_behind(p, result[1])
+            if code == 0:
+                old = self._gens.get(p.tenant, 1)
+                self._gens[p.tenant] = int(result[1])
+                if self.strict_generations and p.tenant not in self._pins:
+                    raise GenerationChanged(p.tenant, old, int(result[1]))
+            else:
+                applied = set(result[1:])
+                p.events = [e for e in p.events if e[1] not in applied]
+                p.blocks = None
+            left.append(p)
+        if rolls:
+            self._roll(rolls)
+        return left
 
     def _encode(self, p: _Step, tries: list[tuple[str, int]]) -> tuple[list[str], list[Any]]:
         """The APPLY keys and arguments of a step for the current generation guess; (its data prefix, that
@@ -152,24 +151,22 @@ class SegmentStore(RedisStore):
         between chunks), or `gen` when given."""
         names = self._n(tenant)
         wanted = list(dict.fromkeys(entities))
-        for _ in range(RETRIES):
+
+        def attempt() -> dict[str, Fold] | None:
             g, expected = (gen, "") if gen is not None else self._gen_guess(tenant)
             d = names.data(g)
             out: dict[str, Fold] = {}
-            stale = None
             for chunk in chunks(wanted):
                 with self._guard("versions", tenant):
                     result = self._seg_full(keys=[names.gen, d + "sg"],
                                             args=[expected, d + "s:", *(escape(e) for e in chunk)])
                 if result[0] == 0:
-                    stale = result[1]
-                    break
+                    self._gens[tenant] = int(result[1])
+                    return None
                 for e, seg in zip(chunk, result[1]):
                     out[e] = Fold(decode(seg), whole=True)
-            if stale is None:
-                return out
-            self._gens[tenant] = int(stale)
-        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
+            return out
+        return in_current(tenant, attempt)
 
     def _timelines(self, tenant: str, keys: list[Key], gen: int | None = None,
                    provenance: Any = None) -> list[Timeline]:

@@ -10,10 +10,9 @@ from contextlib import AbstractContextManager
 
 import redis
 
-from ...errors import StoreUnavailable
 from ..base import TenantStart
-from .generations import RETRIES
 from .keys import LATEST, MARKS, TenantKeys, offset_field
+from .retries import until_done
 from .transport import Client, chunks
 
 STARTS_CHUNK = 64           # tenants per transaction
@@ -37,17 +36,12 @@ class TenantStarts:
             return []
         out: list[TenantStart | None] = [None] * len(asked)
         size = STARTS_CHUNK if isinstance(self._client, redis.Redis) else 1
-        todo = list(range(len(asked)))
+
+        def attempt(todo: list[int]) -> list[int]:
+            return [i for chunk in chunks(todo, size) for i in self._starts(asked, chunk, out)]
         with self._guard("tenant_starts", asked[0][0] if len(asked) == 1 else None):
-            for _ in range(RETRIES):
-                left: list[int] = []
-                for chunk in chunks(todo, size):
-                    left += self._starts(asked, chunk, out)
-                if not left:
-                    return out        # type: ignore[return-value]
-                todo = left
-        tenant = asked[todo[0]][0]
-        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
+            until_done(list(range(len(asked))), attempt, lambda i: asked[i][0])
+        return out        # type: ignore[return-value]
 
     def _starts(self, asked: list[tuple[str, list[tuple[str, int]]]], chunk: list[int],
                 out: list[TenantStart | None]) -> list[int]:

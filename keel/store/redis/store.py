@@ -1,9 +1,9 @@
 """The Redis store: the Store contract on a single redis-server or on Redis Cluster (layout: keys.py).
 
 Reads go through the current generation: each script or MULTI block re-reads `gen` and the client
-retries when a switch happened since it computed its key names. `view` (what `context` reads) is one VIEW
-script per entity, and `views` sends several in one pipeline. VIEW is the one script that reads keys it was
-not given: the sorted sets of the subjects of relations naming the entity as object, named from its index
+retries (retries.py) when a switch happened since it computed its key names. `view` (what `context` reads)
+is one VIEW script per entity, and `views` sends several in one pipeline. VIEW is the one script that reads keys
+it was not given: the sorted sets of the subjects of relations naming the entity as object, named from its index
 list; they carry the tenant's hash tag, so they are in the script's hash slot. `for_generation` gives a view pinned
 to one generation of one tenant (to rebuild it while the current one keeps serving).
 """
@@ -36,7 +36,7 @@ from .batch import ApplyBatch, PendingStep, state_behind
 from .changelog import ChangeLogReads
 from .codec import ProvenanceCache, clamped_point, decode_view, freshness_of, timeline_of
 from .connection import connect, redacted
-from .generations import RETRIES, GenerationAdmin
+from .generations import GenerationAdmin
 from .keys import (
     LATEST,
     MARKS,
@@ -52,6 +52,7 @@ from .keys import (
     watermarked_key,
 )
 from .layout import LAYOUT_VERSION, LAYOUTS, check_layout
+from .retries import KEPT_CONFLICTING, in_current, until_done
 from .starts import TenantStarts
 from .transport import Client, chunks, eval_many, guard, is_oom
 from .walks import TenantWalks
@@ -227,8 +228,8 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
         """Generation-checked script calls, each `(tenant, build)` as in `_script`, in one round trip;
         the calls whose tenant switched generation meanwhile are built again and rerun."""
         out: list[list[Any]] = [[] for _ in calls]
-        todo = list(range(len(calls)))
-        for _ in range(RETRIES):
+
+        def attempt(todo: list[int]) -> list[int]:
             sent = []
             for i in todo:
                 names = self._n(calls[i][0])
@@ -242,11 +243,9 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
                     left.append(i)
                 else:
                     out[i] = result
-            if not left:
-                return out
-            todo = left
-        tenant = calls[todo[0]][0]
-        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
+            return left
+        until_done(list(range(len(calls))), attempt, lambda i: calls[i][0])
+        return out
 
 
     def _reads(self, names: TenantKeys, gen: int, expected: str, fill: Callable[[Any, str], None], *,
@@ -260,9 +259,9 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
     def _tx(self, tenant: str, fill: Callable[[Any, str], None]) -> list[Any]:
         """Run reads in one MULTI/EXEC that also checks the generation; `fill(pipe, data prefix)`."""
         names = self._n(tenant)
-        for _ in range(RETRIES):
-            gen, expected = self._gen_guess(tenant)
 
+        def attempt() -> list[Any] | None:
+            gen, expected = self._gen_guess(tenant)
             try:
                 result = self._reads(names, gen, expected, fill, transaction=True)
             except ResponseError as e:      # out of memory, Redis refuses to queue even reads in a MULTI: read
@@ -275,7 +274,8 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
             if current == expected:
                 return result[1:]
             self._gens[tenant] = int(current)
-        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
+            return None
+        return in_current(tenant, attempt)
 
     # ---- writes --------------------------------------------------------------------------------
 
@@ -310,15 +310,14 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
         with self._guard(what, pending[0].tenant if len(pending) == 1 else None):
             self._register_all(p.tenant for p in pending)
             self._load_pv_lengths(pending)
-            for _ in range(RETRIES):
-                tries: list[str] = []
-                calls = self._attempts(pending, tries)
-                results = eval_many(self._client, self._apply_script, list(calls) if len(pending) == 1 else calls)
-                pending = [p for p, d, result in zip(pending, tries, results) if not self._settle(p, d, result)]
-                if not pending:
-                    return
-        raise StoreUnavailable(f"could not apply a batch of tenant {pending[0].tenant!r}: it kept conflicting "
-                               f"with other writers", tenant=pending[0].tenant)
+            until_done(pending, self._apply_once, lambda p: p.tenant, failure=KEPT_CONFLICTING)
+
+    def _apply_once(self, pending: list[PendingStep]) -> list[PendingStep]:
+        """Send each step's APPLY once, with the current guesses; the steps to send again."""
+        tries: list[str] = []
+        calls = self._attempts(pending, tries)
+        results = eval_many(self._client, self._apply_script, list(calls) if len(pending) == 1 else calls)
+        return [p for p, d, result in zip(pending, tries, results) if not self._settle(p, d, result)]
 
     def _attempts(self, pending: list[PendingStep], tries: list[str]) -> Iterator[tuple[list[str], list[Any]]]:
         """The APPLY (keys, args) of each step, encoded as they are sent (the server runs the steps sent
@@ -482,28 +481,26 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
         (restarting when it switches between chunks), or all of `gen` when given."""
         names = self._n(tenant)
         resolve = "0" if provenance is not None else "1"
-        for _ in range(RETRIES):
+
+        def attempt() -> list[Timeline] | None:
             g, expected = (gen, "") if gen is not None else self._gen_guess(tenant)
             d = names.data(g)
             out: list[Timeline] = []
-            stale = None
             for chunk in chunks(keys):
                 zsets = [d + "z:" + escape(k[1]) for k in chunk]
                 with self._guard("versions", tenant):
                     result = self._read_script(keys=[names.gen, d + "pv", *zsets],
                                         args=[expected, resolve, *(prefix_of(k) for k in chunk)])
                 if result[0] == 0:
-                    stale = result[1]
-                    break
+                    self._gens[tenant] = int(result[1])
+                    return None
                 prov = provenance or ProvenanceCache()
                 pairs = result[2]
                 for i in range(0, len(pairs), 2):
                     prov.add(pairs[i], pairs[i + 1])
                 out += (timeline_of(members, prov) for members in result[1])
-            if stale is None:
-                return out
-            self._gens[tenant] = int(stale)
-        raise StoreUnavailable(f"the generation of tenant {tenant!r} kept changing", tenant=tenant)
+            return out
+        return in_current(tenant, attempt)
 
     def event_ids(self, tenant: str) -> list[str]:
         with self._guard("event_ids", tenant):
