@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .cartridge import Cartridge
 from .cartridge_spec import PersonalSpec
+from .decoding import json_value
 from .envelope import ANNOTATED
 from .errors import BadTime, EnvelopeRejected, PersonalDataInClear, UsageError
 from .identifiers import ENTITY
@@ -524,13 +525,7 @@ _ENC_BYTES = ENC.encode()
 _KID = re.compile(rb'"kid"\s*:\s*"([0-9a-f]{32})"')
 
 
-def _decode(text: bytes) -> Any:
-    """JSON text → value, by msgspec (C), else by the json module (integers beyond 64 bits); ValueError when
-    it is not JSON."""
-    try:
-        return msgspec.json.decode(text)
-    except msgspec.DecodeError:
-        return json.loads(text)
+_decode = json_value          # JSON text → value (keel.decoding: msgspec, the json module beyond 64-bit integers)
 
 
 def masked_line(cartridge: Cartridge, raw: bytes | None) -> bytes | None:

@@ -266,3 +266,18 @@ def test_canonical_json_is_the_json_encoders_bytes(head: tuple[Any, ...], payloa
 def test_canonical_json_floats_at_the_notation_edges(x: float) -> None:
     payload = {"k": [x, {"n": -x}], "m": x}
     assert canonical_json(("id",), payload, _CANONICAL_SLOW) == _CANONICAL_SLOW.encode(("id", payload)).encode()
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+                    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=12))
+def test_json_value_reads_what_json_loads_reads(value: object) -> None:
+    """keel.decoding.json_value (msgspec, the json module beyond 64-bit integers) is json.loads, faster: on compact
+    and ASCII-escaped text alike."""
+    import json
+
+    from keel.decoding import json_value
+    for text in (json.dumps(value, ensure_ascii=False, separators=(",", ":")), json.dumps(value)):
+        assert json_value(text) == json.loads(text)
+        assert json_value(text.encode()) == json.loads(text)

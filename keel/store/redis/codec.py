@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ...decoding import json_value
 from ...errors import StoreUnavailable, UsageError
 from ...timeline import Assertion, Timeline, Version, covering, version_at
 from ...times import Micros
@@ -101,15 +102,15 @@ def decode_member(rest: str) -> tuple[Micros, int, Any, bool, Micros | None]:
         i = j + 1
     head = rest[i]
     if head == "=":
-        return point, b + k, json.loads(rest[i + 1:]), False, expires
+        return point, b + k, json_value(rest[i + 1:]), False, expires
     if head == "-":
         return point, b + k, None, True, expires
-    return point, b + k, json.loads(rest[i + 1:]), True, expires
+    return point, b + k, json_value(rest[i + 1:]), True, expires
 
 
 def decode_provenance(text: str) -> tuple[Any, Any, Micros, Any]:
     """(source, evidence, recorded_at, by) of a provenance entry."""
-    p = json.loads(text)
+    p = json_value(text)
     return p[0], p[1], int(p[2]), p[3] if len(p) > 3 else None
 
 
