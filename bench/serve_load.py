@@ -267,13 +267,24 @@ class Setup:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+PACKAGES = ("keel", "tools_server", "workers", "inspector")     # the installed `keel.commands` plug-ins' packages
+
+
 def baseline_root(rev: str, into: Path) -> Path:
-    """The Python packages of commit `rev`, extracted (git archive) into a folder of their own."""
+    """The Python packages of commit `rev`, extracted (git archive) into a folder of their own. A plug-in package
+    the commit does not have yet gets a `cli.register` that adds nothing, so the installed entry point (which
+    names today's package) does not load today's code against the old `keel`."""
     root = into / f"baseline-{rev.replace('/', '_')}"
     root.mkdir()
-    archive = subprocess.run(["git", "archive", rev, "keel", "tools_server", "workers"], cwd=str(ROOT),
+    present = subprocess.run(["git", "ls-tree", "--name-only", rev], cwd=str(ROOT), check=True,
+                             capture_output=True, text=True).stdout.split()
+    archive = subprocess.run(["git", "archive", rev, *(p for p in PACKAGES if p in present)], cwd=str(ROOT),
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    for missing in (p for p in PACKAGES if p not in present):
+        (root / missing).mkdir()
+        (root / missing / "__init__.py").write_text("")
+        (root / missing / "cli.py").write_text("def register(sub):\n    return None\n")
     return root
 
 
