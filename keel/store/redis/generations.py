@@ -12,7 +12,8 @@ from typing import Any
 from ...errors import UsageError
 from .changelog import CHANGES
 from .keys import (
-    DATA_KEYS,
+    LAYOUT1_DATA_KEYS,
+    LAYOUT2_DATA_KEYS,
     MARKS,
     RELATION_ENDS,
     applied_key,
@@ -102,8 +103,8 @@ class GenerationAdmin:
         with self._guard("drop_generation", tenant):
             entities = sorted(self._client.smembers(d + "ents"))
             closed = self._client.hgetall(d + "sg")
-        fixed = dict.fromkeys([d + k for k in DATA_KEYS] + [d + k for k in (MARKS, RELATION_ENDS, "fr", "sg",
-                                                                              CHANGES)])
+        fixed = dict.fromkeys(d + k for k in (*LAYOUT1_DATA_KEYS, MARKS, RELATION_ENDS, *LAYOUT2_DATA_KEYS, "sg",
+                                              CHANGES))
         names = list(fixed)
         for e in entities:
             x = escape(e)
@@ -121,7 +122,7 @@ class GenerationAdmin:
             for k in extra:
                 pipe.exists(k)
             extra = [k for k, n in zip(extra, pipe.execute()) if n]
-        return [d + k for k in DATA_KEYS] + extra + [d + p + escape(e) for e in entities for p in ("z:", "x:")]
+        return [d + k for k in LAYOUT1_DATA_KEYS] + extra + [d + p + escape(e) for e in entities for p in ("z:", "x:")]
 
     def drop_tenant(self, tenant: str) -> int:
         """Delete every generation of a tenant and forget it (the log rebuilds it); returns keys deleted."""

@@ -62,7 +62,11 @@ from ...identifiers import TENANT
 from ..base import GLOBAL_TENANT, Key
 
 ARITY = {"e": 0, "l": 1, "f": 2, "r": 2}      # key parts after the owner, by timeline kind
-DATA_KEYS = ("ev", "m", "ents", "pv")          # the fixed keys of a generation, after its data prefix
+# The fixed keys of a generation in each layout, after its data prefix: present exactly when it holds data.
+# `ev`, `m` and `ents` are both layouts'; layout 1 adds its provenance list, layout 2 (segment_scripts.py)
+# the first recorded_at of each entity.
+LAYOUT1_DATA_KEYS = ("ev", "m", "ents", "pv")
+LAYOUT2_DATA_KEYS = ("ev", "m", "ents", "fr")
 MARKS = "eh"             # the generation's event marks (written only with events that carry marks)
 RELATION_ENDS = "re"     # set of relation timelines with an end or expiry; also the `m` field saying it is kept
 LATEST = "rl"            # field of `m`: the latest recorded_at of an applied event
@@ -130,9 +134,10 @@ class TenantKeys:
         return f"{self.base}g{gen}:"
 
     def data_keys(self, gen: int) -> list[str]:
-        """The fixed keys of a generation (its index: present exactly when the generation holds data)."""
+        """The fixed keys of a generation in layout 1 (its index: present exactly when the generation holds
+        data; a probe of them finds a layout-2 generation too, by the keys both layouts share)."""
         d = self.data(gen)
-        return [d + k for k in DATA_KEYS]
+        return [d + k for k in LAYOUT1_DATA_KEYS]
 
 
 def offset_field(topic: str, partition: int) -> str:

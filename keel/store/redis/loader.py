@@ -18,7 +18,7 @@ from ..base import EventWrites, Position
 from .batch import PendingStep, latest_of
 from .bulk import Entities, encode_step, push
 from .changelog import CHANGES, encode_changes
-from .keys import DATA_KEYS, LATEST, MARKS, RELATION_ENDS
+from .keys import LATEST, LAYOUT1_DATA_KEYS, MARKS, RELATION_ENDS
 from .transport import Client, guard
 
 _MULTI, _EXEC = hiredis.pack_command(("MULTI",)), hiredis.pack_command(("EXEC",))
@@ -91,7 +91,7 @@ class GenerationLoader:
             raise UsageError(f"generation {gen} is the current generation of tenant {tenant!r}: a bulk "
                              f"load writes only a generation nobody reads")
         with self._guard():
-            if int(store.client.exists(*(d + k for k in (*DATA_KEYS, MARKS)))):
+            if int(store.client.exists(*(d + k for k in (*LAYOUT1_DATA_KEYS, MARKS)))):
                 raise UsageError(f"generation {gen} of tenant {tenant!r} holds data: a bulk load starts from "
                                  f"an empty generation")
         store.register_tenant(tenant)

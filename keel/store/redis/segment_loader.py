@@ -16,8 +16,7 @@ from redis.exceptions import RedisError
 
 from ...errors import UsageError
 from ..base import BatchStep, EventWrites, Position
-from .keys import MARKS
-from .segment_scripts import DATA_KEYS
+from .keys import LAYOUT2_DATA_KEYS, MARKS
 from .transport import guard
 
 if TYPE_CHECKING:
@@ -38,7 +37,7 @@ class SegmentLoader:
                              f"load writes only a generation nobody reads")
         d = store.data_prefix(tenant, self.gen)
         with guard(store.namespace, "load_generation", tenant):
-            if int(store.client.exists(*(d + k for k in (*DATA_KEYS, MARKS)))):
+            if int(store.client.exists(*(d + k for k in (*LAYOUT2_DATA_KEYS, MARKS)))):
                 raise UsageError(f"generation {gen} of tenant {tenant!r} holds data: a bulk load starts from "
                                  f"an empty generation")
         store.register_tenant(tenant)

@@ -5,7 +5,8 @@ and answers `{0, <current generation>}` without doing anything when the tenant s
 in KEYS (closed segments, the segments of a relation's subject) are built from the data prefix: they carry the
 tenant's hash tag, so they are in the script's hash slot.
 
-Per generation `d` (keys.py's prefix) layout 2 keeps `ev`, `eh`, `m` and `ents` as layout 1 does, and:
+Per generation `d` (keys.py's prefix) layout 2 keeps `ev`, `eh`, `m` and `ents` as layout 1 does, and the keys
+below (its fixed keys, present exactly when it holds data, are keys.LAYOUT2_DATA_KEYS):
     d fr               hash: entity -> the least recorded_at of the writes involving it (its first)
     d sg               hash: escaped entity -> how many of its segments are closed
     d s:<e>            string: the entity's open segment (segments.py)
@@ -18,8 +19,6 @@ Per generation `d` (keys.py's prefix) layout 2 keeps `ev`, `eh`, `m` and `ents` 
 from __future__ import annotations
 
 from .scripts import _GEN_CHECK, _MULTI, _STEP_HELD, _STEP_IDS, _STEP_META
-
-DATA_KEYS = ("ev", "m", "ents", "fr")       # a layout-2 generation's fixed keys: present exactly when it holds data
 
 # KEYS: 1 gen, 2 ids (set), 3 meta (hash), 4 entities (set), 5 first recorded_at (hash), 6 marks (hash), then
 #       per entity e (1-based): 5 + 2e its open segment, 6 + 2e its incoming relations (set).

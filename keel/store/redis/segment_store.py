@@ -18,10 +18,9 @@ from . import segment_scripts
 from .batch import PendingStep, latest_of, state_behind
 from .changelog import CHANGES, encode_changes
 from .codec import clamped_point, freshness_of
-from .keys import MARKS, escape, index_key, key_of, prefix_of, unescape
+from .keys import LAYOUT2_DATA_KEYS, MARKS, escape, index_key, key_of, prefix_of, unescape
 from .retries import KEPT_CONFLICTING, in_current, until_done
 from .segment_loader import SegmentLoader
-from .segment_scripts import DATA_KEYS
 from .segments import ROLL_BYTES, Fold, StepBlocks, decode, delta_ranges, encode_step, past_timelines, restate
 from .store import GenerationChanged, RedisStore, store_of_layout
 from .transport import CHUNK, chunks, eval_many, pipelined
@@ -311,7 +310,7 @@ class SegmentStore(RedisStore):
             closed: dict[str, int] = {}
             if found[1]:
                 closed = {k: int(v) for k, v in self._client.hgetall(d + "sg").items()}
-        out = [d + k for k in DATA_KEYS] + [k for k, n in zip(extra, found) if n]
+        out = [d + k for k in LAYOUT2_DATA_KEYS] + [k for k, n in zip(extra, found) if n]
         per_entity = [d + p + escape(e) for e in entities for p in ("s:", "i:", "v:")]
         for chunk in chunks(per_entity):
             with self._guard("key_names", tenant):
