@@ -22,7 +22,7 @@ from keel.store.base import (
     Store,
 )
 from keel.store.memory import MemoryStore
-from keel.store.redis import GenerationLoader, RedisStore
+from keel.store.redis import BulkLoader, RedisStore
 from keel.store.redis.segment_store import SegmentStore
 from keel.timeline import Assertion
 
@@ -51,15 +51,15 @@ class TestRedisStore(RedisChecks, StoreContract, BatchContract, StateBehindContr
 
 
 class LoaderStore:
-    """The batch contract through GenerationLoader: each tenant's commits go to a fresh generation by bulk
+    """The batch contract through the bulk loader (BulkLoader): each tenant's commits go to a fresh generation by bulk
     load (flushed at once), reads to a view pinned to those generations."""
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
         self.view = store
-        self.loaders: dict[str, GenerationLoader] = {}
+        self.loaders: dict[str, BulkLoader] = {}
 
-    def _loader(self, tenant: str) -> GenerationLoader:
+    def _loader(self, tenant: str) -> BulkLoader:
         loader = self.loaders.get(tenant)
         if loader is None:
             gen = self.store.new_generation(tenant)

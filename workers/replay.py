@@ -34,7 +34,7 @@ from keel.errors import KeelError, StoreUnavailable, UsageError
 from keel.kafka import KafkaUnavailable, describe_group
 from keel.keystore_pg import privacy_of
 from keel.store.base import EventWrites
-from keel.store.redis import GenerationLoader
+from keel.store.redis import BulkLoader
 from keel.store.redis.layout import stamp_layout
 from keel.wire import events_topic, group_id
 
@@ -160,8 +160,8 @@ class Replayer:
         self.state = ReplayState(self.store)
         self.report = ReplayReport(cartridge.name, self.topic)
         self.claimed: dict[str, TenantResult] = {}          # shadows written and not switched yet
-        self.loaders: dict[str, GenerationLoader] = {}       # the claimed shadows' writers
-        self._in_flight: list[GenerationLoader] = []         # loaders whose last steps may still be executing
+        self.loaders: dict[str, BulkLoader] = {}             # the claimed shadows' writers
+        self._in_flight: list[BulkLoader] = []               # loaders whose last steps may still be executing
         self._planner = ThreadPoolExecutor(1, thread_name_prefix="keel-replay-plan")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="keel-replay-write")
         self._beat = ThreadPoolExecutor(1, thread_name_prefix="keel-replay-heartbeat")

@@ -22,7 +22,7 @@ from .keys import (
     offset_field,
     watermarked_key,
 )
-from .loader import GenerationLoader
+from .loader import BulkLoader, GenerationLoader
 from .transport import Client, chunks
 
 
@@ -45,7 +45,7 @@ class GenerationAdmin:
         with self._guard("new_generation", tenant):
             return int(self._new_gen_script(keys=[n.gen, n.gseq]))
 
-    def load_generation(self, tenant: str, gen: int) -> GenerationLoader:
+    def load_generation(self, tenant: str, gen: int) -> BulkLoader:
         """A bulk loader of the empty generation `gen` of `tenant`, which must not be current (nobody reads it
         until a switch): steps as `commit_batch` takes them, written without the APPLY script."""
         if int(gen) < 1:

@@ -1,6 +1,9 @@
 """Bulk loads of a generation nobody reads yet (a replay's shadow), without the APPLY script.
 
-The loader uses only the store's public interface (`LoadTarget`: client, data_prefix, current_generation,
+`BulkLoader` is what a replay uses of a loader in either layout (`RedisStore.load_generation` gives one:
+`GenerationLoader` below in layout 1, segment_loader.SegmentLoader in layout 2).
+
+GenerationLoader uses only the store's public interface (`LoadTarget`: client, data_prefix, current_generation,
 register_tenant, invalidate) and the batch encoder shared with APPLY, so both leave the same keys.
 """
 from __future__ import annotations
@@ -39,6 +42,33 @@ class LoadTarget(Protocol):
     def register_tenant(self, tenant: str) -> None: ...
 
     def invalidate(self, tenant: str, gen: int) -> None: ...
+
+
+class BulkLoader(Protocol):
+    """A bulk loader of one empty generation of one tenant (`RedisStore.load_generation`): it takes the steps
+    `commit_batch` would, writes them in order, each atomic, and never writes one twice."""
+
+    @property
+    def pending(self) -> int:
+        """Steps not known to be written yet."""
+        ...
+
+    def add(self, events: Sequence[EventWrites], position: Position | None) -> None:
+        """Queue one step, as `commit_batch(tenant, events, position)` takes it."""
+        ...
+
+    def flush(self, wait: bool = True) -> None:
+        """Write the queued steps; `wait=False` may return before Redis answered (the next flush raises
+        their error, with the steps not written queued again)."""
+        ...
+
+    def abort(self) -> None:
+        """Give up: once this returns, no step is in flight."""
+        ...
+
+    def close(self) -> None:
+        """Wait for the steps in flight (their error is the next flush's) and free what the loader holds."""
+        ...
 
 
 class _LoadStep:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 class SegmentLoader:
-    """The GenerationLoader interface (add, flush, pending, abort, close) over layout 2's commits."""
+    """A BulkLoader (loader.py: add, flush, pending, abort, close) over layout 2's commits."""
 
     def __init__(self, store: RedisStore, tenant: str, gen: int) -> None:
         self.tenant = tenant

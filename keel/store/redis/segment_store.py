@@ -19,6 +19,7 @@ from .batch import PendingStep, latest_of, state_behind
 from .changelog import CHANGES, encode_changes
 from .codec import clamped_point, freshness_of
 from .keys import LAYOUT2_DATA_KEYS, MARKS, escape, index_key, key_of, prefix_of, unescape
+from .loader import BulkLoader
 from .retries import KEPT_CONFLICTING, in_current, until_done
 from .segment_loader import SegmentLoader
 from .segments import ROLL_BYTES, Fold, StepBlocks, decode, delta_ranges, encode_step, past_timelines, restate
@@ -318,7 +319,7 @@ class SegmentStore(RedisStore):
         out += (f"{d}s:{x}|{j}" for x, n in closed.items() for j in range(n))
         return out
 
-    def load_generation(self, tenant: str, gen: int) -> Any:
+    def load_generation(self, tenant: str, gen: int) -> BulkLoader:
         return SegmentLoader(self, tenant, int(gen))
 
     def for_generation(self, tenant: str, gen: int) -> SegmentStore:
