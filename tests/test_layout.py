@@ -153,6 +153,6 @@ def test_a_namespace_begun_with_watermarks_never_resumes_from_a_kafka_commit(env
         legacy.close()
     finally:
         for ns in (new, old):
-            for key in client.scan_iter(match=f"keel:{{{ns}*"):
+            for key in client.scan_iter(match=f"keel:{{{ns}*", count=1000):
                 client.delete(key)
         client.close()
