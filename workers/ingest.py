@@ -46,7 +46,7 @@ from aiokafka import (
     OffsetAndMetadata,
     TopicPartition,
 )
-from aiokafka.errors import CommitFailedError, ConsumerStoppedError, KafkaError
+from aiokafka.errors import CommitFailedError, ConsumerStoppedError, IllegalStateError, KafkaError
 from mode import Service
 
 from keel.cartridge import Cartridge
@@ -372,7 +372,8 @@ class CartridgeIngest(Service):
         """The log end of each fetched partition as the last fetch saw it (no request): committed with the
         batch, it tells readers how far behind the workers were (the `lag` of tool results)."""
         assert self.consumer is not None
-        ends = {(tp.topic, tp.partition): self.consumer.highwater(tp) for tp in fetched}
+        mine = self.consumer.assignment()    # highwater() asserts on a partition a rebalance took meanwhile
+        ends = {(tp.topic, tp.partition): self.consumer.highwater(tp) for tp in fetched if tp in mine}
         return {tp: end for tp, end in ends.items() if end is not None}
 
     async def _write_alone(self, pending: _Planned) -> None:
@@ -415,8 +416,9 @@ class CartridgeIngest(Service):
             self.log.info("%s: a batch written as its partitions were revoked; its offsets are not committed",
                           self.label)
             return
+        mine = self.consumer.assignment()
         for tp, done in offsets.items():
-            end = self.consumer.highwater(tp)
+            end = self.consumer.highwater(tp) if tp in mine else None
             if end is not None:
                 m.lag(tp.partition, end - done.offset)
         committing = time.perf_counter()
@@ -446,8 +448,11 @@ class CartridgeIngest(Service):
 
     async def _position(self) -> None:
         """Seek each newly assigned (or rewound) partition to where Redis's state ends (workers/resume.py), then
-        let it be fetched. When Redis or Kafka cannot answer, the partitions stay paused and are tried again."""
+        let it be fetched. When Redis or Kafka cannot answer, the partitions stay paused and are tried again. A
+        rebalance while this reads or seeks (the reads and a seek to the beginning wait on the network) ends the
+        attempt: the partitions of the new assignment are positioned by the next one."""
         assert self.consumer is not None and self.pipeline is not None
+        epoch = self._epoch
         tps = sorted(self._unpositioned & self.consumer.assignment(), key=lambda tp: tp.partition)
         self._unpositioned &= self.consumer.assignment()
         if not tps:
@@ -466,10 +471,19 @@ class CartridgeIngest(Service):
                              [tp.partition for tp in tps], POSITION_RETRY_S, e)
             await asyncio.sleep(POSITION_RETRY_S)
             return
-        for tp in tps:
-            await self._seek(tp, decide(tp.partition, applied[tp.partition], committed[tp], legacy))
+        try:
+            for tp in tps:
+                if self._epoch != epoch:
+                    return
+                await self._seek(tp, decide(tp.partition, applied[tp.partition], committed[tp], legacy))
+            if self._epoch != epoch:
+                return
+            self.consumer.resume(*tps)
+        except (AssertionError, IllegalStateError):     # a partition revoked under the seek: aiokafka refuses it
+            self.log.info("%s: the assignment changed while partitions %s were positioned; positioning the new "
+                          "one", self.label, [tp.partition for tp in tps])
+            return
         self._unpositioned -= set(tps)
-        self.consumer.resume(*tps)
 
     async def _seek(self, tp: TopicPartition, r: Resume) -> None:
         assert self.consumer is not None and self.pipeline is not None
