@@ -18,8 +18,9 @@ demo: install  ## the finance story, embedded: no servers
 
 # pytest-xdist workers: the tests mostly wait on Kafka, Redis and subprocesses, so more workers than cores pay.
 # tests/conftest.py's scheduler keeps the serial tiers (SERIAL_TIERS: one test at a time) and the modules with a
-# costly shared fixture (ONE_WORKER_MODULES) each on one worker. TEST_WORKERS=0: everything in one process.
-TEST_WORKERS ?= 4
+# costly shared fixture (ONE_WORKER_MODULES) each on one worker. Default 0: everything in one process (the rebalance
+# tier timed out on 4 workers on 2 cores); TEST_WORKERS=4 to try the workers.
+TEST_WORKERS ?= 0
 PARALLEL := -n $(TEST_WORKERS)
 
 test: install  ## the whole suite; starts local Kafka, Redis and PostgreSQL unless KEEL_* point at them, and a container engine for the deploy tier

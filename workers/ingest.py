@@ -132,6 +132,7 @@ class CartridgeIngest(Service):
         self._kafka_failing: str | None = None    # readiness: why the last fetch failed (None: it worked)
         self._lag_at = 0.0                        # monotonic time the idle lag was last measured
         self._unpositioned: set[TopicPartition] = set()   # assigned, paused until their resume point is set
+        self._rewound: set[TopicPartition] = set()        # positioned again after Redis lost writes (_rewind)
         self.progress = Progress(options.unready_after_s, self.log, self.label, lambda: len(self._unpositioned))
         self._behind: dict[TopicPartition, int] = {}      # partition -> offset Redis must reach to be repaired
         self._went_back: StateBehind | None = None        # the idle check found Redis holding less than written
@@ -494,8 +495,10 @@ class CartridgeIngest(Service):
         elif r.how == "committed":
             self.consumer.seek(tp, r.start)
             self.log.info("%s: %s", self.label, r.describe())
-        else:                     # "beginning", "new": nothing of it is applied (a rewind has read past it)
+        elif r.how == "beginning" or tp in self._rewound:   # nothing of it applied, and the consumer read past it
             await self.consumer.seek_to_beginning(tp)
+        # "new" on a fresh assignment: the consumer has no position yet, its reset policy (earliest) applies
+        self._rewound.discard(tp)
         if r.behind:
             self._behind[tp] = r.behind + (r.start or 0)
             self.metrics.redis_behind(tp.partition, r.behind)
@@ -521,6 +524,7 @@ class CartridgeIngest(Service):
         if assigned:
             self.consumer.pause(*assigned)
         self._unpositioned |= assigned
+        self._rewound |= assigned
 
     def _progress(self) -> None:
         now = time.monotonic()
@@ -556,6 +560,7 @@ class CartridgeIngest(Service):
         self._epoch += 1
         self._revoked |= revoked
         self._unpositioned -= revoked
+        self._rewound -= revoked
         for tp in revoked:
             self.metrics.drop_lag(tp.partition)
             self._behind.pop(tp, None)
