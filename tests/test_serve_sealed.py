@@ -2,24 +2,20 @@
 the decrypted values; without it, the server says what to give instead of serving a graph with holes."""
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
 import anyio
 import pytest
 from support.mcp_sessions import ok, stdio_session
-from test_privacy import MASTER, SECRET_NAME, STREAM, write_cartridge, write_lines
+from test_privacy import SECRET_NAME, master  # noqa: F401 - `master` is the fixture `sealed` uses
+from test_privacy import sealed as sealed_file  # noqa: F401 - the fixture: a sealed clinic file and its key file
 
 from keel.cli import main
 
 
-def test_serve_reads_a_sealed_file_with_its_key_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_serve_reads_a_sealed_file_with_its_key_file(sealed_file: tuple[Path, Path, Path, Path],  # noqa: F811
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("KEEL_MASTER_KEY", base64.b64encode(MASTER).decode())
-    monkeypatch.delenv("KEEL_MASTER_KEY_FILE", raising=False)
-    folder = write_cartridge(tmp_path / "c")
-    clear, sealed, keys = write_lines(tmp_path / "clear.jsonl", STREAM), tmp_path / "sealed.jsonl", tmp_path / "k.json"
-    assert main(["seal", str(folder), str(clear), str(sealed), "--keys", str(keys)]) == 0
+    folder, _, sealed, keys = sealed_file
     assert SECRET_NAME.encode() not in sealed.read_bytes()
 
     async def go() -> None:
@@ -35,16 +31,12 @@ def test_serve_reads_a_sealed_file_with_its_key_file(tmp_path: Path, monkeypatch
     assert "--keys decrypts an events file" in capsys.readouterr().err
 
 
-def test_inspect_reads_a_sealed_file_with_its_key_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect_reads_a_sealed_file_with_its_key_file(tmp_path: Path,
+                                                       sealed_file: tuple[Path, Path, Path, Path]) -> None:  # noqa: F811
     import html
 
     from test_inspector import inspector_server
-    monkeypatch.setenv("KEEL_MASTER_KEY", base64.b64encode(MASTER).decode())
-    monkeypatch.delenv("KEEL_MASTER_KEY_FILE", raising=False)
-    folder = write_cartridge(tmp_path / "c")
-    clear, sealed, keys = write_lines(tmp_path / "clear.jsonl", STREAM), tmp_path / "sealed.jsonl", tmp_path / "k.json"
-    assert main(["seal", str(folder), str(clear), str(sealed), "--keys", str(keys)]) == 0
+    folder, _, sealed, keys = sealed_file
     with inspector_server(tmp_path, str(folder), "--events", str(sealed), "--keys", str(keys)) as server:
         page = server.get("/c/clinic/t/t1/e/client:c1")
         assert page.status == 200
