@@ -321,18 +321,23 @@ def cmd_dlq_close(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stream_mode(args: argparse.Namespace) -> None:
+    """`keel erase|offboard --redis`: the log is the cartridge's topic (no --events); logging set up once."""
+    from keel.errors import UsageError
+    if args.events:
+        raise UsageError("--events is embedded mode; with --redis the log is the cartridge's topic")
+    setup_logging(log_format(None))
+
+
 def cmd_offboard(args: argparse.Namespace) -> int:
     """`keel offboard`: embedded mode (keel/privacy_commands.py) unless --redis is given (workers/offboard.py)."""
     if not args.redis:
         return args.embedded_offboard(args)
     from keel.cartridge import load_cartridge
-    from keel.errors import UsageError
 
     from .offboard import offboard_in_stream
 
-    if args.events:
-        raise UsageError("--events is embedded mode; with --redis the log is the cartridge's topic")
-    setup_logging(log_format(None))
+    _stream_mode(args)
     print(offboard_in_stream(load_cartridge(args.cartridge), settings_of(args), args.tenant, args.reason).summary())
     return 0
 
@@ -342,14 +347,12 @@ def cmd_erase(args: argparse.Namespace) -> int:
     if not args.redis:
         return args.embedded_erase(args)
     from keel.cartridge import load_cartridge
-    from keel.errors import EXIT_DOMAIN, UsageError
+    from keel.errors import EXIT_DOMAIN
 
     from .erase import erase_in_stream
     from .replay_progress import Progress
 
-    if args.events:
-        raise UsageError("--events is embedded mode; with --redis the log is the cartridge's topic")
-    setup_logging(log_format(None))
+    _stream_mode(args)
     cartridge = load_cartridge(args.cartridge)
     report = erase_in_stream(cartridge, settings_of(args), args.tenant, args.subject, args.reason,
                              progress=Progress(f"erase {cartridge.name}", quiet=True))
