@@ -7,9 +7,9 @@
 
 `__all__` is the public API; docs/python.md says which names are stable.
 """
-from .api import open
+from .api import open, open_several
 from .cartridge import Cartridge, load_cartridge
-from .connect import Graph
+from .connect import Graph, GraphSet
 from .digest import digest
 from .envelope import Envelope, Event
 from .errors import (
@@ -48,15 +48,17 @@ from .results import (
 )
 from .store.base import Store
 from .store.memory import MemoryStore
+from .tool_set import ToolSet
 from .tools import Time, Tools
 
 # The public names, listed once; docs/python.md says which are stable.
 __all__ = [
     "AnnotateResult", "BadTime", "Cartridge", "CartridgeInvalid", "Change", "ChangesResult", "ContextResult",
     "DomainError",
-    "Envelope", "EnvelopeRejected", "Event", "Fact", "FactVersion", "Graph", "HandlerFailed",
+    "Envelope", "EnvelopeRejected", "Event", "Fact", "FactVersion", "Graph", "GraphSet", "HandlerFailed",
     "HistoryResult", "KafkaUnavailable", "KeelError", "LabelVersion", "MemoryStore", "NoteRefused",
     "Projector", "Registry", "RelatedResult", "Relation", "RelationVersion", "Scope", "Sealer",
-    "SearchHit", "SearchResult", "ServiceUnavailable", "Store", "StoreUnavailable", "Time", "Tools", "UnknownEntity",
-    "UnknownTenant", "UsageError", "digest", "load_cartridge", "open", "sealer",
+    "SearchHit", "SearchResult", "ServiceUnavailable", "Store", "StoreUnavailable", "Time", "ToolSet", "Tools",
+    "UnknownEntity",
+    "UnknownTenant", "UsageError", "digest", "load_cartridge", "open", "open_several", "sealer",
 ]

@@ -59,6 +59,11 @@ class Cartridge:
         """Relation names with the entity type at either end."""
         return sorted(n for n, r in self.spec.relations.items() if entity_type in (r.from_, r.to))
 
+    def foreign_types(self) -> dict[str, str]:
+        """`{type: "<cartridge>.<type>"}` of the other cartridges' types its relations end at."""
+        return {end.rpartition(".")[2]: end for r in self.spec.relations.values() for end in (r.from_, r.to)
+                if "." in end}
+
 
 def compile_rules(spec: CartridgeSpec) -> tuple[dict[str, Rule], list[str]]:
     """Every rule compiled (its `when:` by CEL), and the problems found, each naming its rule."""
@@ -215,9 +220,12 @@ def check_spec(spec: CartridgeSpec, registry: Registry) -> list[str]:
         if not NAME.match(ent):
             problems.append(f"entities.{ent}: use lowercase letters, digits and _")
     for rel, r in spec.relations.items():
+        if not NAME.match(rel):
+            problems.append(f"relations.{rel}: use lowercase letters, digits and _")
         for end, t in (("from", r.from_), ("to", r.to)):
-            if t not in entity_types:
-                problems.append(f"relations.{rel}.{end}: {t!r} is not a declared entity type")
+            problems += [f"relations.{rel}.{end}: {p}" for p in _end_problems(t, spec)]
+        if "." in r.from_ and "." in r.to:
+            problems.append(f"relations.{rel}: at least one end is an entity type of this cartridge")
     for ev, e in spec.events.items():
         if ev == "keel.annotated" or ev.startswith("keel."):
             problems.append(f"events.{ev}: the keel. prefix is reserved")
@@ -261,6 +269,21 @@ def check_spec(spec: CartridgeSpec, registry: Registry) -> list[str]:
     for ev, count in registry.duplicates().items():
         problems.append(f"handlers.py: {count} handlers for {ev!r}; exactly one is allowed")
     return problems
+
+
+def _end_problems(end: str, spec: CartridgeSpec) -> list[str]:
+    """What is wrong with a relation end: a declared entity type, or another cartridge's as `<cartridge>.<type>`
+    (whose plain name the cartridge must not declare itself: its store keeps the other cartridge's ids)."""
+    if "." not in end:
+        return [] if end in spec.entities else [f"{end!r} is not a declared entity type (or <cartridge>.<type>)"]
+    cartridge, _, kind = end.partition(".")
+    if not (NAME.match(cartridge) and NAME.match(kind)):
+        return [f"{end!r}: another cartridge's type is <cartridge>.<type>, lowercase letters, digits and _"]
+    if cartridge == spec.name:
+        return [f"{end!r}: name this cartridge's own type without its name ({kind!r})"]
+    if kind in spec.entities:
+        return [f"{end!r}: this cartridge declares {kind!r} too, so ids of the two could not be told apart"]
+    return []
 
 
 def check_personal(spec: CartridgeSpec) -> list[str]:

@@ -23,10 +23,16 @@ class EntitySpec(_Strict):
 
 
 class RelationSpec(_Strict):
+    """A relation between two entity types. An end may name another cartridge's type as `<cartridge>.<type>`
+    (a cross-cartridge relation): its entities are that cartridge's, referred to by their own ids."""
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     from_: str = Field(alias="from")
     to: str
     description: str = ""
+
+    def end_type(self, end: str) -> str:
+        """The entity type an end's ids carry: the type itself, or the type part of `<cartridge>.<type>`."""
+        return (self.from_ if end == "from" else self.to).rpartition(".")[2]
 
 
 class FieldSpec(_Strict):
@@ -89,6 +95,9 @@ class PersonalSpec(_Strict):
 class CartridgeSpec(_Strict):
     name: str
     description: str = ""
+    # served beside other cartridges (keel.cartridge_set), its entity types and relation names are shown as
+    # `<name>.<type>` (docs/cartridges.md, "Several cartridges per tenant")
+    qualified: bool = False
     entities: dict[str, EntitySpec] = Field(default_factory=dict)
     relations: dict[str, RelationSpec] = Field(default_factory=dict)
     events: dict[str, EventSpec] = Field(default_factory=dict)

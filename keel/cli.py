@@ -18,7 +18,7 @@ from typing import Any, Self
 
 from . import render
 from .audit_commands import register as register_audit
-from .cartridge import load_cartridge
+from .cartridge_set import CartridgeSet, cartridge_paths, load_cartridges
 from .change_commands import add_kafka_argument, cmd_diff, cmd_schema, log_source, validate_log
 from .commandline import (
     COMMANDS_GROUP,
@@ -31,8 +31,8 @@ from .commandline import (
     positive_int,
     settings_of,
 )
-from .connect import open_graph
-from .digest import digest
+from .connect import GraphSet, open_graphs
+from .digest import digest, set_digest
 from .echo import printable
 from .errors import (
     EXIT_DOMAIN,
@@ -57,6 +57,9 @@ QUERY_HELP = {
 }
 
 
+SEVERAL = "cartridge folder, or several separated by commas (read together: docs/cartridges.md)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = KeelArgumentParser(prog="keel", description=(
         "Keel projects domain events into one bitemporal graph per tenant and answers five tools "
@@ -68,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "every envelope of that log (read, upcast and projected by this cartridge). "
                                    "Exit 0 when valid, 2 otherwise (one line per problem), 3 when Kafka cannot "
                                    "be read.")
-    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("cartridge", help=SEVERAL)
     add_events_arguments(p, "also check every line of this events file")
     add_kafka_argument(p, "also check the whole log on Kafka")
     p.add_argument("--keys", metavar="FILE", help="key file of a sealed log (docs/privacy.md)")
@@ -115,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         q = sub.add_parser(name, parents=[common], help=QUERY_HELP[name], description=QUERY_HELP[name],
                            usage=f"keel {name} CARTRIDGE (EVENTS.jsonl | --events FILE | --redis URL) {usage_tail} "
                                  f"[options]")
-        q.add_argument("cartridge", help="cartridge folder")
+        q.add_argument("cartridge", help=SEVERAL)
         q.add_argument("args", nargs=nargs, metavar="ARG", help="the events file (unless --events or --redis), "
                        "then " + usage_tail)
         q.set_defaults(run=run)
@@ -145,8 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--evidence", metavar="EVENT_ID", help="id of the event that supports the note")
 
     p = sub.add_parser("digest", help="hash of one tenant's graph (equal graphs, equal digests)",
-                       description="Print sha256:<hex> over a canonical serialization of a tenant's graph.")
-    p.add_argument("cartridge", help="cartridge folder")
+                       description="Print sha256:<hex> over a canonical serialization of a tenant's graph. With several "
+                                   "cartridges: a line `<cartridge> sha256:<hex>` each, then `all sha256:<hex>` "
+                                   "over those lines.")
+    p.add_argument("cartridge", help=SEVERAL)
     add_events_arguments(p, "build from this events file")
     p.add_argument("--tenant", help="tenant (default: the only tenant in the file)")
     p.add_argument("--redis", metavar="URL", help="read the Redis graph")
@@ -224,7 +229,7 @@ class Session:
     that Redis graph."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.cartridge = load_cartridge(args.cartridge)
+        self.cartridges = load_cartridges(args.cartridge)
         settings = settings_of(args)
         rest = list(args.args)
         events = args.events
@@ -235,8 +240,7 @@ class Session:
                 raise UsageError("give the events file (or --redis URL)")
             if not settings.redis_url or Path(rest[0]).exists() or rest[0].endswith(".jsonl"):
                 events = rest.pop(0)
-        self.graph = open_graph(self.cartridge, settings, events, keys=keys_of(args))
-        self.store, self.log = self.graph.store, self.graph.log
+        self.graph = open_graphs(self.cartridges, settings, events, keys=keys_of(args))
         self.rest = rest
         self.tenant = pick_tenant(args.tenant, self.graph.tenants)
         self.tools = self.graph.tools(tenant=self.tenant, agent=args.agent, task=args.task)   # as keel.open's
@@ -258,13 +262,23 @@ def take(rest: list[str], names: str, optional: int = 0) -> list[str | None]:
 # ---- commands --------------------------------------------------------------------------------
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    cartridge = load_cartridge(args.cartridge)
-    spec = cartridge.spec
-    source = log_source(args, cartridge)
-    if source is not None and (code := validate_log(args, cartridge, source)) != 0:
-        return code
-    print(f"{args.cartridge}: ok ({len(spec.entities)} entity types, {len(spec.relations)} relations, "
-          f"{len(spec.events)} event types, {len(spec.rules)} rules)")
+    paths = cartridge_paths(args.cartridge)
+    cartridges = load_cartridges(paths)
+    if len(cartridges) > 1:
+        if log_source(args, cartridges[0]) is not None:
+            raise UsageError("check one cartridge's events at a time: give one cartridge with the events file "
+                             "or --kafka")
+        CartridgeSet(cartridges)                # clashes and cross references: CartridgeInvalid
+    else:
+        source = log_source(args, cartridges[0])
+        if source is not None and (code := validate_log(args, cartridges[0], source)) != 0:
+            return code
+    for path, cartridge in zip(paths, cartridges):
+        spec = cartridge.spec
+        print(f"{path}: ok ({len(spec.entities)} entity types, {len(spec.relations)} relations, "
+              f"{len(spec.events)} event types, {len(spec.rules)} rules)")
+    if len(cartridges) > 1:
+        print(f"together: ok ({len(cartridges)} cartridges; no clash of entity types or relation names)")
     return 0
 
 
@@ -317,12 +331,17 @@ def parse_value(text: str | None) -> Any:
 
 
 def cmd_digest(args: argparse.Namespace) -> int:
-    cartridge = load_cartridge(args.cartridge)
+    cartridges = load_cartridges(args.cartridge)
     events = events_of(args)
     if events and args.redis:
         raise UsageError("give exactly one of an events file or --redis URL")
-    with open_graph(cartridge, settings_of(args), events, keys=keys_of(args)) as graph:
+    with open_graphs(cartridges, settings_of(args), events, keys=keys_of(args)) as graph:
         tenant = pick_tenant(args.tenant, graph.tenants)
+        if isinstance(graph, GraphSet):
+            if not graph.has_tenant(tenant):
+                raise UnknownTenant(tenant)
+            print(set_digest({name: g.store for name, g in graph.graphs.items()}, tenant))
+            return 0
         if not graph.store.has_tenant(tenant):
             raise UnknownTenant(tenant)
         print(digest(graph.store, tenant))

@@ -11,18 +11,21 @@ A Graph hands out the five tools (`Graph.tools`): the one way the CLI, the MCP s
 from __future__ import annotations
 
 import threading
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, TextIO
 
 from .cartridge import Cartridge
+from .cartridge_set import CartridgeSet
 from .config import Settings
 from .embedded import build_embedded
 from .errors import UsageError
 from .eventlog import EventLog, FileLog
 from .privacy import KeyStore, Privacy
 from .store.base import Store
+from .tool_set import ToolSet
 from .tools import SearchIndexes, Tools
 from .wire import events_topic
 
@@ -71,6 +74,76 @@ class Graph:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class GraphSet:
+    """Several cartridges' graphs read as one (keel.cartridge_set): `tools` answers over all of them for a
+    tenant (keel.tool_set.ToolSet). Each graph keeps its own store, log, topic and namespace."""
+    cartridges: CartridgeSet
+    graphs: dict[str, Graph]                 # cartridge name -> its graph
+    write_lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.cartridges.name
+
+    @property
+    def embedded(self) -> bool:
+        return all(g.embedded for g in self.graphs.values())
+
+    @property
+    def tenants(self) -> list[str] | None:
+        """The tenants of the events files (None: a Redis graph, which does not list them)."""
+        found = [g.tenants for g in self.graphs.values()]
+        return None if any(t is None for t in found) else sorted({t for ts in found for t in ts or ()})
+
+    def has_tenant(self, tenant: str) -> bool:
+        return any(g.store.has_tenant(tenant) for g in self.graphs.values())
+
+    def tools(self, *, tenant: str, agent: str | None = None, task: str | None = None) -> ToolSet:
+        """The five tools over every cartridge for one caller (as Graph.tools)."""
+        return ToolSet(self.cartridges, {name: g.tools(tenant=tenant, agent=agent, task=task)
+                                         for name, g in self.graphs.items()})
+
+    def close(self) -> None:
+        """Close every graph, even when closing one fails (that failure is raised after)."""
+        with ExitStack() as stack:
+            for graph in self.graphs.values():
+                stack.callback(graph.close)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_graphs(cartridges: list[Cartridge], settings: Settings,
+                events: str | Path | Sequence[str | Path] | None = None, *,
+                stream: TextIO | None = None, keys: KeyStore | None = None) -> Graph | GraphSet:
+    """One cartridge's graph (open_graph), or several read as one: on Redis each cartridge's namespace; embedded,
+    one events file per cartridge in the cartridges' order (a list, or paths separated by commas)."""
+    if len(cartridges) == 1:
+        if events is not None and not isinstance(events, (str, Path)):
+            [events] = events
+        return open_graph(cartridges[0], settings, events, stream=stream, keys=keys)
+    together = CartridgeSet(cartridges)
+    files: list[str | Path | None] = [None] * len(cartridges)
+    if events is not None:
+        files = [f.strip() for f in events.split(",")] if isinstance(events, str) else list(
+            events if not isinstance(events, Path) else [events])
+        if len(files) != len(cartridges):
+            raise UsageError(f"give one events file per cartridge, separated by commas in the cartridges' order "
+                             f"({len(cartridges)} cartridges, {len(files)} files)")
+    graphs: dict[str, Graph] = {}
+    try:
+        for cartridge, file in zip(cartridges, files):
+            graphs[cartridge.name] = open_graph(cartridge, settings, file, stream=stream, keys=keys)
+    except BaseException:
+        GraphSet(together, graphs).close()
+        raise
+    return GraphSet(together, graphs)
 
 
 def close_graph(store: Store, log: EventLog | None) -> None:

@@ -35,3 +35,11 @@ def digest(store: Store, tenant: str) -> str:
         h.update(line.encode())
         h.update(b"\n")
     return "sha256:" + h.hexdigest()
+
+
+def set_digest(stores: dict[str, Store], tenant: str) -> str:
+    """A tenant's digest over several cartridges: a line `<cartridge> sha256:…` per cartridge (by name), then
+    `all sha256:…`, the hash of those lines (equal graphs of every cartridge, equal last line)."""
+    lines = [f"{name} {digest(stores[name], tenant)}" for name in sorted(stores)]
+    whole = hashlib.sha256("".join(line + "\n" for line in lines).encode()).hexdigest()
+    return "\n".join([*lines, f"all sha256:{whole}"])

@@ -191,12 +191,17 @@ def _time(body: dict[str, Any], where: str, event: EventSpec, problems: _Problem
     return at
 
 
-def _entity(raw: object, where: str, spec: CartridgeSpec, event: EventSpec, problems: _Problems) -> Value:
+def _entity(raw: object, where: str, spec: CartridgeSpec, event: EventSpec, problems: _Problems,
+            foreign: str | None = None) -> Value:
+    """An entity reference of a step: a type of the cartridge, or the other cartridge's type a relation end
+    names (`foreign`: `<cartridge>.<type>`)."""
     value = parse_value(raw, where, event, problems)
     kind = entity_type_of(value, event)
     if isinstance(value, str) and ":" not in value:
         problems.add(where, f"{value!r} is not an entity ('<entity type>:<id>')")
-    elif kind is not None and kind not in spec.entities:
+    elif foreign is not None and kind is not None and kind != foreign.rpartition(".")[2]:
+        problems.add(where, f"{kind!r} is not {foreign!r}")
+    elif foreign is None and kind is not None and kind not in spec.entities:
         problems.add(where, f"{kind!r} is not an entity type of the cartridge")
     return value
 
@@ -249,9 +254,10 @@ def _parse_link(body: dict[str, Any], where: str, spec: CartridgeSpec, event: Ev
         problems.add(f"{where}.relation", f"{relation!r} is not a relation of the cartridge")
     ends = {}
     for end in ("from", "to"):
-        value = _entity(body.get(end, "{event.subject}"), f"{where}.{end}", spec, event, problems)
-        kind = entity_type_of(value, event)
         expected = None if declared is None else (declared.from_ if end == "from" else declared.to)
+        value = _entity(body.get(end, "{event.subject}"), f"{where}.{end}", spec, event, problems,
+                        expected if expected is not None and "." in expected else None)
+        kind = entity_type_of(value, event)
         if expected is not None and kind is not None and kind in spec.entities and kind != expected:
             problems.add(f"{where}.{end}", f"{relation}: the {end} end is a {expected!r}, not a {kind!r}")
         ends[end] = value

@@ -166,12 +166,18 @@ class CatalogChecks:
         self.known: dict[str, str] = {}      # entity -> its type, for entities that passed (bounded)
         self._relations: set[tuple[str, str, str]] = set()
 
-    def entity(self, entity: str) -> str:
+    def entity(self, entity: str, foreign: str | None = None) -> str:
+        """`entity` if it is `<type>:<id>` of a type of the cartridge (or, `foreign`, of the other cartridge's
+        type `<cartridge>.<type>` a relation end names)."""
         if entity in self.known:
             return entity
         if not isinstance(entity, str) or not ENTITY.match(entity):
             raise KeelError(f"bad entity {entity!r}: use '<entity type>:<id>'")
         kind = entity.partition(":")[0]
+        if foreign is not None:
+            if kind != foreign.rpartition(".")[2]:
+                raise KeelError(f"{entity!r}: {kind!r} is not {foreign!r}")
+            return entity
         if kind not in self.spec.entities:
             raise KeelError(f"{entity!r}: {kind!r} is not an entity type of the cartridge")
         if len(self.known) < 100_000:
@@ -186,14 +192,12 @@ class CatalogChecks:
         except TypeError:                           # an unhashable name: the checks below say what is wrong
             pass
         kinds = (subject.partition(":")[0], relation, object.partition(":")[0])
-        if kinds in self._relations:
-            self.entity(subject), self.entity(object)
-            return
         spec = self.spec.relations.get(relation)
         if spec is None:
             raise KeelError(f"relation {relation!r} is not declared in the cartridge")
         for entity, expected in ((subject, spec.from_), (object, spec.to)):
-            if self.entity(entity).partition(":")[0] != expected:
+            if self.entity(entity, expected if "." in expected else None).partition(":")[0] != \
+                    expected.rpartition(".")[2]:
                 raise KeelError(f"{relation}: {entity!r} is not a {expected!r}")
         self._relations.add(kinds)
 

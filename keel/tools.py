@@ -102,7 +102,7 @@ class Tools:
 
     def _context(self, entity: str, at: Time, known_at: Time) -> ContextResult:
         entity = self._entity_arg(entity)
-        t, k = _time_arg(at, "at"), _time_arg(known_at, "known_at")
+        t, k = time_arg(at, "at"), time_arg(known_at, "known_at")
         entity_type = entity.partition(":")[0]
         rules = self.cartridge.rules_of(entity_type)
         scopes = self.policy.visible_scopes(task=self.task, agent=self.agent)
@@ -150,7 +150,7 @@ class Tools:
             return self._history(entity, predicate, known_at)
 
     def _changes(self, since: Time, type: str | None, cursor: str | None, limit: int | None) -> ChangesResult:
-        s, after = _time_arg(since, "since"), parse_cursor(cursor)
+        s, after = time_arg(since, "since"), parse_cursor(cursor)
         if s is None and after is None:
             raise UsageError("since: a recorded time (RFC 3339 or a date), e.g. the known_through of your last "
                              "answer; or cursor: a previous changes answer's cursor")
@@ -168,8 +168,8 @@ class Tools:
         return self._fresh(result, Freshness(page.through))
 
     def _history(self, entity: str, predicate: str | None, known_at: Time) -> HistoryResult:
-        entity = self._entity_arg(entity)
-        k = _time_arg(known_at, "known_at")
+        entity = self._entity_arg(entity, foreign=True)
+        k = time_arg(known_at, "known_at")
         predicate = _opt_text(predicate, "predicate")
         self._require(entity, k)
         scopes = self.policy.visible_scopes(task=self.task, agent=self.agent)
@@ -211,7 +211,7 @@ class Tools:
             self._name_arg("type", "an entity type", type, self.cartridge.spec.entities)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise UsageError(f"limit: an integer from 1 to {MAX_LIMIT}")
-        t, k = _time_arg(at, "at"), _time_arg(known_at, "known_at")
+        t, k = time_arg(at, "at"), time_arg(known_at, "known_at")
         results = self._search_index().search(
             query, at=t if t is not None else self.clock(), known_at=k, type=type, limit=limit,
             scopes=self.policy.visible_scopes(task=self.task, agent=self.agent))
@@ -235,11 +235,11 @@ class Tools:
             return self._related(entity, relation, at, known_at)
 
     def _related(self, entity: str, relation: str | None, at: Time, known_at: Time) -> RelatedResult:
-        entity = self._entity_arg(entity)
+        entity = self._entity_arg(entity, foreign=True)
         relation = _opt_text(relation, "relation")
         if relation is not None:
             self._name_arg("relation", "a relation", relation, self.cartridge.spec.relations)
-        t, k = _time_arg(at, "at"), _time_arg(known_at, "known_at")
+        t, k = time_arg(at, "at"), time_arg(known_at, "known_at")
         view = self.store.view(self.tenant, entity, at=t if t is not None else self.clock(), known_at=k, parts="r")
         if view is None:                    # the view tells an unknown entity: no existence check first
             raise self._unknown(entity)
@@ -443,13 +443,16 @@ class Tools:
         """What a missing entity means: an unknown tenant when the tenant has nothing at all."""
         return UnknownEntity(self.tenant, entity) if self.store.has_tenant(self.tenant) else UnknownTenant(self.tenant)
 
-    def _entity_arg(self, entity: object, notes_on: bool = False) -> str:
+    def _entity_arg(self, entity: object, notes_on: bool = False, foreign: bool = False) -> str:
         """An entity argument: `<type>:<id>` of an entity type of the cartridge, else a usage error listing the
         types (the same for every tool). `notes_on`: global notes also attach to type:<t> and rule:<r>, which
-        the memory policy checks."""
+        the memory policy checks. `foreign`: history and related also read the other cartridges' entities
+        that this cartridge's relations end at (`<cartridge>.<type>` ends), by their own ids."""
         entity = _entity_arg(entity)
         kind = entity.partition(":")[0]
         types = self.cartridge.spec.entities
+        if foreign and kind in self.cartridge.foreign_types():
+            return entity
         if kind not in types and not (notes_on and kind in ("type", "rule")):
             where = " (global notes attach to type:<entity type> or rule:<rule name>)" if kind in ("type", "rule") \
                 else ""
@@ -470,7 +473,11 @@ class Tools:
         version = self.store.search_version(self.tenant)
         cached = self._indexes.get(self.tenant)
         if cached is None or version is None or cached[0] != version:
-            cached = self._indexes[self.tenant] = (version, SearchIndex(self.store.search_entities(self.tenant)))
+            entities = self.store.search_entities(self.tenant)
+            if self.cartridge.foreign_types():     # not the other cartridges' entities its relations end at
+                types = self.cartridge.spec.entities
+                entities = (e for e in entities if e[0].partition(":")[0] in types)
+            cached = self._indexes[self.tenant] = (version, SearchIndex(entities))
         return cached[1]
 
 
@@ -543,7 +550,7 @@ def _clip(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def _time_arg(value: object, name: str) -> Micros | None:
+def time_arg(value: object, name: str) -> Micros | None:
     """A time argument: text (RFC 3339 or a date), a date (midnight UTC) or an aware datetime (JSON gives
     text only, so the MCP tools see the first kind)."""
     if value is None or value == "":

@@ -108,7 +108,7 @@ class CallRunner:
         if tool in WORLD_TIME_TOOLS and at is None:
             pinned = now_micros()
         record = audit.new_record(
-            cartridge=self.backend.cartridge.name, tool=tool, tenant=who.tenant if who else None,
+            cartridge=self.backend.name, tool=tool, tenant=who.tenant if who else None,
             agent=who.agent if who else None, task=who.task if who else None,
             subject=_subject(), arguments=arguments,
             at=format_time(pinned) if pinned is not None else None)

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve", help="serve the five tools over MCP (stdio or streamable HTTP)",
         description="Serve context, history, search, annotate and related over MCP. Stdio binds the caller "
                     "with --tenant/--agent/--task; HTTP binds each caller by bearer token (--tokens).")
-    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("cartridge", help="cartridge folder, or several separated by commas (one tool set over all)")
     p.add_argument("--tenant", help="stdio: the tenant served (default: the only one in the events file); "
                                     "http: serve only this tenant's tokens")
     add_events_arguments(p, "embedded: replay this events file; notes are appended to it")
@@ -114,7 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     setup_logging(log_format(args.log_format))
     backend = _open_backend(args)
-    backend.audit = open_audit(args, backend.cartridge.name)
+    backend.audit = open_audit(args, backend.name)
     log = None if args.no_call_log else call_logger()
     try:
         if args.transport == "stdio":
@@ -203,19 +203,19 @@ def open_audit(args: argparse.Namespace, cartridge: str):  # -> keel.audit.Audit
 def warn_empty_tenants(backend, tenants: list[str]) -> None:  # backend: Backend (imported lazily)
     """One warning line per served tenant that has no events yet (its calls answer "unknown tenant")."""
     for tenant in sorted(set(tenants)):
-        if not backend.store.has_tenant(tenant):
+        if not backend.has_tenant(tenant):
             logging.getLogger("keel.serve").warning(f"tenant {tenant!r} has no events yet; its calls answer "
                                                     f"'unknown tenant' until some are applied")
 
 
 def _open_backend(args: argparse.Namespace):  # -> Backend (imported lazily)
-    from keel.cartridge import load_cartridge
+    from keel.cartridge_set import load_cartridges
     from keel.commandline import keys_of, settings_of
-    from keel.connect import open_graph
+    from keel.connect import open_graphs
 
     from .backend import Backend
 
-    cartridge = load_cartridge(args.cartridge)
+    cartridges = load_cartridges(args.cartridge)
     settings = settings_of(args)
     events = events_of(args)
     if events and args.redis:
@@ -224,7 +224,7 @@ def _open_backend(args: argparse.Namespace):  # -> Backend (imported lazily)
         raise UsageError("give an events file (or --events FILE; embedded) or --redis URL (or set KEEL_REDIS_URL)")
     if args.keys and not events:
         raise UsageError("--keys decrypts an events file; the Redis graph holds what the workers revealed")
-    return Backend.of(open_graph(cartridge, settings, events, keys=keys_of(args)), settings)
+    return Backend.of(open_graphs(cartridges, settings, events, keys=keys_of(args)), settings)
 
 
 def call_logger() -> logging.Logger:
