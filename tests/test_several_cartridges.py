@@ -16,6 +16,8 @@ import pytest
 import yaml
 from support.mcp_sessions import FINANCE, ROOT, TENANT_A, ok, stdio_session
 from support.services import service_env
+from support.workers import WorkerProcess, services_env, unique_cartridge, wait_applied
+from support.workers import keel as run_keel
 
 import keel
 from keel.cartridge import load_cartridge
@@ -301,3 +303,43 @@ def test_redis_paging_while_both_logs_grow_misses_and_repeats_nothing(on_redis: 
             break
         answer = tools.history(cursor=answer["cursor"], limit=4)
     assert seen == tools.history(since=SINCE, limit=500)["changes"]
+
+
+# ---- workers, status, replay and digest over Kafka and Redis --------------------------------------------
+
+def unique_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """Copies of finance and appointments under fresh names (fresh topics and namespaces), the appointments'
+    cross-cartridge ends renamed with them."""
+    finance = unique_cartridge(tmp_path, "finance")
+    appointments = unique_cartridge(tmp_path, "appointments")
+    name = load_cartridge(finance).name
+    yaml_file = appointments / "cartridge.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("finance.", f"{name}."))
+    return finance, appointments
+
+
+@pytest.mark.services
+def test_one_worker_status_replay_and_digest_take_both(tmp_path: Path) -> None:
+    env = services_env()
+    finance, appointments = unique_pair(tmp_path)
+    both = f"{finance},{appointments}"
+    for folder in (finance, appointments):
+        run_keel("publish", str(folder), str(folder / "events.jsonl"), env=env)
+    worker = WorkerProcess([Path(both)], env, tmp_path / "worker.log")
+    try:
+        for folder in (finance, appointments):
+            wait_applied(folder, env, len((folder / "events.jsonl").read_text().splitlines()), worker)
+        shown = json.loads(run_keel("status", both, "--json", env=env).stdout)
+        assert set(shown) == {load_cartridge(finance).name, load_cartridge(appointments).name}
+        assert all(doc["lag"] == 0 and not doc["unavailable"] for doc in shown.values())
+        embedded = run_keel("digest", both, "--events", f"{finance / 'events.jsonl'},{appointments / 'events.jsonl'}",
+                        "--tenant", TENANT_A, env=env).stdout
+        assert run_keel("digest", both, "--redis", env["KEEL_REDIS_URL"], "--tenant", TENANT_A, env=env).stdout == embedded
+        related = json.loads(run_keel("related", both, "--redis", env["KEEL_REDIS_URL"], "--tenant", TENANT_A,
+                                  "debt:visa", "charged_to", "--json", env=env).stdout)
+        assert relations(related) == {("appointment:dentist-1", "charged_to", "debt:visa")}
+        replayed = run_keel("replay", both, "--all", "--quiet", env=env)
+        assert replayed.returncode == 0
+        assert run_keel("digest", both, "--redis", env["KEEL_REDIS_URL"], "--tenant", TENANT_A, env=env).stdout == embedded
+    finally:
+        assert worker.terminate() == 0

@@ -54,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "the cartridge's handlers and write each batch to Redis atomically per tenant "
                                    "with the tenant's applied offset; rejected records go to keel.<cartridge>.dlq. "
                                    "Runs until SIGTERM/SIGINT (the in-flight batch is finished first).")
-    p.add_argument("cartridges", nargs="+", metavar="cartridge", help="cartridge folder(s)")
+    p.add_argument("cartridges", nargs="+", metavar="cartridge",
+                   help="cartridge folder(s), separated by spaces or commas")
     p.add_argument("--batch", type=positive_int, help="records per batch (default 20000)")
     p.add_argument("--within", type=float, default=0.5, metavar="SECONDS",
                    help="how long a fetch waits to fill a batch (default 0.5)")
@@ -78,7 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "applied offset; dead letters of every writer (open, total, last hour); problems "
                                    "in plain words. Exit 0, or 3 when Kafka or Redis could not be read (what could "
                                    "be read is still printed).")
-    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("cartridge", help="cartridge folder, or several separated by commas (a report each; --json: "
+                                     "{cartridge: report})")
     p.add_argument("--tenant", help="only this tenant's applied offsets")
     p.add_argument("--stalled-after", type=float, default=60.0, metavar="SECONDS",
                    help="a partition with lag whose owner has not committed for this long is reported stalled "
@@ -126,7 +128,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "into a shadow generation while live ingestion continues, cut over atomically "
                                    "once caught up, then delete the old generation. Interrupted, the served graph "
                                    "is untouched and a rerun completes.")
-    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("cartridge", help="cartridge folder, or several separated by commas (replayed in turn)")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--tenant", action="append", help="tenant to rebuild (repeatable)")
     which.add_argument("--all", action="store_true", help="every tenant keyed in the topic")
@@ -208,7 +210,7 @@ def _progress_printer() -> Callable[[int, int], None]:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from keel.cartridge import load_cartridge
+    from keel.cartridge_set import load_cartridges
     from keel.errors import UsageError
     from keel.health import metrics_port
     from keel.kafka import TopicSpec
@@ -217,10 +219,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from .app import ProcessOptions, run_worker
     from .ingest import DEFAULT_BATCH, WorkerOptions
 
-    cartridges = [load_cartridge(c) for c in args.cartridges]
-    names = [c.name for c in cartridges]
-    if len(set(names)) != len(names):
-        raise UsageError(f"the same cartridge is named twice: {', '.join(names)}")
+    cartridges = load_cartridges(args.cartridges)
     settings = settings_of(args)
     if not settings.redis_url:
         raise UsageError("the worker writes to Redis: pass --redis URL or set KEEL_REDIS_URL")
@@ -234,14 +233,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from keel.cartridge import load_cartridge
+    from keel.cartridge_set import load_cartridges
 
     from .status import EXIT_PARTIAL, gather_status, render_status
 
-    cartridge = load_cartridge(args.cartridge)
-    doc = gather_status(cartridge, settings_of(args), tenant=args.tenant, stalled_after=args.stalled_after)
-    print(json.dumps(doc, indent=2) if args.json else render_status(doc))
-    return EXIT_PARTIAL if doc["unavailable"] else 0
+    cartridges = load_cartridges(args.cartridge)
+    settings = settings_of(args)
+    docs = {c.name: gather_status(c, settings, tenant=args.tenant, stalled_after=args.stalled_after)
+            for c in cartridges}
+    if len(docs) == 1:
+        [doc] = docs.values()
+        print(json.dumps(doc, indent=2) if args.json else render_status(doc))
+    elif args.json:                            # several cartridges: one document each, by name
+        print(json.dumps(docs, indent=2))
+    else:
+        print("\n\n".join(f"== {name} ==\n{render_status(doc)}" for name, doc in docs.items()))
+    return EXIT_PARTIAL if any(doc["unavailable"] for doc in docs.values()) else 0
 
 
 def _dlq_filter(args: argparse.Namespace, refs: list[str] | None = None) -> Filter:
@@ -293,21 +300,22 @@ def cmd_dlq_redrive(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from keel.cartridge import load_cartridge
+    from keel.cartridge_set import load_cartridges
     from keel.errors import UsageError
 
     from .replay import ReplayOptions, replay
     from .replay_progress import Progress
 
     setup_logging(log_format(args.log_format))      # its warnings in the format every other process uses
-    cartridge = load_cartridge(args.cartridge)
-    progress = Progress(f"replay {cartridge.name}", quiet=args.quiet)
+    cartridges = load_cartridges(args.cartridge)
     if args.layout is not None and not args.all:
         raise UsageError("--layout rewrites the whole namespace: use it with --all")
-    report = replay(cartridge, settings_of(args), tenants=None if args.all else list(dict.fromkeys(args.tenant)),
-                    options=ReplayOptions(batch=args.batch, layout=args.layout), progress=progress)
-    if not args.quiet:
-        print(report.summary())
+    for cartridge in cartridges:                    # each from its own topic into its own namespace, in turn
+        progress = Progress(f"replay {cartridge.name}", quiet=args.quiet)
+        report = replay(cartridge, settings_of(args), tenants=None if args.all else list(dict.fromkeys(args.tenant)),
+                        options=ReplayOptions(batch=args.batch, layout=args.layout), progress=progress)
+        if not args.quiet:
+            print(report.summary() if len(cartridges) == 1 else f"{cartridge.name}: {report.summary()}")
     return 0
 
 
