@@ -142,10 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     q = query("related", cmd_related, "ENTITY [RELATION]")
     q.add_argument("--at", help="world time (default now)")
     q.add_argument("--known-at", help="knowledge time (default now)")
-    q = query("annotate", cmd_annotate, "ENTITY PREDICATE VALUE")
+    q = query("annotate", cmd_annotate, "ENTITY PREDICATE [VALUE]")
     q.add_argument("--scope", required=True, choices=("global", "tenant", "task", "agent"),
                    help="who sees the note: tenant (everyone), task, agent (only you), global (operator-enabled)")
     q.add_argument("--evidence", metavar="EVENT_ID", help="id of the event that supports the note")
+    q.add_argument("--withdraw", action="store_true",
+                   help="close your own note of that name and scope now instead (no VALUE); kept in history")
+    q.add_argument("--reason", help="with --withdraw: why (shown in history)")
 
     p = sub.add_parser("digest", help="hash of one tenant's graph (equal graphs, equal digests)",
                        description="Print sha256:<hex> over a canonical serialization of a tenant's graph. With several "
@@ -315,6 +318,13 @@ def cmd_related(args: argparse.Namespace) -> int:
 
 def cmd_annotate(args: argparse.Namespace) -> int:
     with Session(args) as s:
+        if args.withdraw:
+            entity, predicate = take(s.rest, "ENTITY PREDICATE")
+            result = s.tools.annotate(entity, predicate, scope=args.scope, evidence=args.evidence, withdraw=True,
+                                      reason=args.reason)
+            return emit(args, result, render.note)
+        if args.reason is not None:
+            raise UsageError("--reason goes with --withdraw (why a note is withdrawn)")
         entity, predicate, value = take(s.rest, "ENTITY PREDICATE VALUE")
         result = s.tools.annotate(entity, predicate, parse_value(value), args.scope, evidence=args.evidence)
         return emit(args, result, render.note)

@@ -142,4 +142,8 @@ def related(r: dict[str, Any]) -> str:
 def note(n: dict[str, Any]) -> str:
     if not n.get("applied", True):
         return f"logged as {n['event_id']}, not applied yet: {n['message']}"
+    withdrawn = n["fact"].get("withdrawn")
+    if withdrawn:
+        why = f": {withdrawn['reason']}" if withdrawn.get("reason") else ""
+        return f"withdrawn by {withdrawn['by']}{why}\n  {fact_line(n['fact'])}"
     return f"noted {fact_line(n['fact'])}"

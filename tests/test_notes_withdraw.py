@@ -339,3 +339,17 @@ def test_redis_worker_builds_the_embedded_graph(tmp_path: Path, tenant: str, red
                 ["done", "called"]
     finally:
         stop_process(proc, 30)
+
+
+def test_keel_annotate_withdraws_with_a_flag(events: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from keel.cli import main
+    base = ["annotate", str(FINANCE), str(events), "debt:visa", "next_step"]
+    assert main([*base, "prepay", "--scope", "agent", "--agent", "a1"]) == 0
+    assert main([*base, "x", "--scope", "agent", "--agent", "a1", "--reason", "why"]) == 2   # a reason needs --withdraw
+    assert main([*base, "--scope", "agent", "--agent", "a2", "--withdraw"]) == 1             # not a2's note
+    capsys.readouterr()
+    assert main([*base, "--scope", "agent", "--agent", "a1", "--withdraw", "--reason", "paid", "--json"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert done["fact"]["withdrawn"]["by"] == "agent:a1" and done["fact"]["withdrawn"]["reason"] == "paid"
+    assert main([*base, "--scope", "agent", "--agent", "a1", "--withdraw"]) == 0      # a retry answers the same
+    assert '"withdraw": true' in events.read_text() or '"withdraw":true' in events.read_text()
