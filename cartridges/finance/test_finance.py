@@ -1,4 +1,4 @@
-"""The finance story of DESIGN §1, exactly, from the sample stream."""
+"""The finance story (README, "A five-minute tour"), exactly, from the sample stream."""
 from __future__ import annotations
 
 import shutil
