@@ -9,9 +9,9 @@ import os
 from typing import Any
 
 from . import audit
-from .cartridge import load_cartridge
+from .cartridge_set import CartridgeSet, load_cartridges
 from .commandline import add_events_arguments, events_of, keys_of, settings_of
-from .connect import open_graph
+from .connect import open_graphs
 from .echo import printable
 from .envelope import ERASED
 from .errors import EXIT_DOMAIN, KeelError, UsageError
@@ -49,8 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "--entity / --query; they are checked against the record. Exit 0: identical; "
                                      "1: the answer differs (or the call cannot be replayed); 2: usage.")
     r.add_argument("id", help="the record's id")
-    r.add_argument("cartridge", help="cartridge folder")
-    add_events_arguments(r, "the events file the server answered from")
+    r.add_argument("cartridge", help="cartridge folder, or the folders the server served, separated by commas")
+    add_events_arguments(r, "the events file the server answered from (one per cartridge, separated by commas)")
     r.add_argument("--redis", metavar="URL", help="the Redis graph the server answered from (env KEEL_REDIS_URL)")
     r.add_argument("--keys", metavar="FILE", help="the key file of a sealed events file (docs/privacy.md)")
     r.add_argument("--audit", metavar="FILE|kafka", help=log_help)
@@ -124,14 +124,15 @@ def replay_call(record: dict[str, Any], tools: Any, plaintext: dict[str, str | N
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    cartridge = load_cartridge(args.cartridge)
-    record = find(args, cartridge.name)
-    if record.get("cartridge") not in (None, cartridge.name):
-        raise UsageError(f"record {args.id} is of cartridge {record.get('cartridge')!r}, not {cartridge.name!r}")
+    cartridges = load_cartridges(args.cartridge)
+    name = cartridges[0].name if len(cartridges) == 1 else CartridgeSet(cartridges).name   # as the server records it
+    record = find(args, name)
+    if record.get("cartridge") not in (None, name):
+        raise UsageError(f"record {args.id} is of cartridge {record.get('cartridge')!r}, not {name!r}")
     events = events_of(args)
     if events and args.redis:
         raise UsageError("give one of an events file (or --events FILE) or --redis URL")
-    with open_graph(cartridge, settings_of(args), events, keys=keys_of(args)) as graph:
+    with open_graphs(cartridges, settings_of(args), events, keys=keys_of(args)) as graph:
         tools = graph.tools(tenant=record["tenant"], agent=record.get("agent"), task=record.get("task"))
         try:
             result = replay_call(record, tools, {"entity": args.entity, "query": args.query})
@@ -144,14 +145,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def erasures_after(events: str | None, tenant: str, when: str | None) -> list[dict[str, Any]]:
-    """The `keel.erased` receipts of `tenant` in an events file recorded after the answer (`when`): an erasure
-    masks personal values as known at any time, so an answer that showed them cannot be reproduced. Receipts
-    are named by id and time only (their subject is an entity id, kept out of the verdict like the record's)."""
+    """The `keel.erased` receipts of `tenant` in the events files (one, or several separated by commas) recorded
+    after the answer (`when`): an erasure masks personal values as known at any time, so an answer that showed
+    them cannot be reproduced. Receipts are named by id and time only (their subject is an entity id, kept out of
+    the verdict like the record's)."""
     if not events or when is None:
         return []
     after = parse_time(when)
     found = []
-    with open(events, encoding="utf-8", errors="replace") as f:
+    for path in events.split(","):
+        found += _erasures_in(path.strip(), tenant, after)
+    return found
+
+
+def _erasures_in(path: str, tenant: str, after: int) -> list[dict[str, Any]]:
+    found = []
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if ERASED not in line:
                 continue

@@ -18,8 +18,10 @@ from support.mcp_sessions import FINANCE, ROOT, TENANT_A, ok, stdio_session
 from support.services import service_env
 from support.workers import WorkerProcess, services_env, unique_cartridge, wait_applied
 from support.workers import keel as run_keel
+from test_python_api import Mcp
 
 import keel
+from keel.audit import AuditFile, read_records
 from keel.cartridge import load_cartridge
 from keel.cartridge_set import CartridgeSet
 from keel.cli import main
@@ -222,7 +224,6 @@ def test_qualified_names_read_with_their_cartridge(tmp_path: Path, files: list[P
 
 
 def test_one_mcp_server_serves_both(both: GraphSet) -> None:
-    from test_python_api import Mcp
     settings = keel.config.resolve({})
     mcp = Mcp(build_server(ServerConfig(Backend.of(both, settings), identity=Identity(TENANT_A, "a1", "t1"))))
     calls = [("context", {"entity": "appointment:dentist-1"}), ("related", {"entity": "household:hogar-demo"}),
@@ -245,6 +246,26 @@ def test_keel_serve_takes_several_cartridges(files: list[Path]) -> None:
             answer = await ok(session, "related", {"entity": "debt:visa", "relation": "charged_to"})
             assert relations(answer) == {("appointment:dentist-1", "charged_to", "debt:visa")}
     anyio.run(go)
+
+
+def test_a_recorded_call_of_both_is_replayed(files: list[Path], tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The audit record of a two-cartridge server names the set; `keel audit replay` of the same folders
+    reproduces the answer."""
+    log = tmp_path / "audit.jsonl"
+    graph = keel.open_several([FINANCE, APPOINTMENTS], events=files)
+    backend = Backend.of(graph, keel.config.resolve({}))
+    backend.audit = AuditFile(log)
+    mcp = Mcp(build_server(ServerConfig(backend, identity=Identity(TENANT_A, "a1", "t1"))))
+    try:
+        [(error, _, _)] = mcp.ask(("related", {"entity": "debt:visa", "relation": "charged_to"}))
+    finally:
+        backend.close()
+    assert not error
+    [record] = list(read_records(log))
+    assert record["cartridge"] == "appointments-finance"
+    assert main(["audit", "replay", record["id"], f"{FINANCE},{APPOINTMENTS}", "--events", f"{files[0]},{files[1]}",
+                 "--audit", str(log), "--entity", "debt:visa"]) == 0, capsys.readouterr()
 
 
 # ---- Redis, both layouts -----------------------------------------------------------------------------------
