@@ -32,6 +32,7 @@ from keel.logs import install as install_log_limit
 from keel.wire import dlq_topic, events_topic
 
 from .collector import gc_young_threshold
+from .diagnose import dump
 from .ingest import CartridgeIngest, WorkerOptions
 from .metrics import WorkerMetrics
 
@@ -85,6 +86,12 @@ class KeelWorker(faust.Worker):
 
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         install_log_limit()       # faust replaced the handlers: library lines one per cause per interval again
+
+    def _on_sigusr1(self) -> None:      # mode's: every thread's stack and local variables (personal data)
+        dump(self.services)
+
+    def _on_sigusr2(self) -> None:      # mode's: pdb, on a process without a terminal
+        dump(self.services)
 
     def _schedule_shutdown(self, signal: signal.Signals) -> None:     # mode's hook for SIGTERM and SIGINT
         if not self._signal_stop_time:

@@ -61,6 +61,7 @@ from keel.store.redis import GenerationChanged, RedisStore
 from keel.wire import dlq_topic, events_topic, group_id
 
 from .applier import BatchApplier, BatchPlan
+from .diagnose import consumer_state
 from .dlq import DeadLetterCounts, DeadLetterQueue
 from .held import HeldPartitions
 from .metrics import CartridgeMetrics
@@ -565,6 +566,11 @@ class CartridgeIngest(Service):
             self.metrics.drop_lag(tp.partition)
             self._behind.pop(tp, None)
             self.metrics.drop_redis_behind(tp.partition)      # its new owner reports it
+
+    def diagnosis(self) -> str:
+        """The loop's rebalance state, for the SIGUSR1 dump (workers/diagnose.py)."""
+        return (f"{self.label}: epoch {self._epoch}, loop {'ended' if self._loop_done.is_set() else 'running'}, "
+                f"unpositioned {sorted(tp.partition for tp in self._unpositioned)}; {consumer_state(self.consumer)}")
 
     async def on_stop(self) -> None:
         """SIGTERM: the loop sees should_stop after its fetch or batch, finishes the write under way and
