@@ -46,7 +46,7 @@ from aiokafka import (
     OffsetAndMetadata,
     TopicPartition,
 )
-from aiokafka.errors import CommitFailedError, ConsumerStoppedError, IllegalStateError, KafkaError
+from aiokafka.errors import CommitFailedError, ConsumerStoppedError, KafkaError
 from mode import Service
 
 from keel.cartridge import Cartridge
@@ -66,9 +66,9 @@ from .dlq import DeadLetterCounts, DeadLetterQueue
 from .held import HeldPartitions
 from .metrics import CartridgeMetrics
 from .pipeline import BatchPipeline
+from .positioning import Positions
 from .progress import Progress
 from .records import Record
-from .resume import Resume, decide
 from .status import commit_metadata
 
 PROGRESS_EVERY_S = 10.0
@@ -77,7 +77,6 @@ SHUTDOWN_BUDGET_S = 10.0      # SIGTERM: time for the batch being written before
 CLOSE_TIMEOUT_S = 2.0         # each client's close (leave group, flush) after that
 COMMIT_TIMEOUT_S = 10.0       # an offset commit that takes longer is given up (Redis offsets make that safe)
 END_OFFSETS_TIMEOUT_S = 5.0   # the idle lag request: a broker that does not answer in time counts as unreachable
-POSITION_RETRY_S = 1.0        # a partition whose resume point could not be read is tried again after this
 DEFAULT_UNREADY_AFTER_S = 30.0    # /readyz fails when no batch was committed (nor the partitions found caught up) for this long
 DEFAULT_BATCH = 20_000        # records per batch: per-batch and per-step costs spread over more events (docs/performance.md)
 
@@ -132,10 +131,9 @@ class CartridgeIngest(Service):
         self.assigned_count = 0               # readiness: partitions the group gave this worker
         self._kafka_failing: str | None = None    # readiness: why the last fetch failed (None: it worked)
         self._lag_at = 0.0                        # monotonic time the idle lag was last measured
-        self._unpositioned: set[TopicPartition] = set()   # assigned, paused until their resume point is set
-        self._rewound: set[TopicPartition] = set()        # positioned again after Redis lost writes (_rewind)
-        self.progress = Progress(options.unready_after_s, self.log, self.label, lambda: len(self._unpositioned))
-        self._behind: dict[TopicPartition, int] = {}      # partition -> offset Redis must reach to be repaired
+        self.positions: Positions | None = None           # where each partition resumes (workers/positioning.py)
+        self.progress = Progress(options.unready_after_s, self.log, self.label,
+                                 lambda: len(self.positions.unpositioned) if self.positions is not None else 0)
         self._went_back: StateBehind | None = None        # the idle check found Redis holding less than written
         self._held = HeldPartitions(self.log, self.label)   # stopped at a version the cartridge lacks (held.py)
         self._epoch = 0                       # bumped by every revocation
@@ -167,6 +165,8 @@ class CartridgeIngest(Service):
         self.producer = new_producer(s.kafka_bootstrap)
         self.consumer = new_consumer(s.kafka_bootstrap, self.topic, group_id(self.cartridge.name),
                                      max_poll_records=o.batch, client_id=self.client_id)
+        self.positions = Positions(self.consumer, self.topic, log=self.log, label=self.label, metrics=self.metrics,
+                                   bootstrap=s.kafka_bootstrap, on_outage=self._outage)
         async with kafka_guard("start producer and consumer", s.kafka_bootstrap):
             await self.producer.start()
             await self.consumer.start()
@@ -203,8 +203,7 @@ class CartridgeIngest(Service):
         try:
             while not self.should_stop:
                 self.health.beat(self.beat_name)
-                if self._unpositioned:
-                    await self._position()
+                await self._position()
                 fetched = await self._fetch()
                 epoch = self._epoch              # the fetch returns records of the current assignment only
                 if self.should_stop:
@@ -402,13 +401,13 @@ class CartridgeIngest(Service):
                            plan.applied, plan.duplicates, plan.skipped, len(plan.dead_letters), len(plan.tenants),
                            *self.pipeline.timings)
         self._progress()
+        self._positions().repaired(plan.through)
         if plan.dead_letters:
             first = plan.dead_letters[0]
             self.log.warning("%s: %d dead letter(s) in a batch of %d, e.g. partition %d offset %d: %s", self.label,
                              len(plan.dead_letters), len(batch.records), first.record.partition,
                              first.record.offset, first.reason)
         self.progress.progressed()
-        self._repaired(plan)
         metadata = commit_metadata(self.client_id)        # `keel status` tells a stalled owner by it
         offsets = {tp: OffsetAndMetadata(recs[-1].offset + 1, metadata) for tp, recs in batch.fetched.items()}
         if plan.held and batch.epoch == self._epoch:       # (a plan redone after an outage holds here first)
@@ -437,75 +436,16 @@ class CartridgeIngest(Service):
                          self.label, e)
             await self.pipeline.forget({(tp.topic, tp.partition) for tp in offsets})
 
-    def _repaired(self, plan: BatchPlan) -> None:
-        """Partitions found behind at their positioning: once Redis holds what the commit said, say so."""
-        for (topic, partition), offset in plan.through.items():
-            tp = TopicPartition(topic, partition)
-            target = self._behind.get(tp)
-            if target is not None and offset + 1 >= target:
-                del self._behind[tp]
-                self.metrics.redis_behind(partition, 0)
-                self.log.info("%s: partition %d repaired: Redis holds the log again through offset %d", self.label,
-                              partition, offset)
+    def _positions(self) -> Positions:
+        assert self.positions is not None
+        return self.positions
 
     async def _position(self) -> None:
-        """Seek each newly assigned (or rewound) partition to where Redis's state ends (workers/resume.py), then
-        let it be fetched. When Redis or Kafka cannot answer, the partitions stay paused and are tried again. A
-        rebalance while this reads or seeks (the reads and a seek to the beginning wait on the network) ends the
-        attempt: the partitions of the new assignment are positioned by the next one."""
-        assert self.consumer is not None and self.pipeline is not None
-        epoch = self._epoch
-        tps = sorted(self._unpositioned & self.consumer.assignment(), key=lambda tp: tp.partition)
-        self._unpositioned &= self.consumer.assignment()
-        if not tps:
-            return
-        try:
-            store = self.stores[0]
-            applied = await asyncio.to_thread(store.partitions_applied, self.topic, [tp.partition for tp in tps])
-            async with kafka_guard("read committed offsets", self.settings.kafka_bootstrap):
-                committed = {tp: await self.consumer.committed(tp) for tp in tps}
-            legacy = False
-            if any(applied[tp.partition] is None and committed[tp] is not None for tp in tps):
-                legacy = await asyncio.to_thread(store.predates_watermarks)
-        except (StoreUnavailable, KafkaUnavailable) as e:
-            self._outage(e)
-            self.log.warning("%s: cannot read where partitions %s resume, retrying in %.0fs: %s", self.label,
-                             [tp.partition for tp in tps], POSITION_RETRY_S, e)
-            await asyncio.sleep(POSITION_RETRY_S)
-            return
-        try:
-            for tp in tps:
-                if self._epoch != epoch:
-                    return
-                await self._seek(tp, decide(tp.partition, applied[tp.partition], committed[tp], legacy))
-            if self._epoch != epoch:
-                return
-            self.consumer.resume(*tps)
-        except (AssertionError, IllegalStateError):     # a partition revoked under the seek: aiokafka refuses it
-            self.log.info("%s: the assignment changed while partitions %s were positioned; positioning the new "
-                          "one", self.label, [tp.partition for tp in tps])
-            return
-        self._unpositioned -= set(tps)
-
-    async def _seek(self, tp: TopicPartition, r: Resume) -> None:
-        assert self.consumer is not None and self.pipeline is not None
-        watermarks = self.pipeline.applier.watermarks
-        watermarks[(tp.topic, tp.partition)] = None if r.start is None or r.how != "state" else r.start - 1
-        if r.how == "state":
-            self.consumer.seek(tp, r.start)
-        elif r.how == "committed":
-            self.consumer.seek(tp, r.start)
-            self.log.info("%s: %s", self.label, r.describe())
-        elif r.how == "beginning" or tp in self._rewound:   # nothing of it applied, and the consumer read past it
-            await self.consumer.seek_to_beginning(tp)
-        # "new" on a fresh assignment: the consumer has no position yet, its reset policy (earliest) applies
-        self._rewound.discard(tp)
-        if r.behind:
-            self._behind[tp] = r.behind + (r.start or 0)
-            self.metrics.redis_behind(tp.partition, r.behind)
-            self.log.warning("%s: %s", self.label, r.describe())
-        else:
-            self.metrics.redis_behind(tp.partition, 0)
+        """Seek newly assigned (or rewound) partitions to where Redis's state ends (workers/positioning.py)."""
+        assert self.pipeline is not None
+        positions = self._positions()
+        if positions.unpositioned:
+            await positions.position(self.stores[0], self.pipeline.applier.watermarks, lambda: self._epoch)
 
     async def _rewind(self, error: StateBehind, pending: _Planned | None) -> None:
         """Redis holds less than this worker wrote: every mirror and planned batch is dropped, and every assigned
@@ -520,12 +460,8 @@ class CartridgeIngest(Service):
         if pending is not None:
             await self.pipeline.discard(pending.plan)
         await self.pipeline.forget(None)
-        assigned = self.consumer.assignment()
         self.pipeline.applier.watermarks.clear()
-        if assigned:
-            self.consumer.pause(*assigned)
-        self._unpositioned |= assigned
-        self._rewound |= assigned
+        self._positions().rewind()
 
     def _progress(self) -> None:
         now = time.monotonic()
@@ -545,9 +481,7 @@ class CartridgeIngest(Service):
         """Rebalance (aiokafka's coordinator task): the new partitions are paused until the loop has read where
         Redis's state of each ends and sought there (`_position`), so nothing is fetched from a commit that is
         ahead of Redis."""
-        if assigned and self.consumer is not None:
-            self.consumer.pause(*assigned)
-            self._unpositioned |= assigned
+        self._positions().assigned(assigned)
         self._held.assigned(assigned)
         self.assigned_count = len(assigned)
         self.metrics.rebalances.inc()
@@ -560,17 +494,16 @@ class CartridgeIngest(Service):
         returns only after the rebalance."""
         self._epoch += 1
         self._revoked |= revoked
-        self._unpositioned -= revoked
-        self._rewound -= revoked
+        self._positions().revoked(revoked)
         for tp in revoked:
             self.metrics.drop_lag(tp.partition)
-            self._behind.pop(tp, None)
-            self.metrics.drop_redis_behind(tp.partition)      # its new owner reports it
 
     def diagnosis(self) -> str:
         """The loop's rebalance state, for the SIGUSR1 dump (workers/diagnose.py)."""
+        p = self.positions
         return (f"{self.label}: epoch {self._epoch}, loop {'ended' if self._loop_done.is_set() else 'running'}, "
-                f"unpositioned {sorted(tp.partition for tp in self._unpositioned)}; {consumer_state(self.consumer)}")
+                f"unpositioned {sorted(tp.partition for tp in p.unpositioned) if p else []}; "
+                f"{consumer_state(self.consumer)}")
 
     async def on_stop(self) -> None:
         """SIGTERM: the loop sees should_stop after its fetch or batch, finishes the write under way and
