@@ -66,7 +66,7 @@ from .dlq import DeadLetterCounts, DeadLetterQueue
 from .held import HeldPartitions
 from .metrics import CartridgeMetrics
 from .pipeline import BatchPipeline
-from .positioning import Positions
+from .positioning import COMMIT_TIMEOUT_S, Positions
 from .progress import Progress
 from .records import Record
 from .status import commit_metadata
@@ -75,7 +75,6 @@ PROGRESS_EVERY_S = 10.0
 LAG_EVERY_S = 5.0             # how often an idle worker asks the broker for its partitions' log ends
 SHUTDOWN_BUDGET_S = 10.0      # SIGTERM: time for the batch being written before the loop is cancelled
 CLOSE_TIMEOUT_S = 2.0         # each client's close (leave group, flush) after that
-COMMIT_TIMEOUT_S = 10.0       # an offset commit that takes longer is given up (Redis offsets make that safe)
 END_OFFSETS_TIMEOUT_S = 5.0   # the idle lag request: a broker that does not answer in time counts as unreachable
 DEFAULT_UNREADY_AFTER_S = 30.0    # /readyz fails when no batch was committed (nor the partitions found caught up) for this long
 DEFAULT_BATCH = 20_000        # records per batch: per-batch and per-step costs spread over more events (docs/performance.md)
@@ -427,13 +426,17 @@ class CartridgeIngest(Service):
             async with kafka_guard("commit offsets", self.settings.kafka_bootstrap):
                 await asyncio.wait_for(self.consumer.commit(offsets), COMMIT_TIMEOUT_S)
             m.commit_latency.observe(self.pipeline.timings[1] + time.perf_counter() - committing)
+            self._positions().due.covered(offsets)
         except KafkaUnavailable as e:
             m.kafka_errors.inc()
-            # Redis already holds the batch: a redelivery is skipped by offset. Those partitions may be
-            # owned elsewhere by now, so their mirrors are forgotten.
+            # Redis already holds the batch: a redelivery is skipped by offset, and the offsets are due (committed
+            # by the loop later, or found due by the next owner's positioning). Those partitions may be owned
+            # elsewhere by now, so their mirrors are forgotten.
             level = logging.INFO if isinstance(e.__cause__, CommitFailedError) else logging.WARNING
             self.log.log(level, "%s: offset commit not done (%s); redelivered records will be skipped",
                          self.label, e)
+            if batch.epoch == self._epoch:         # (a revocation meanwhile: the new owner's positioning does it)
+                self._positions().due.add(offsets)
             await self.pipeline.forget({(tp.topic, tp.partition) for tp in offsets})
 
     def _positions(self) -> Positions:
@@ -441,11 +444,15 @@ class CartridgeIngest(Service):
         return self.positions
 
     async def _position(self) -> None:
-        """Seek newly assigned (or rewound) partitions to where Redis's state ends (workers/positioning.py)."""
+        """Seek newly assigned (or rewound) partitions to where Redis's state ends, then commit what is due
+        (workers/positioning.py)."""
         assert self.pipeline is not None
         positions = self._positions()
         if positions.unpositioned:
-            await positions.position(self.stores[0], self.pipeline.applier.watermarks, lambda: self._epoch)
+            await positions.position(self.stores[0], self.pipeline.applier.watermarks, lambda: self._epoch,
+                                     commit_metadata(self.client_id))
+        if positions.due:
+            await positions.commit_due()
 
     async def _rewind(self, error: StateBehind, pending: _Planned | None) -> None:
         """Redis holds less than this worker wrote: every mirror and planned batch is dropped, and every assigned
@@ -502,7 +509,8 @@ class CartridgeIngest(Service):
         """The loop's rebalance state, for the SIGUSR1 dump (workers/diagnose.py)."""
         p = self.positions
         return (f"{self.label}: epoch {self._epoch}, loop {'ended' if self._loop_done.is_set() else 'running'}, "
-                f"unpositioned {sorted(tp.partition for tp in p.unpositioned) if p else []}; "
+                f"unpositioned {sorted(tp.partition for tp in p.unpositioned) if p else []}, commits due "
+                f"{ {tp.partition: o.offset for tp, o in p.due.offsets.items()} if p else {} }; "
                 f"{consumer_state(self.consumer)}")
 
     async def on_stop(self) -> None:
