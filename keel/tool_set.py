@@ -87,17 +87,19 @@ class ToolSet:
                              "leave entity out to list them")
         cartridge, local = self._route(entity)
         crossing = self.cartridges.cross_relations(cartridge, local.partition(":")[0])
-        own, cross = predicate, crossing
-        if isinstance(predicate, str) and (found := self.cartridges.relation_owner(predicate)) is not None:
-            own = found[1] if found[0] is cartridge else None       # a relation name reads as it is declared
-            cross = [x for x in crossing if x == found]
-            if own is None and not cross:
-                raise UsageError(f"predicate: {predicate} is not a relation with an end at "
-                                 f"{self.cartridges.public_type(cartridge, local.partition(':')[0])}")
+        own = predicate                              # a fact, label or relation name of the entity's cartridge
+        cross = crossing
+        if isinstance(predicate, str) and predicate:
+            found = self.cartridges.relation_owner(predicate)
+            if found is not None and found[0] is cartridge:
+                own = found[1]                       # a qualified relation name, as its cartridge declares it
+            cross = [x for x in crossing if qualify(*x) == predicate]
         result: HistoryResult
-        if own is not None or not cross:
+        try:
             result = self._public(cartridge, self.parts[cartridge.name].history(local, own, known_at=known_at))
-        else:                                        # only another cartridge's relation was asked for
+        except UsageError:                           # not a name of its own cartridge: another's relation?
+            if not cross:
+                raise
             self.parts[cartridge.name].context(local, known_at=known_at)        # the entity exists
             result = {"entity": self.cartridges.public_entity(cartridge, local), "versions": [], "labels": [],
                       "relations": [], "known_through": None}

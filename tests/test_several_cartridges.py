@@ -145,6 +145,9 @@ def test_a_cross_cartridge_relation_is_followed_both_ways(both: GraphSet) -> Non
     assert not any(r["relation"] == "charged_to" for r in before["relations"])
     with pytest.raises(UsageError, match="has no end at"):
         tools.related("debt:visa", "with_provider")
+    assert tools.history("debt:visa", "balance_cop")["versions"]           # its own facts, by name
+    with pytest.raises(UsageError, match="is not a fact, label or relation of debt:visa"):
+        tools.history("debt:visa", "with_provider")
     versions = tools.history("debt:visa", "charged_to")
     assert [(r["subject"], r["evidence"]) for r in versions["relations"]] == [("appointment:dentist-1",
                                                                                "charge-dentist-1")]
