@@ -17,11 +17,12 @@ marking the assignment as changing; from then on `getmany()` waits for the new a
 after the callback returns. So the callback only bumps the assignment epoch and notes the revoked
 partitions (waiting there for the loop was the hang of issue 10). The loop compares each batch's epoch
 with the current one: a batch planned under an older assignment is abandoned (its mirrors dropped; the
-records are fetched again by whoever owns them now, from the committed offsets), its retries stop, its
+records are fetched again by whoever owns them now, from where Redis's state ends), its retries stop, its
 offsets are not committed, and the revoked partitions' mirrors are forgotten before anything else is
 planned. A write already under way may land after the partition moved: the Redis APPLY script skips
 event ids already applied and only moves a tenant's applied offset forward, so a late write by the old
-owner changes nothing the new owner wrote (tests/test_store_redis.py).
+owner changes nothing the new owner wrote (tests/test_store_redis.py). What it wrote is committed by the new
+owner: with its own batches, or by its positioning when Redis held it already (workers/positioning.py).
 
 SIGTERM: the loop finishes the batch it is writing (and drops the one only planned) within
 SHUTDOWN_BUDGET_S; past that it is cancelled and the clients are closed with bounded waits; a watchdog
