@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from .limits import Limits
 from .times import parse_duration
@@ -79,6 +79,21 @@ class MemorySpec(_Strict):
         return parse_duration(self.ttl.get(scope, "never"))
 
 
+class HistorySpec(_Strict):
+    """Where closed history lives (docs/operations.md, "Cold tier"): `cold_after` (a duration, or `never`, the
+    default) is the age past which `keel archive` moves closed segments of layout 2 to the cold tier."""
+    cold_after: str = "never"
+
+    @field_validator("cold_after")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value)         # its ValueError names the forms
+        return value
+
+    def cold_after_micros(self) -> int | None:
+        return parse_duration(self.cold_after)
+
+
 class PersonalSpec(_Strict):
     """An event type's personal data (docs/privacy.md): the payload `fields` that are personal data, whose they
     are (`of`: the event's `subject`, or `payload.<field>` naming the data subject), and what reads show once
@@ -104,6 +119,7 @@ class CartridgeSpec(_Strict):
     rules: dict[str, RuleSpec] = Field(default_factory=dict)
     memory: MemorySpec = Field(default_factory=MemorySpec)
     limits: Limits = Field(default_factory=Limits)
+    history: HistorySpec = Field(default_factory=HistorySpec)
     personal: dict[str, PersonalSpec] = Field(default_factory=dict)    # event type -> its personal fields
     # `personal: {accept_clear: true}` (docs/privacy.md): personal fields that arrive in clear are accepted (a
     # migration window) instead of refused; moved here from the `personal:` mapping by `_personal_options`

@@ -20,6 +20,7 @@ class Settings(BaseModel):
     keys_file: str | None = None    # the key file of sealed personal fields (docs/privacy.md)
     keys_dsn: str | None = None     # or the PostgreSQL key store (keel/keystore_pg.py)
     master_key_file: str | None = None
+    cold_dsn: str | None = None     # the cold tier of layout 2's closed segments (keel/cold_pg.py); None: off
 
 
 def resolve(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> Settings:
@@ -43,4 +44,5 @@ def resolve(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -
                     redis_layout=int(layout),
                     keys_file=pick("keys", "KEEL_KEYS_FILE", None),  # type: ignore[arg-type]
                     keys_dsn=pick("keys_dsn", "KEEL_KEYS_DSN", None),  # type: ignore[arg-type]
-                    master_key_file=pick("master_key_file", "KEEL_MASTER_KEY_FILE", None))  # type: ignore[arg-type]
+                    master_key_file=pick("master_key_file", "KEEL_MASTER_KEY_FILE", None),  # type: ignore[arg-type]
+                    cold_dsn=pick("cold_dsn", "KEEL_COLD_DSN", None) or None)  # type: ignore[arg-type]

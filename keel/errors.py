@@ -146,6 +146,25 @@ class StateBehind(StoreUnavailable):
         self.stored = stored
 
 
+class ColdTierUnavailable(StoreUnavailable):
+    """The cold tier (PostgreSQL, `KEEL_COLD_DSN`) could not be reached, refused a statement, or lacks a piece of
+    closed history that Redis says it holds (exit 3). Raised only by reads that need cold history: reads of the
+    present never touch the cold tier. A StoreUnavailable: a worker waits and retries it as an outage."""
+    service = "PostgreSQL (cold tier)"
+
+
+class ColdTierNotConfigured(UsageError):
+    """A namespace holds closed history in the cold tier, and this process was given no cold tier
+    (`KEEL_COLD_DSN` / `--cold-dsn`): it cannot read or drop that history (exit 2)."""
+
+    def __init__(self, namespace: str, tenant: str | None = None) -> None:
+        whose = f"tenant {tenant!r} of namespace {namespace!r}" if tenant else f"namespace {namespace!r}"
+        super().__init__(f"{whose} keeps closed history in the cold tier (PostgreSQL): give it with "
+                         f"KEEL_COLD_DSN or --cold-dsn")
+        self.namespace = namespace
+        self.tenant = tenant
+
+
 class KafkaUnavailable(ServiceUnavailable):
     """Kafka could not be reached, refused a request, or did not acknowledge records in time."""
     service = "Kafka"

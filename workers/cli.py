@@ -1,4 +1,5 @@
-"""Subcommands this package adds to `keel` (entry point `workers` of the group `keel.commands`): publish, worker, status, replay.
+"""Subcommands this package adds to `keel` (entry point `workers` of the group `keel.commands`): publish, worker, status,
+replay, archive.
 
 Heavy imports (faust, aiokafka, redis) happen inside the commands, so `keel --help` stays fast.
 """
@@ -34,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     redis = argparse.ArgumentParser(add_help=False)
     redis.add_argument("--redis", metavar="URL", help="Redis URL, redis://host:port/db (env KEEL_REDIS_URL)")
     keys = key_store_arguments()
+    cold = argparse.ArgumentParser(add_help=False)
+    cold.add_argument("--cold-dsn", metavar="DSN", help="the cold tier: PostgreSQL holding layout 2's closed "
+                      "history (env KEEL_COLD_DSN; docs/operations.md, \"Cold tier\"). Default: none")
 
     p = sub.add_parser("publish", parents=[kafka, topics, keys], help="send an events file to the cartridge's topic",
                        description="Check each line of an events file with the cartridge's catalog and send "
@@ -49,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
     p.set_defaults(run=cmd_publish)
 
-    p = sub.add_parser("worker", parents=[kafka, redis, topics, keys], help="run the stream worker of one or more cartridges",
+    p = sub.add_parser("worker", parents=[kafka, redis, topics, keys, cold], help="run the stream worker of one or more cartridges",
                        description="Consume keel.<cartridge>.events (consumer group keel.<cartridge>.worker), apply "
                                    "the cartridge's handlers and write each batch to Redis atomically per tenant "
                                    "with the tenant's applied offset; rejected records go to keel.<cartridge>.dlq. "
@@ -73,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_probe_arguments(p)
     p.set_defaults(run=cmd_worker)
 
-    p = sub.add_parser("status", parents=[kafka, redis], help="lag, owners, offsets and dead letters of a cartridge's workers",
+    p = sub.add_parser("status", parents=[kafka, redis, cold], help="lag, owners, offsets and dead letters of a cartridge's workers",
                        description="Per partition: log end, the worker group's committed offset, lag, owner (group "
                                    "member) and last commit; the group's members; per tenant (from Redis): the "
                                    "applied offset; dead letters of every writer (open, total, last hour); problems "
@@ -123,7 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--ref", action="append", default=[], metavar="PARTITION:OFFSET", help="only these (repeatable)")
     q.set_defaults(run=cmd_dlq_close)
 
-    p = sub.add_parser("replay", parents=[kafka, redis, keys], help="rebuild tenants from the topic, no downtime",
+    p = sub.add_parser("replay", parents=[kafka, redis, keys, cold], help="rebuild tenants from the topic, no downtime",
                        description="Rebuild a tenant (or every tenant) from its partition of keel.<cartridge>.events "
                                    "into a shadow generation while live ingestion continues, cut over atomically "
                                    "once caught up, then delete the old generation. Interrupted, the served graph "
@@ -144,12 +148,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_log_arguments(p)
     p.set_defaults(run=cmd_replay)
 
+    p = sub.add_parser("archive", parents=[redis, cold], help="move old closed history to the cold tier (PostgreSQL)",
+                       description="Move the closed segments of a layout-2 namespace whose newest valid time is "
+                                   "older than cold_after (cartridge.yaml `history: {cold_after: 90d}`, or the "
+                                   "namespace's --set-cold-after), and with --budget the oldest others while Redis "
+                                   "uses more memory than that, from Redis to the cold tier. Each segment is copied "
+                                   "(an idempotent upsert) then deleted from Redis if unchanged: killed at any "
+                                   "point, a rerun completes. Reads fetch cold pieces by themselves. Loops every "
+                                   "--interval (PostgreSQL or Redis down: it waits and resumes) until SIGTERM; "
+                                   "--once makes one pass. Exit 0; 2 for a layout-1 namespace or no cold tier; "
+                                   "3 when --once met an outage.")
+    p.add_argument("cartridge", help="cartridge folder")
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.add_argument("--interval", type=float, default=60.0, metavar="SECONDS", help="between passes (default 60)")
+    p.add_argument("--batch", type=positive_int, default=200,
+                   help="segments per PostgreSQL transaction and Redis round trip (default 200)")
+    p.add_argument("--budget", metavar="BYTES", help="Redis used_memory past which the namespace's oldest closed "
+                   "segments move too, whatever their age (e.g. 8GB, 500MB; default: none)")
+    p.add_argument("--set-cold-after", metavar="DURATION", help="set the namespace's cold_after (e.g. 30d, or "
+                   "never) over the cartridge's, in Redis, and exit")
+    p.add_argument("--reset-cold-after", action="store_true", help="go back to the cartridge's cold_after, and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress and no summary")
+    add_log_arguments(p)
+    p.set_defaults(run=cmd_archive)
+
     erase = sub.choices.get("erase")        # keel erase (keel/privacy_commands.py): add its Redis/Kafka mode
     if erase is not None:
         erase.add_argument("--redis", metavar="URL", help="Redis/Kafka mode: the Redis graph, whose tenant T is "
                            "rebuilt from the log after the keys are deleted")
         erase.add_argument("--kafka", metavar="BOOTSTRAP", help="Redis/Kafka mode: where the receipt is produced "
                            "(env KEEL_KAFKA_BOOTSTRAP)")
+        erase.add_argument("--cold-dsn", metavar="DSN", help="Redis/Kafka mode: the cold tier (env KEEL_COLD_DSN), "
+                           "whose rows of the tenant go with its Redis keys")
         erase.add_argument("--keys-dsn", metavar="DSN", help="Redis/Kafka mode: the PostgreSQL key store (env "
                            "KEEL_KEYS_DSN), or --keys FILE")
         erase.set_defaults(run=cmd_erase, embedded_erase=erase.get_default("run"))
@@ -159,6 +189,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                               "of T is dropped and T is recorded as offboarded")
         offboard.add_argument("--kafka", metavar="BOOTSTRAP", help="Redis/Kafka mode: where the receipt is produced "
                               "(env KEEL_KAFKA_BOOTSTRAP)")
+        offboard.add_argument("--cold-dsn", metavar="DSN", help="Redis/Kafka mode: the cold tier (env KEEL_COLD_DSN), "
+                           "whose rows of the tenant go with its Redis keys")
         offboard.add_argument("--keys-dsn", metavar="DSN", help="Redis/Kafka mode: the PostgreSQL key store (env "
                               "KEEL_KEYS_DSN), or --keys FILE")
         offboard.set_defaults(run=cmd_offboard, embedded_offboard=offboard.get_default("run"))
@@ -316,6 +348,49 @@ def cmd_replay(args: argparse.Namespace) -> int:
                         options=ReplayOptions(batch=args.batch, layout=args.layout), progress=progress)
         if not args.quiet:
             print(report.summary() if len(cartridges) == 1 else f"{cartridge.name}: {report.summary()}")
+    return 0
+
+
+def _bytes(text: str) -> int:
+    """`8GB`, `500MB`, `64KB` or a number of bytes."""
+    from keel.errors import UsageError
+    units = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "B": 1}
+    t = text.strip().upper()
+    for unit, size in units.items():
+        if t.endswith(unit) and t[:-len(unit)].strip().isdigit():
+            return int(t[:-len(unit)]) * size
+    if t.isdigit():
+        return int(t)
+    raise UsageError(f"--budget {text!r}: use bytes or a size such as 500MB or 8GB")
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    from keel.cartridge import load_cartridge
+    from keel.errors import UsageError
+
+    from .archive import ArchiveOptions, archive, open_layout2, policy, set_policy
+
+    setup_logging(log_format(args.log_format))
+    cartridge = load_cartridge(args.cartridge)
+    settings = settings_of(args)
+    if args.set_cold_after is not None or args.reset_cold_after:
+        if args.set_cold_after is not None and args.reset_cold_after:
+            raise UsageError("give --set-cold-after or --reset-cold-after, not both")
+        store = open_layout2(cartridge, settings)
+        try:
+            try:
+                set_policy(store, None if args.reset_cold_after else args.set_cold_after)
+            except ValueError as e:
+                raise UsageError(f"--set-cold-after: {e}") from None
+            print(f"{cartridge.name}: cold_after {policy(cartridge, store)[0]}")
+        finally:
+            store.close()
+        return 0
+    options = ArchiveOptions(once=args.once, interval_s=args.interval, batch=args.batch,
+                             budget=None if args.budget is None else _bytes(args.budget), quiet=args.quiet)
+    report = archive(cartridge, settings, options)
+    if not args.quiet:
+        print(report.summary())
     return 0
 
 

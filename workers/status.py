@@ -24,6 +24,7 @@ from keel.errors import EXIT_UNAVAILABLE, KafkaUnavailable, StoreUnavailable
 from keel.kafka import GroupDescription, PartitionOffsets, describe_group, group_offsets, topic_exists
 from keel.wire import dlq_topic, events_topic, group_id, partition_for
 
+from .archive import status_of as cold_status
 from .dlq import DeadLetterCounts
 from .offboarded import OffboardedSet
 
@@ -178,7 +179,8 @@ def shape_status(name: str, partitions: list[PartitionOffsets], group: GroupDesc
         "redis_holds_data": redis.holds_data,
         "offboarded": None if redis.offboarded is None else {
             t: {k: v for k, v in info.items() if k in ("at", "keys", "receipt")}
-            for t, info in sorted(redis.offboarded.items())}}
+            for t, info in sorted(redis.offboarded.items())},
+        "cold_tier": redis.cold}
     for row in doc["partitions"]:
         applied_through = redis.watermarks.get(row["partition"])
         row["redis_applied"] = applied_through
@@ -208,6 +210,7 @@ class RedisPart:
     predates_watermarks: bool | None = None      # Store.predates_watermarks
     condition: str | None = None                 # out of memory, read-only (RedisStore.condition)
     offboarded: dict[str, dict[str, Any]] | None = None      # tenant -> its offboarding (workers/offboarded.py)
+    cold: dict[str, Any] | None = None           # the cold tier's sizes and the mover's last pass (workers/archive.py)
 
 
 def _redis_part(cartridge: Cartridge, settings: Settings, partitions: list[PartitionOffsets], tenant: str | None,
@@ -222,6 +225,7 @@ def _redis_part(cartridge: Cartridge, settings: Settings, partitions: list[Parti
                          predates_watermarks=store.predates_watermarks())
         part.watermarks = store.partitions_applied(topic, [p.partition for p in partitions])
         part.offboarded = OffboardedSet(store).all()
+        part.cold = cold_status(store, settings)
         tenants = [] if not per_tenant else [tenant] if tenant else store.tenants()
         for t in tenants:
             if partitions:
@@ -266,6 +270,9 @@ def render_status(doc: dict[str, Any]) -> str:
             lines.append(f"  … {len(tenants) - 20} more (--json for all, --tenant T for one)")
     for t, info in (doc.get("offboarded") or {}).items():
         lines.append(f"offboarded: {t} at {info.get('at')} (receipt {info.get('receipt')}; its events are refused)")
+    cold = doc.get("cold_tier")
+    if cold:
+        lines.append(_cold_line(cold))
     dead = doc["dead_letters"]
     if dead is not None:
         writers = ", ".join(f"{w} {n}" for w, n in dead["by_writer"].items())
@@ -279,3 +286,20 @@ def render_status(doc: dict[str, Any]) -> str:
     for problem in doc["problems"]:
         lines.append(f"PROBLEM: {problem}")
     return "\n".join(lines)
+
+
+def _cold_line(cold: dict[str, Any]) -> str:
+    """The cold tier in a few words: Redis's closed segments, PostgreSQL's rows, what waits, the last error."""
+    if not cold.get("configured"):
+        text = "cold tier: NOT CONFIGURED in this process (KEEL_COLD_DSN), though the namespace uses one"
+    else:
+        rows = cold.get("cold_rows")
+        text = (f"cold tier: {rows:,} segment(s), {cold.get('cold_bytes', 0):,} bytes "
+                f"({cold.get('cold_disk_bytes', 0):,} on disk) in PostgreSQL" if rows is not None
+                else f"cold tier: PostgreSQL UNREADABLE: {cold.get('cold_unavailable')}")
+    text += (f"; in Redis {cold.get('hot_closed', '?')} closed segment(s), {cold.get('hot_closed_bytes', '?')} bytes; "
+             f"waiting to move {cold.get('waiting', '?')} ({cold.get('waiting_bytes', '?')} bytes); "
+             f"last pass {cold.get('last_pass_at', 'never')}")
+    if cold.get("error"):
+        text += f"\n  LAST MOVE ERROR at {cold.get('error_at')}: {cold['error']}"
+    return text

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import UsageError
+from ...errors import ColdTierNotConfigured, UsageError
 from .changelog import CHANGES
+from .cold import COLD, ColdTier, settings_key
 from .keys import (
     LAYOUT1_DATA_KEYS,
     LAYOUT2_DATA_KEYS,
@@ -38,6 +39,7 @@ class GenerationAdmin:
     _switch_script: Any
     _switch_if_script: Any
     namespace: str
+    cold: ColdTier | None = None     # the cold tier of layout 2's closed segments (cold.py), when configured
 
     def new_generation(self, tenant: str) -> int:
         """A generation number never handed out before for this tenant (empty, not current)."""
@@ -86,6 +88,7 @@ class GenerationAdmin:
         return self._drop_data(tenant, int(gen))
 
     def _drop_data(self, tenant: str, gen: int) -> int:
+        self._drop_cold(tenant, gen)
         names = self.droppable_keys(tenant, gen)
         self._pv_len.pop(self._n(tenant).data(gen), None)
         with self._guard("drop_generation", tenant):
@@ -93,6 +96,18 @@ class GenerationAdmin:
             for chunk in reversed(list(chunks(names))):    # the index keys (first chunk) go last
                 pipe.execute_command("UNLINK", *chunk)   # (a cluster pipeline's unlink() takes one key)
             return sum(int(n) for n in pipe.execute())
+
+    def _drop_cold(self, tenant: str, gen: int) -> None:
+        """A generation's rows in the cold tier go first (cold.py): if PostgreSQL fails, nothing of the generation
+        is dropped yet and a rerun drops both. A process without the cold tier refuses to drop a generation
+        that has cold segments (their rows would stay behind)."""
+        if self.cold is not None:
+            self.cold.drop_generation(self.namespace, tenant, gen)
+            return
+        with self._guard("drop_generation", tenant):
+            held = int(self._client.exists(self._n(tenant).data(int(gen)) + COLD))
+        if held:
+            raise ColdTierNotConfigured(self.namespace, tenant)
 
     def droppable_keys(self, tenant: str, gen: int) -> list[str]:
         """The keys a drop of one generation unlinks: every name either layout may have given its data (a
@@ -104,7 +119,7 @@ class GenerationAdmin:
             entities = sorted(self._client.smembers(d + "ents"))
             closed = self._client.hgetall(d + "sg")
         fixed = dict.fromkeys(d + k for k in (*LAYOUT1_DATA_KEYS, MARKS, RELATION_ENDS, *LAYOUT2_DATA_KEYS, "sg",
-                                              CHANGES))
+                                              COLD, CHANGES))
         names = list(fixed)
         for e in entities:
             x = escape(e)
@@ -136,6 +151,8 @@ class GenerationAdmin:
             self._client.srem(self._registry, tenant)
         self._registered.discard(tenant)
         self._gens.pop(tenant, None)
+        if self.cold is not None:                      # rows of generations a drop missed (an interrupted move)
+            self.cold.drop_tenant(self.namespace, tenant)
         return deleted
 
     def drop_namespace(self) -> int:
@@ -146,5 +163,8 @@ class GenerationAdmin:
         deleted = sum(self.drop_tenant(t) for t in tenants)
         with self._guard("drop_namespace"):             # and its layout stamp: a namespace made again is new
             deleted += int(self._client.unlink(self._registry, layout_key(self.namespace),
-                                               applied_key(self.namespace), watermarked_key(self.namespace)))
+                                               applied_key(self.namespace), watermarked_key(self.namespace),
+                                               settings_key(self.namespace)))
+        if self.cold is not None:
+            self.cold.drop_namespace(self.namespace)
         return deleted

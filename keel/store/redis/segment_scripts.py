@@ -15,6 +15,8 @@ below (its fixed keys, present exactly when it holds data, are keys.LAYOUT2_DATA
                        `<P><least point9><greatest point9><n>` per timeline and segment, and the flags `<P>!`
                        (ranges overlap) and `<P>#` (an end or an expiry): what a read at a past time looks up
     d i:<e>            set: `>` + escaped subject + `|` + P of each relation naming the entity as object
+    d cz               hash: `<e>|<n>` -> SHA-1 of each closed segment moved to the cold tier (cold.py; its key
+                       `s:<e>|<n>` is gone from Redis, its body is in PostgreSQL)
 """
 from __future__ import annotations
 
@@ -118,16 +120,22 @@ return {1, first, seg, elements, segs, meta}
 
 # KEYS: 1 gen, 2 closed-segment counts (hash).
 # ARGV: 1 expected gen, 2 the prefix of segment keys, 3.. escaped entities.
-# Answers {1, {every segment of each entity concatenated, closed ones first ("" when none)}}.
+# Answers {1, {every segment of each entity concatenated, closed ones first ("" when none)}}; an entity with a
+# closed segment missing (moved to the cold tier, cold.py) gets the list of its segments instead, "" for each
+# missing one (a closed segment is never empty), the open one last.
 FULL = _GEN_CHECK + """
 local out = {}
 for i = 3, #ARGV do
   local e = ARGV[i]
   local n = tonumber(redis.call('HGET', KEYS[2], e) or '0')
-  local parts = {}
-  for j = 0, n - 1 do parts[#parts + 1] = redis.call('GET', ARGV[2] .. e .. '|' .. j) or '' end
+  local parts, gone = {}, false
+  for j = 0, n - 1 do
+    local s = redis.call('GET', ARGV[2] .. e .. '|' .. j)
+    if not s then gone = true; s = '' end
+    parts[#parts + 1] = s
+  end
   parts[#parts + 1] = redis.call('GET', ARGV[2] .. e) or ''
-  out[i - 2] = table.concat(parts)
+  if gone then out[i - 2] = parts else out[i - 2] = table.concat(parts) end
 end
 return {1, out}
 """
@@ -139,7 +147,7 @@ return {1, out}
 # (the winner's: the index is in order, else flagged) and the one with the least least point > t (the next
 # point's), and for a relation the one with its first point (its run starts there: it has no end, else
 # flagged). Answers {1, {per triple: "" or "*" when the timeline must be read from every segment}, {per entity:
-# {open segment, n, closed segment n, ... (by n)}}}.
+# {open segment, n, closed segment n, ... (by n)}}}; a closed segment moved to the cold tier (cold.py) is "".
 PAST = _GEN_CHECK + """
 local t, nO = ARGV[4], tonumber(ARGV[5])
 local verdicts, wanted = {}, {}

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ...errors import ColdTierUnavailable
 from ...timeline import Assertion, Timeline, covering
 from ...times import Micros, now_micros
 from ..base import BatchStep, EntityView, EventWrites, Key, Position, ViewRequest, entity_view, select_keys
+from . import cold as cold_tier
 from . import segment_scripts
 from .batch import PendingStep, latest_of, state_behind
 from .changelog import CHANGES, encode_changes
@@ -27,7 +29,7 @@ from .store import GenerationChanged, RedisStore, store_of_layout
 from .transport import CHUNK, chunks, eval_many, pipelined
 
 LAYOUT = 2
-OPTIONAL_KEYS = (MARKS, "sg", CHANGES)
+OPTIONAL_KEYS = (MARKS, "sg", CHANGES, cold_tier.COLD)
 
 
 class _Step(PendingStep):
@@ -53,6 +55,7 @@ class SegmentStore(RedisStore):
         self._seg_view = client.register_script(segment_scripts.VIEW)
         self._seg_full = client.register_script(segment_scripts.FULL)
         self._seg_past = client.register_script(segment_scripts.PAST)
+        self._cold_move = client.register_script(cold_tier.MOVE)
 
     # ---- writes --------------------------------------------------------------------------------
 
@@ -135,7 +138,10 @@ class SegmentStore(RedisStore):
             blocks = decode(seg)
             fold = Fold(blocks, whole=False)
             if not fold.serves(now):
-                fold = self._folds(tenant, [name], gen)[name]
+                try:
+                    fold = self._folds(tenant, [name], gen)[name]
+                except ColdTierUnavailable:   # its closed history is cold and PostgreSQL down: close it later
+                    continue
             e = escape(name)
             index = [x for p, (lo, hi, ends) in delta_ranges(blocks).items()
                      for x in (p, clamped_point(lo), clamped_point(hi), "1" if ends else "")]
@@ -163,7 +169,14 @@ class SegmentStore(RedisStore):
                 if result[0] == 0:
                     self._gens[tenant] = int(result[1])
                     return None
-                for e, seg in zip(chunk, result[1]):
+                segs = result[1]
+                missing = [(escape(e), j) for e, seg in zip(chunk, segs) if isinstance(seg, list)
+                           for j, part in enumerate(seg[:-1]) if not part]
+                if missing:                  # closed segments in the cold tier (cold.py)
+                    found = cold_tier.fill(self, tenant, g, missing)
+                    segs = [seg if isinstance(seg, str) else "".join(
+                        part or found[(escape(e), j)] for j, part in enumerate(seg)) for e, seg in zip(chunk, segs)]
+                for e, seg in zip(chunk, segs):
                     out[e] = Fold(decode(seg), whole=True)
             return out
         return in_current(tenant, attempt)
@@ -243,10 +256,16 @@ class SegmentStore(RedisStore):
         triples = [x for i, (e, ps) in enumerate(wanted.items(), 1) for p in ps for x in (i, p, "r" if p[0] == "r" else "")]
         opens = [escape(e) for e in entities]
         t9 = clamped_point(at)
+        used: list[str] = []
         with self._guard("view", r.tenant):
             [result] = self._script_many(self._seg_past, [(r.tenant, lambda d: (
-                [], [d + "s:", d + "v:", t9, len(opens), *opens, *triples]))])
+                used.append(d), [], [d + "s:", d + "v:", t9, len(opens), *opens, *triples])[1:])])
         _, verdicts, segments = result
+        missing = [(x, int(n)) for x, got in zip(opens, segments) for n, seg in zip(got[1::2], got[2::2]) if not seg]
+        if missing:                         # closed segments in the cold tier (cold.py)
+            found = cold_tier.fill(self, r.tenant, cold_tier.generation_of(used[-1]), missing)
+            segments = [[got[0], *(x for n, seg in zip(got[1::2], got[2::2])
+                                   for x in (n, seg or found[(e, int(n))]))] for e, got in zip(opens, segments)]
         out: dict[str, dict[str, Timeline]] = {}
         whole: list[str] = []
         verdict = iter(verdicts)

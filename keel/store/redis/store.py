@@ -174,6 +174,8 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
     def close(self) -> None:
         if self._owns_client:
             self._client.close()
+            if self.cold is not None:          # attached by its opener (keel.connect), closed with the store
+                self.cold.close()
 
     # ---- the public interface of the key layout (the bulk loader uses it) ------------------------
 
@@ -556,4 +558,5 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
         view = type(self)(self._client, namespace=self.namespace, pins={**self._pins, tenant: int(gen)},
                           owns_client=False)
         view._registered = self._registered
+        view.cold = self.cold
         return view

@@ -1,0 +1,201 @@
+"""The cold tier on PostgreSQL (`KEEL_COLD_DSN` / `--cold-dsn`): layout 2's closed segments moved out of Redis.
+
+A closed segment (keel/store/redis/segments.py) never changes once closed, so it can live anywhere; the present
+(every entity's open segment) and the small indexes stay in Redis. `keel archive` (workers/archive.py) copies a
+segment here, then deletes it from Redis in one Lua step that checks its content is unchanged and records it
+cold (keel/store/redis/cold.py). Reads that find a closed segment missing from Redis fetch exactly those pieces
+here, by primary key, and check each one's content hash.
+
+One table, in the DSN's schema (`?options=-csearch_path%3D<schema>` picks another; created when missing):
+
+    keel_cold_segments (namespace, tenant, generation, entity, seg, sha1, body, moved_at)
+        primary key (namespace, tenant, generation, entity, seg); entity is escaped as in Redis keys
+
+An upsert keyed by that primary key makes a repeated copy (a mover killed and run again) a no-op, never a
+second row. Errors of psycopg are translated into ColdTierUnavailable (exit 3) naming the operation, never a
+value (bodies hold a tenant's facts).
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import psycopg
+
+from .errors import ColdTierUnavailable
+
+COLD_DSN_ENV = "KEEL_COLD_DSN"
+TABLE = "keel_cold_segments"
+CONNECT_TIMEOUT_S = 5          # a read that needs cold history while PostgreSQL is down fails within this
+Piece = tuple[str, int]        # (escaped entity, segment number)
+
+__all__ = ["COLD_DSN_ENV", "ColdStore", "Piece", "content_hash"]
+
+
+def content_hash(body: str) -> str:
+    """SHA-1 of a segment's UTF-8 bytes, hex: what Redis's `redis.sha1hex` computes of the same string, so the
+    Lua step that deletes a segment checks it against the copy's hash without sending the body back."""
+    return hashlib.sha1(body.encode()).hexdigest()
+
+
+@contextmanager
+def _guard(what: str) -> Iterator[None]:
+    try:
+        yield
+    except psycopg.Error as e:
+        text = str(e).strip().splitlines()
+        raise ColdTierUnavailable(f"cold tier (PostgreSQL) {what} failed: {type(e).__name__}: "
+                                  f"{text[0] if text else 'no detail'}") from e
+    except OSError as e:
+        raise ColdTierUnavailable(f"cold tier (PostgreSQL) {what} failed: {type(e).__name__}: {e}") from e
+
+
+class ColdStore:
+    """Closed segments in PostgreSQL, shared by every process of a deployment (workers, tools servers, `keel
+    archive`, `keel replay`). One connection per process, opened at first use and opened again after a failure,
+    so a process started while PostgreSQL is down serves the present and reads cold history once it is back.
+    Calls are serialized by a lock (reads of cold history are the rare ones)."""
+
+    def __init__(self, dsn: str, *, connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
+        self._dsn = dsn
+        self._timeout = connect_timeout
+        self._conn: psycopg.Connection | None = None
+        self._lock = threading.Lock()
+
+    # ---- connection --------------------------------------------------------------------------
+
+    def _connection(self) -> psycopg.Connection:
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        self._conn = None
+        conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=max(1, int(self._timeout)))
+        try:
+            self._create(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return conn
+
+    @staticmethod
+    def _create(conn: psycopg.Connection) -> None:
+        exists = conn.execute("SELECT to_regclass(%s)", (TABLE,)).fetchone()
+        if exists is not None and exists[0] is not None:
+            return
+        try:
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (namespace text NOT NULL, tenant text NOT NULL, "
+                         "generation integer NOT NULL, entity text NOT NULL, seg integer NOT NULL, "
+                         "sha1 text NOT NULL, body text NOT NULL, moved_at timestamptz NOT NULL DEFAULT now(), "
+                         "PRIMARY KEY (namespace, tenant, generation, entity, seg))")
+        except psycopg.errors.UniqueViolation:
+            pass                # another process created it at the same moment
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def ping(self) -> None:
+        """Raise ColdTierUnavailable unless PostgreSQL answers."""
+        with self._lock, _guard("ping"):
+            self._connection().execute("SELECT 1")
+
+    # ---- segments ----------------------------------------------------------------------------
+
+    def put(self, namespace: str, tenant: str, gen: int, pieces: Sequence[tuple[str, int, str, str]]) -> None:
+        """Store closed segments `(escaped entity, n, sha1, body)` of one generation, in one transaction; a piece
+        already stored is overwritten by the same content (segments are immutable), never doubled."""
+        if not pieces:
+            return
+        with self._lock, _guard("copy of closed segments"):
+            conn = self._connection()
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany(
+                    f"INSERT INTO {TABLE} (namespace, tenant, generation, entity, seg, sha1, body) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (namespace, tenant, generation, entity, seg) "
+                    "DO UPDATE SET sha1 = EXCLUDED.sha1, body = EXCLUDED.body",
+                    [(namespace, tenant, int(gen), e, int(n), sha, body) for e, n, sha, body in pieces])
+
+    def fetch(self, namespace: str, tenant: str, gen: int, pieces: Sequence[Piece]) -> dict[Piece, str]:
+        """The bodies of the named pieces of one generation, each checked against its hash; a piece missing here
+        (the cold tier lost or restored from an old backup) or altered is ColdTierUnavailable, never a partial
+        answer."""
+        wanted = list(dict.fromkeys((e, int(n)) for e, n in pieces))
+        if not wanted:
+            return {}
+        with self._lock, _guard("read of cold history"):
+            rows = self._connection().execute(
+                f"SELECT entity, seg, sha1, body FROM {TABLE} WHERE namespace = %s AND tenant = %s AND "
+                "generation = %s AND (entity, seg) IN (SELECT * FROM unnest(%s::text[], %s::integer[]))",
+                (namespace, tenant, int(gen), [e for e, _ in wanted], [n for _, n in wanted])).fetchall()
+        out: dict[Piece, str] = {}
+        for e, n, sha, body in rows:
+            if content_hash(body) != sha:
+                raise ColdTierUnavailable(f"cold tier (PostgreSQL): a closed segment of tenant {tenant!r} "
+                                          f"(generation {gen}) does not match its hash (altered)", tenant=tenant)
+            out[(e, int(n))] = body
+        if len(out) != len(wanted):
+            raise ColdTierUnavailable(
+                f"cold tier (PostgreSQL) lacks {len(wanted) - len(out)} closed segment(s) of tenant {tenant!r} "
+                f"(generation {gen}) that Redis says it holds: rebuild with `keel replay <cartridge> --all`",
+                tenant=tenant)
+        return out
+
+    def forget(self, namespace: str, tenant: str, gen: int, pieces: Sequence[Piece]) -> int:
+        """Delete some pieces (a copy whose Redis step found the generation gone); returns rows deleted."""
+        if not pieces:
+            return 0
+        with self._lock, _guard("delete of closed segments"):
+            cur = self._connection().execute(
+                f"DELETE FROM {TABLE} WHERE namespace = %s AND tenant = %s AND generation = %s AND "
+                "(entity, seg) IN (SELECT * FROM unnest(%s::text[], %s::integer[]))",
+                (namespace, tenant, int(gen), [e for e, _ in pieces], [int(n) for _, n in pieces]))
+            return cur.rowcount
+
+    # ---- generations, tenants, namespaces ----------------------------------------------------
+
+    def drop_generation(self, namespace: str, tenant: str, gen: int) -> int:
+        """Delete a generation's rows (its Redis keys are dropped next); returns rows deleted."""
+        with self._lock, _guard("drop of a generation"):
+            return self._connection().execute(
+                f"DELETE FROM {TABLE} WHERE namespace = %s AND tenant = %s AND generation = %s",
+                (namespace, tenant, int(gen))).rowcount
+
+    def drop_tenant(self, namespace: str, tenant: str) -> int:
+        """Delete every row of a tenant (offboarding, a tenant dropped)."""
+        with self._lock, _guard("drop of a tenant"):
+            return self._connection().execute(f"DELETE FROM {TABLE} WHERE namespace = %s AND tenant = %s",
+                                              (namespace, tenant)).rowcount
+
+    def drop_namespace(self, namespace: str) -> int:
+        with self._lock, _guard("drop of a namespace"):
+            return self._connection().execute(f"DELETE FROM {TABLE} WHERE namespace = %s",
+                                              (namespace,)).rowcount
+
+    def generations(self, namespace: str) -> list[tuple[str, int]]:
+        """(tenant, generation) pairs holding rows: what the mover checks against Redis for orphans."""
+        with self._lock, _guard("list of generations"):
+            return [(t, int(g)) for t, g in self._connection().execute(
+                f"SELECT DISTINCT tenant, generation FROM {TABLE} WHERE namespace = %s ORDER BY 1, 2",
+                (namespace,)).fetchall()]
+
+    def sizes(self, namespace: str) -> tuple[int, int, int]:
+        """(rows, bytes of the bodies as text, bytes on disk after PostgreSQL's compression) of a namespace."""
+        with self._lock, _guard("size query"):
+            row = self._connection().execute(
+                f"SELECT count(*), coalesce(sum(octet_length(body)), 0), coalesce(sum(pg_column_size(body)), 0) "
+                f"FROM {TABLE} WHERE namespace = %s", (namespace,)).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1]), int(row[2])
+
+    def values_like(self, namespace: str, text: str) -> int:
+        """How many rows of a namespace hold `text` (an erasure check: the count, never the rows)."""
+        with self._lock, _guard("scan"):
+            row = self._connection().execute(
+                f"SELECT count(*) FROM {TABLE} WHERE namespace = %s AND strpos(body, %s) > 0",
+                (namespace, text)).fetchone()
+        return int(row[0]) if row else 0
