@@ -69,7 +69,7 @@ def policy(cartridge: Cartridge, store: SegmentStore) -> tuple[str, int | None]:
     """The namespace's `cold_after` (its override in Redis, else the cartridge's) as text and micros."""
     with store._guard("cold policy"):
         override = store.client.hget(settings_key(store.namespace), "after")
-    text = override or cartridge.spec.history.cold_after
+    text = str(override) if override else cartridge.spec.history.cold_after
     return text, parse_duration(text)
 
 

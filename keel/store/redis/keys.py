@@ -29,6 +29,8 @@ one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
     keel:{<ns>/<t>}:g<N>:z:<entity>        sorted set: every assertion of the timelines the entity owns
     keel:{<ns>/<t>}:g<N>:x:<entity>        list: [first recorded_at, one element per timeline involving it]
 
+    keel:{<ns>/<t>}:g<N>:cz                hash: layout 2's closed segments moved to the cold tier (cold.py)
+    keel:{<ns>}:cold                       hash: the cold tier's policy override and the mover's last pass (cold.py)
 A timeline is owned by the entity in its key's second place (the subject of a relation). All members
 of an entity's sorted set have score 0 and sort by bytes:
 
