@@ -33,7 +33,7 @@ from keel import Projector, Tools, load_cartridge
 from keel.changes import Cursor
 from keel.embedded import replay_file
 from keel.store.redis import RedisStore, SegmentStore
-from keel.store.redis.changelog import CHANGES, encode_changes
+from keel.store.redis.changelog import CHANGES, encode_copies, encode_references
 from keel.times import format_time
 from workers.mirror import RecordingStore
 
@@ -126,7 +126,7 @@ def main() -> None:
                 sample.append(([(e.key, a)], (a.evidence, a.recorded_at)))
         c0 = time.process_time()
         for _ in range(5):
-            encode_changes(sample)
+            encode_references(sample, 0) if args.layout == 1 else encode_copies(sample)
         print(f"writer: encoding the change log costs {(time.process_time() - c0) / 5 / len(page) * 1e6:.2f} "
               f"CPU µs per write (in process)")
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 from .envelope import ERASED
@@ -66,28 +67,50 @@ def read_changes(store: Store, tenant: str, *, since: Micros | None, after: Curs
     reads of the log (limit + 1 entries, then more while some were filtered out, at most limit * SCAN_FACTOR in
     all) and one read of the timelines they touch. A cursor of a replaced generation resumes from its recorded
     time (changes of that very microsecond may come again)."""
-    page = store.changes(tenant, start=None if after is None else after.position,
-                         since=since if after is None else after.recorded_at - 1,
-                         generation=None if after is None else after.generation, count=limit + 1)
+    def wanted(key: Key) -> bool:
+        return visible(key, scopes) and of_type(key, type)
+
+    def first(n: int) -> Callable[[Key], bool]:
+        """`wanted`, for the first n entries it accepts (change_page asks in log order: windows of those only)."""
+        left = [n]
+
+        def keep(key: Key) -> bool:
+            if left[0] > 0 and wanted(key):
+                left[0] -= 1
+                return True
+            return False
+        return keep
+
+    page = store.change_page(tenant, start=None if after is None else after.position,
+                             since=since if after is None else after.recorded_at - 1,
+                             generation=None if after is None else after.generation, count=limit + 1,
+                             window=WINDOW, keep=first(limit))
     read, kept, used = list(page.entries), [], 0
+    windows = dict(page.windows) if page.windows is not None else None
     budget = limit * SCAN_FACTOR
     while True:
         while used < len(read) and used < budget and len(kept) < limit:
             entry = read[used]
             used += 1
-            if visible(entry.key, scopes) and of_type(entry.key, type):
+            if wanted(entry.key):
                 kept.append(entry)
         end = page.start + len(page.entries)
         if len(kept) == limit or used == budget or used < len(read) or end >= page.length:
             break
-        nxt = store.changes(tenant, start=end, generation=page.generation, count=min(budget - used, 4 * limit) + 1)
+        nxt = store.change_page(tenant, start=end, generation=page.generation,
+                                count=min(budget - used, 4 * limit) + 1, window=WINDOW,
+                                keep=first(limit - len(kept)))
         if nxt.generation != page.generation or nxt.start != end:
             break                       # replaced meanwhile: answer with what was read
         page = nxt
         read += page.entries
+        if windows is not None and page.windows is not None:
+            windows.update(page.windows)
+        else:
+            windows = None
     first = read[0].position if read else page.start
     more = first + used < page.length
-    rows = change_rows(store, tenant, kept) if kept else []
+    rows = change_rows(store, tenant, kept, windows) if kept else []
     for row in rows:            # values the caller may change (an embedded graph keeps its own)
         row["old"], row["new"] = _own(row["old"]), _own(row["new"])
     through = page.known_through
@@ -114,10 +137,14 @@ def visible(key: Key, scopes: set[str]) -> bool:
     return key[0] != "f" or key[3] == "" or key[3] in scopes
 
 
-def change_rows(store: Store, tenant: str, entries: list[ChangeEntry]) -> list[dict[str, Any]]:
-    """The rows of entries: each from a window of its timeline around its point (Store.windows_many), or from
-    the whole timeline when the window does not decide it."""
-    windows = store.windows_many(tenant, [(e.key, e.assertion.point) for e in entries], WINDOW)
+def change_rows(store: Store, tenant: str, entries: list[ChangeEntry],
+                read: dict[int, Window] | None = None) -> list[dict[str, Any]]:
+    """The rows of entries: each from a window of its timeline around its point (those `read` with the page by
+    Store.change_page, by position, else Store.windows_many's), or from the whole timeline when the window does
+    not decide it."""
+    missing = [e for e in entries if read is None or e.position not in read]
+    got = iter(store.windows_many(tenant, [(e.key, e.assertion.point) for e in missing], WINDOW) if missing else ())
+    windows = [read[e.position] if read is not None and e.position in read else next(got) for e in entries]
     rows = [change_row(e.key, e.assertion, w) for e, w in zip(entries, windows)]
     undecided = sorted({e.key for e, row in zip(entries, rows) if row is None})
     if undecided:
@@ -131,7 +158,9 @@ def change_row(key: Key, a: Assertion, window: Window) -> dict[str, Any] | None:
     """One change: which timeline, what happened (`change`), the value at the change's point just before and
     just after the change was recorded (`old`, `new`), the valid times of the version it concerns (`valid_to`
     as known now) and its provenance. None when the window (Store.Window) does not decide the row."""
-    before = _before(window.assertions, a)
+    before, met = _before(window.assertions, a)
+    if not met and not window.whole:
+        return None             # the window does not hold the change itself: it cannot tell what came before it
     old = Timeline.over(before).as_of(a.point)
     if is_void(a):              # the point counts for nothing now: what held before it shows through
         after = list(before)
@@ -162,9 +191,9 @@ def change_row(key: Key, a: Assertion, window: Window) -> dict[str, Any] | None:
     return row
 
 
-def _before(timeline: list[Assertion], a: Assertion) -> list[Assertion]:
+def _before(timeline: list[Assertion], a: Assertion) -> tuple[list[Assertion], bool]:
     """The assertions of a timeline recorded before `a` in log order: at `a`'s own point those listed before it
-    (log order), at other points those recorded strictly earlier."""
+    (log order), at other points those recorded strictly earlier; and whether `a` was met."""
     out: list[Assertion] = []
     met = False
     for x in timeline:
@@ -175,7 +204,7 @@ def _before(timeline: list[Assertion], a: Assertion) -> list[Assertion]:
                 out.append(x)
         elif x.recorded_at < a.recorded_at:
             out.append(x)
-    return out
+    return out, met
 
 
 def _next_point(timeline: list[Assertion], point: Micros) -> Micros | None:

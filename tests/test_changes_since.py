@@ -313,3 +313,96 @@ def test_old_and_new_are_the_belief_before_and_after_the_change(ops: list[tuple[
                 model.add(e.assertion)
             held = model.as_of(entry.assertion.point)
             assert row[field] == (None if held is None else held.assertion.value), (field, i)
+
+
+def walk(store: Store, limit: int, **kwargs: Any) -> list[Any]:
+    """Every answer of keel.changes.read_changes from the log's start, following cursors to the end."""
+    from keel.changes import parse_cursor, read_changes
+    out = [read_changes(store, "acme", since=None, after=None, limit=limit, type=None, scopes={"tenant"}, **kwargs)]
+    while out[-1].more:
+        out.append(read_changes(store, "acme", since=None, after=parse_cursor(out[-1].cursor), limit=limit,
+                                type=None, scopes={"tenant"}, **kwargs))
+    return out
+
+
+def clamped(batches: list[Any]) -> list[Any]:
+    """The batches with each write's recorded_at raised to the latest before it (as keel.envelope clamps)."""
+    latest, out = 0, []
+    for writes, event_id in batches:
+        kept = []
+        for w in writes:
+            latest = max(latest, w.assertion.recorded_at)
+            kept.append(new_write(w.key, w.assertion._replace(recorded_at=latest)))
+        out.append((kept, event_id))
+    return out
+
+
+@pytest.mark.services
+@pytest.mark.parametrize("seed,window,chunk", [(1, 4, None), (2, 4, 3), (3, 1, None), (4, 1, 5)])
+def test_redis_pages_read_with_their_windows_give_the_memory_stores_answers(
+        redis_store: RedisStore, seed: int, window: int, chunk: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page reads each change's window with it (Store.change_page; layout 1: the change's own member, the one
+    before it at its point, the point before only when those do not decide): the answers (rows, cursors, `more`,
+    from a cursor or from `since`) equal the memory store's, over a random workload (corrections at one point,
+    voids, closes, late points, expiries, notes of scopes the caller does not see) committed in steps of several
+    events, with windows of 4 and of 1 member of the point before, and chunks of the change log cut small (so
+    that chunks end inside events and runs)."""
+    import keel.changes
+    from keel.changes import read_changes
+    from keel.store.redis import changelog
+    monkeypatch.setattr(keel.changes, "WINDOW", window)
+    if chunk:
+        monkeypatch.setattr(changelog, "CHUNK_WRITES", chunk)
+    memory = MemoryStore()
+    batches = clamped(random_batches(seed, 150))
+    for i in range(0, len(batches), 4):
+        redis_store.commit_batch("acme", batches[i:i + 4], None)
+        memory.commit_batch("acme", batches[i:i + 4], None)
+    for limit in (7, 100):
+        got, want = walk(redis_store, limit), walk(memory, limit)
+        assert [(a.rows, a.cursor, a.more) for a in got] == [(a.rows, a.cursor, a.more) for a in want]
+        assert sum(len(a.rows) for a in got) > 50
+    times = sorted({e.assertion.recorded_at for e in memory.changes("acme", count=10_000).entries})
+    for since in [times[0] - 1, *times[::9], times[-1]]:
+        got1 = read_changes(redis_store, "acme", since=since, after=None, limit=5, type=None, scopes=set())
+        want1 = read_changes(memory, "acme", since=since, after=None, limit=5, type=None, scopes=set())
+        assert (got1.rows, got1.cursor, got1.more, got1.through) == \
+            (want1.rows, want1.cursor, want1.more, want1.through)
+
+
+@pytest.mark.services
+def test_a_page_of_a_bulk_loaded_generation_is_the_applied_ones(redis_store: RedisStore) -> None:
+    """A replay's bulk load numbers the change log's chunks itself (layout 1) or applies steps (layout 2): its
+    pages equal those of the same steps applied one by one."""
+    batches = random_batches(5, 120)
+    for i in range(0, len(batches), 9):
+        redis_store.commit_batch("acme", batches[i:i + 9], None)
+    applied = walk(redis_store, 11)
+    gen = redis_store.new_generation("acme")
+    loader = redis_store.load_generation("acme", gen)
+    for i in range(0, len(batches), 9):
+        loader.add(batches[i:i + 9], None)
+        if i % 2:
+            loader.flush()
+    loader.flush()
+    redis_store.switch_generation("acme", gen)
+    loaded = walk(redis_store, 11)
+    assert [a.rows for a in loaded] == [a.rows for a in applied] and len(loaded) > 5
+
+
+@pytest.mark.services
+def test_a_change_log_of_an_earlier_build_is_refused(redis_store: RedisStore) -> None:
+    """A generation whose change log holds elements of the first format (one JSON element per write, before
+    chunks) is never misread: reads are refused with what to run."""
+    from keel.store.redis.changelog import CHANGES, ChangeLogIncompatible
+    redis_store.open_fact("acme", "thing:a", "p", 1, valid_from="2026-01-01")
+    key = redis_store.data_prefix("acme", 1) + CHANGES
+    old = '1790000000000000|[["f","thing:a","p",""],0,1,0,null,"e0",null,null]'
+    redis_store.client.rpush(key, old)                  # a downgraded writer appended one after new chunks
+    with pytest.raises(ChangeLogIncompatible, match="keel replay"):
+        redis_store.changes("acme", count=1000)
+    redis_store.client.lpush(key, old)                  # an upgraded one appended after old elements
+    with pytest.raises(ChangeLogIncompatible):
+        redis_store.changes("acme", start=0, generation=1, count=1)
+    with pytest.raises(UsageError, match="tenant 'acme'"):
+        Tools(load_cartridge(FINANCE), redis_store, "acme").history(since=SINCE)

@@ -9,7 +9,7 @@ built here on top of those primitives, so every backend behaves the same and one
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from ..timeline import (
@@ -72,13 +72,16 @@ class ChangePage(NamedTuple):
     entries: list[ChangeEntry]
     length: int
     known_through: Micros | None
+    windows: dict[int, Window] | None = None    # by position: the windows Store.change_page read with the entries
 
 
 class Window(NamedTuple):
-    """A timeline around a point (Store.windows_many). `whole`: `assertions` is the whole timeline. Else they
-    are every assertion at the point and the last ones (in log order) of some points before it, by point then
-    log order; `low` is the lowest of those points when anything at or below it was left out (None: nothing),
-    and `next_point` the first point after the point whose winner now is no void (None: none)."""
+    """A timeline around a point (Store.windows_many, Store.change_page). `whole`: `assertions` is the whole
+    timeline. Else they are the assertions at the point (every one, or, around a change, those listed up to it
+    from the last one before it: that one decides what held there before) and the last ones (in log order) of
+    some points before it, by point then log order; `low` is the lowest of those points when anything at or
+    below it that could decide a row was left out (None: nothing), and `next_point` the first point after the
+    point whose winner now is no void (None: none)."""
     assertions: list[Assertion]
     low: Micros | None
     next_point: Micros | None
@@ -327,6 +330,14 @@ class Store(ABC):
         from the first entry recorded after `since` (None: the first), with the log's length and the tenant's
         known_through read in the same atomic step (keel/changes.py)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no change log")
+
+    def change_page(self, tenant: str, *, start: int | None = None, since: Micros | None = None,
+                    generation: int | None = None, count: int, window: int = 0,
+                    keep: Callable[[Key], bool] | None = None) -> ChangePage:
+        """`changes`, and, from backends that read them together (`windows` of the page, by position), the window
+        (`windows_many`'s, of size `window`) of each entry whose key `keep` accepts (asked once per entry, in log
+        order). This default reads no window: keel/changes.py then asks `windows_many`."""
+        return self.changes(tenant, start=start, since=since, generation=generation, count=count)
 
     def windows_many(self, tenant: str, items: list[tuple[Key, Micros]], size: int) -> list[Window]:
         """For each (key, point): the timeline around the point (keel/changes.py reads a change's neighbourhood,

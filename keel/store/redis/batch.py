@@ -13,7 +13,7 @@ from typing import Any
 
 from ...errors import StateBehind
 from ..base import EventWrites, Key, Position
-from .changelog import encode_changes
+from .changelog import encode_references
 from .codec import STR as _STR
 from .codec import encode_body, encode_point, encode_provenance, json_text
 from .keys import MARKS, RELATION_ENDS, ended_member, escape, offset_field, prefix_of
@@ -107,7 +107,7 @@ class ApplyBatch:
         args.append(len(ends))
         args += ends
         args += zadd
-        args += encode_changes(events)      # the change log's elements (changelog.py), after the members
+        args += encode_references(events, base)     # the change log's chunks (changelog.py), after the members
         self.args = args
 
     def keys(self, d: str) -> list[str]:

@@ -1,64 +1,226 @@
-"""A tenant's change log in Redis (Store.changes), the same in both key layouts.
+"""A tenant's change log in Redis (Store.changes, Store.change_page), both key layouts.
 
 Per generation `d` (keys.py's data prefix):
 
-    d ch      list: one element per write applied, in apply order, `<recorded_at>|<JSON>` with the JSON
-              `[key, point, value, closed, source, evidence, by, expires_at]`
+    d ch      list of chunks, in apply order: `c<position>|<writes>|<recorded_at>|<body>`
 
-The writer encodes the elements of a step (`encode_changes`) and each layout's APPLY script appends them to
-the list in the same atomic step as the writes (layout 1: scripts.APPLY; layout 2: segment_scripts.APPLY; a
-layout-1 bulk load: loader.py). The list belongs to the generation, so a replay rebuilds it with the graph, and
-dropping the generation drops it. Positions in the list are the log's order; a tenant's recorded_at never goes
-backwards in its log (keel.envelope clamps it), so the first position recorded after a time is found by
-bisection. A page (the CHANGES script) reads at most its own entries: LRANGE of a run, never a scan of entities.
+A chunk holds up to CHUNK_WRITES writes of one commit step, in write order. `position` is the log position of
+its first write (every write applied is numbered from 0, in apply order), `writes` how many it holds and
+`recorded_at` that of its first write; `body` is JSON, compressed (zlib, raw deflate) and base64-encoded:
+`[w, run, ...]`, each run a run of writes sharing their event and recorded_at (layout 1) or their provenance
+(layout 2). A run's recorded_at (and layout 1's `b`) is given as the difference from the run before in the chunk
+(from 0 for the first), and its writes' points as the run's `point` unless a write says otherwise. A write's key
+is a JSON list; its owner is "" when the write before it in the run has the same owner. So a chunk compresses to
+about 4 bytes a write (docs/performance.md, "What changed since").
+
+    layout 1 run:  [recorded_at, b, point, [key or [key, point], ...]]
+    layout 2 run:  [recorded_at, source, evidence, by, point, [[key, value] or [key, value, point, closed,
+                    expires_at], ...]]                                                (its chunk's `w` is 0)
+
+Layout 1 keeps references: the writes of a chunk are the step's writes w, w + 1, ... (batch.encode_writes counts
+them from 1) and a write of a run is the member `<P><point9><#b><b><#w><w>...` of its owner's sorted set
+(keys.py); the member and the provenance list hold its value and provenance, read back by the AROUND script with
+the window of each change (what keel/changes.py builds a row from). Layout 2 has no per-write address in its
+segments, so its runs carry the writes' values.
+
+The writer encodes the chunks of a step (`encode_references`, `encode_copies`) and each layout's APPLY script
+prepends their positions and appends them to the list in the same atomic step as the writes (layout 1:
+scripts.APPLY; layout 2: segment_scripts.APPLY; a layout-1 bulk load, the only writer of its generation, numbers
+them itself: `positioned`). The list belongs to the generation, so a replay rebuilds it with the graph, and
+dropping the generation drops it. A tenant's recorded_at never goes backwards in its log (keel.envelope clamps
+it), so the first write recorded after a time is in the last chunk whose first write was recorded at or before
+it, or the next one: found by bisection. A page (the READ script) reads the chunks holding its own entries, never
+a scan of entities.
+
+A generation whose change log was written in the first format of this list (one JSON element per write, before
+chunks) is refused by every read (ChangeLogIncompatible): `keel replay` rebuilds it.
 """
 from __future__ import annotations
 
-import json
+import re
+import zlib
+from binascii import a2b_base64, b2a_base64
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
+import msgspec
+
+from ...errors import StoreUnavailable, UsageError
 from ...timeline import Assertion
 from ...times import Micros
 from ..base import ChangeEntry, ChangePage, EventWrites, Key, Store, Window
 from .codec import ProvenanceCache, decode_point, encode_point, json_text
 from .keys import escape, prefix_of
+from .retries import in_current
 from .scripts import _GEN_CHECK, _NOTES, _PROV_OF, _WINNER
 
 CHANGES = "ch"              # the change log's key, after the generation's data prefix
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-_encode = _JSON.encode
+CHUNK_WRITES = 512          # writes per chunk at most (a page decodes one or two)
+LEVEL = 1                   # zlib's level: its fastest
 _digits = int.__repr__      # a time's digits, whatever int subclass carries it (keel.envelope.Instant prints RFC 3339)
-_KEYS: dict[Any, str] = {}  # timeline key -> its JSON (encode_changes)
+_KEYS: dict[Any, str] = {}  # timeline key -> its JSON
+_JSON = msgspec.json.Encoder()
+_loads = msgspec.json.Decoder().decode
 _CACHE = 100_000
+_HEAD = re.compile(r"c(\d+)\|(\d+)\|(-?\d+)\|")
+_OWNERLESS: dict[Any, str] = {}     # timeline key -> its JSON with owner "" (the write before in its run has it)
+_REFS: dict[Key, tuple[str, str]] = {}     # key -> (escaped owner, P), for the AROUND script's arguments
+_POINTS: dict[Any, str] = {}               # point -> point9 (codec.encode_point)
+
+
+class ChangeLogIncompatible(UsageError):
+    """A generation's change log is in a format this Keel does not read (written by an earlier build)."""
+
+    def __init__(self, tenant: str, generation: int) -> None:
+        super().__init__(f"the change log of tenant {tenant!r} (generation {generation}) was written by an earlier "
+                         f"Keel in a format this one does not read: rebuild the tenant with `keel replay <cartridge> "
+                         f"--tenant {tenant}` (or `--all`); see CHANGELOG.md")
+        self.tenant, self.generation = tenant, generation
+
 
 # KEYS: 1 gen, 2 the change log (list), 3 the meta hash.
 # ARGV: 1 expected gen, 2 the position to start from ("" = from `since`), 3 since, recorded_at in micros ("" =
 #       from the first entry), 4 how many entries at most.
-# Answers {1, start, length of the log, entries from start, the tenant's known_through `kt` or ""}: the page,
-# the log's length and known_through are read in one atomic step.
+# Answers {1, position of the first chunk's first write, the log's length in writes, the chunks holding the
+# entries from the start on (at least `count` of them, or to the log's end), the tenant's known_through `kt` or
+# ""}: the page, the log's length and known_through read in one atomic step. From `since`, the first chunk is
+# the last one whose first write was recorded at or before it: the reader skips the writes recorded at or before
+# `since`, so the chunks after it hold `count` more. {5} when a chunk read is not in this format (an earlier
+# build's log).
 READ = _GEN_CHECK + """
 local n = redis.call('LLEN', KEYS[2])
-local start = 0
-if ARGV[2] ~= '' then
-  start = tonumber(ARGV[2])
-elseif ARGV[3] ~= '' then
-  local since, lo, hi = tonumber(ARGV[3]), 0, n
+local kt = redis.call('HGET', KEYS[3], 'kt') or ''
+if n == 0 then return {1, 0, 0, {}, kt} end
+local function head(i)
+  local e = redis.call('LINDEX', KEYS[2], i)
+  local p, c, r = string.match(e, '^c(%d+)|(%d+)|(-?%d+)|')
+  if not p then return nil end
+  return tonumber(p), tonumber(c), tonumber(r), e
+end
+if not head(0) then return {5} end
+local lp, lc = head(n - 1)
+if not lp then return {5} end
+local total = lp + lc
+local first, start, since = 0, tonumber(ARGV[2]), tonumber(ARGV[3])
+local covered, counts = 0, true     -- counts: every write of the first chunk is an entry
+if start then
+  if start >= total then return {1, start, total, {}, kt} end
+  local lo, hi = 0, n - 1           -- the last chunk whose first position is <= start
+  while lo < hi do
+    local mid = math.floor((lo + hi + 1) / 2)
+    local p = head(mid)
+    if not p then return {5} end
+    if p <= start then lo = mid else hi = mid - 1 end
+  end
+  first = lo
+elseif since then
+  local lo, hi = 0, n               -- the first chunk whose first write was recorded after since, less one
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
-    if tonumber(string.match(redis.call('LINDEX', KEYS[2], mid), '^(-?%d+)')) > since then hi = mid else lo = mid + 1 end
+    local p, c, r = head(mid)
+    if not p then return {5} end
+    if r > since then hi = mid else lo = mid + 1 end
   end
-  start = lo
+  if lo > 0 then first, counts = lo - 1, false end
 end
-local page = {}
-if start < n then page = redis.call('LRANGE', KEYS[2], start, start + tonumber(ARGV[4]) - 1) end
-return {1, start, n, page, redis.call('HGET', KEYS[3], 'kt') or ''}
+local chunks, want, p0 = {}, tonumber(ARGV[4]), nil
+local i = first
+while i < n do
+  local p, c, r, e = head(i)
+  if not p then return {5} end
+  chunks[#chunks + 1] = e
+  if not p0 then
+    p0 = p
+    if start then covered = p + c - start elseif counts then covered = c end
+  else
+    covered = covered + c
+  end
+  if covered >= want then break end
+  i = i + 1
+end
+return {1, p0, total, chunks, kt}
 """
 
-# Layout 1: a window of each asked timeline around a point (Store.windows_many): every member at the point, the
-# last ARGV[2] members (by log order) of the point before it, whether anything below those was left out, and the
-# first point after the point whose winner now is no void (`winner_at`'s next point), with the provenance
-# entries of the members returned.
+# Layout 1: each change's own member, and for those asked, its window (Store.Window): the last member before it
+# at its point (log order); when that does not decide what held before (there is none, or it is a void) or the
+# change is a void, the last members of the point before, from the last one (log order) back to the first one
+# recorded before the change (at most ARGV[2]: keel.changes looks at those only), and whether anything at or
+# below them was left out; and the first point after its point whose winner now is no void (`winner_at`'s next
+# point). With the provenance entries of every member returned.
+# KEYS: 1 gen, 2 provenance. ARGV: 1 expected gen, 2 how many members of the point before at most, 3 the prefix
+# of sorted-set names ("<data prefix>z:"), then per change: its owner (escaped), P, its point (point9),
+# `<#b><b><#w><w>` of its member, "1" for its window.
+# Answers {1, {member, [last before or "", {members before (ascending)}, "1" when some at or below them were
+# left out else "0", next point9 or ""], ...}, {index, entry, ...}}, members without P; {6, owner} when a member
+# or provenance entry is missing (a generation dropped while read).
+AROUND = _GEN_CHECK + _PROV_OF + _WINNER + """
+local M, zs, out = tonumber(ARGV[2]), ARGV[3], {}
+local provs, got = {}, {}
+local function entry(m, P)          -- the provenance entry of a member, added to the answer once
+  local n = prov_of(m, #P + 10)
+  local e = got[n]
+  if not e then
+    e = redis.call('LINDEX', KEYS[2], n)
+    if not e then return nil end
+    got[n] = e
+    provs[#provs + 1] = n
+    provs[#provs + 1] = e
+  end
+  return e
+end
+for i = 4, #ARGV, 5 do
+  local z, P, at, bw = zs .. ARGV[i], ARGV[i + 1], ARGV[i + 1] .. ARGV[i + 2], ARGV[i + 3]
+  local two = redis.call('ZREVRANGEBYLEX', z, '(' .. at .. bw .. '~', '[' .. at, 'LIMIT', 0, 2)
+  local me, last = two[1], two[2]
+  if not me or string.sub(me, 1, #at + #bw) ~= at .. bw then return {6, ARGV[i]} end
+  local e = entry(me, P)
+  if not e then return {6, ARGV[i]} end
+  out[#out + 1] = string.sub(me, #P + 1)
+  if ARGV[i + 4] == '1' then
+    local below, more = {}, '0'
+    if last and not entry(last, P) then return {6, ARGV[i]} end
+    if not last or void_at(last, P) or void_at(me, P) then
+      local rec = cjson.decode(e)[3]
+      local l = redis.call('ZREVRANGEBYLEX', z, '(' .. at, '[' .. P, 'LIMIT', 0, M + 1)
+      local p1, kept = l[1] and string.sub(l[1], #P + 1, #P + 9), 0
+      for x = 1, #l do
+        if x > M or string.sub(l[x], #P + 1, #P + 9) ~= p1 then more = '1'; break end
+        local pe = entry(l[x], P)
+        if not pe then return {6, ARGV[i]} end
+        kept = x
+        if cjson.decode(pe)[3] < rec then
+          if x < #l then more = '1' end
+          break
+        end
+      end
+      for x = kept, 1, -1 do below[#below + 1] = string.sub(l[x], #P + 1) end
+    end
+    local lo, nx = '(' .. at .. '~', ''
+    while true do                   -- a point's winner is its last member: the first one when it is alone
+      local f = redis.call('ZRANGEBYLEX', z, lo, '(' .. P .. '~', 'LIMIT', 0, 2)
+      if not f[1] then break end
+      local p2, w2 = string.sub(f[1], #P + 1, #P + 9), f[1]
+      lo = '(' .. P .. p2 .. '~'
+      if f[2] and string.sub(f[2], #P + 1, #P + 9) == p2 then
+        w2 = redis.call('ZREVRANGEBYLEX', z, lo, '[' .. P .. p2, 'LIMIT', 0, 1)[1]
+      end
+      if not void_at(w2, P) then
+        nx = p2
+        break
+      end
+    end
+    out[#out + 1] = last and string.sub(last, #P + 1) or ''
+    out[#out + 1] = below
+    out[#out + 1] = more
+    out[#out + 1] = nx
+  end
+end
+return {1, out, provs}
+"""
+
+# Layout 1, for callers that name a change by (key, point) only (Store.windows_many): every member at the point,
+# the last ARGV[2] members (by log order) of the point before it, whether anything below those was left out, and
+# the first point after the point whose winner now is no void, with the provenance entries of the members.
 # KEYS: 1 gen, 2 provenance. ARGV: 1 expected gen, 2 how many members of the point before, 3 the prefix of
 # sorted-set names ("<data prefix>z:"), then per timeline: its owner (escaped), P, the point (point9).
 # Answers {1, {members before (ascending), members at, "1" when some below were left out else "0", next point9
@@ -102,74 +264,371 @@ end
 return {1, out, provs}
 """
 
+# ---- writing ---------------------------------------------------------------------------------------------
 
-def encode_changes(events: Sequence[EventWrites]) -> list[str]:
-    """The change-log elements of a step's writes, in write order (the writer's hot path: a key's JSON is cached
-    process-wide, an event's provenance is encoded once)."""
+def _key_json(key: Key) -> str:
+    """A key's JSON; the same with its owner "" (the run's write before has the same owner) is `_OWNERLESS`'s."""
+    if len(_KEYS) > _CACHE:
+        _KEYS.clear()
+        _OWNERLESS.clear()
+    kt = _KEYS[key] = _JSON.encode(list(key)).decode()
+    _OWNERLESS[key] = _JSON.encode([key[0], "", *key[2:]]).decode()
+    return kt
+
+
+def _point9(point: Any) -> str:
+    if len(_POINTS) > _CACHE:
+        _POINTS.clear()
+    pt = _POINTS[point] = encode_point(point)
+    return pt
+
+
+def _chunk(first_w: int, runs: list[str], n: int, rec: str) -> str:
+    """`|<writes>|<recorded_at>|<body>`: the chunk less its position (the APPLY script prepends it)."""
+    body = zlib.compress(f"[{first_w},{','.join(runs)}]".encode(), LEVEL, -15)
+    return f"|{n}|{rec}|{b2a_base64(body, newline=False).decode('ascii')}"
+
+
+def encode_references(events: Sequence[EventWrites], base: int) -> list[str]:
+    """The change-log chunks of one layout-1 step, `base` being the provenance list's length before it (the
+    step's members are numbered as batch.encode_writes numbers them: an event's `b` is base plus the provenance
+    entries of the events before it, `w` counts the step's writes from 1)."""
     out: list[str] = []
-    keys = _KEYS
-    if len(keys) > _CACHE:
-        keys.clear()
+    keys, ownerless = _KEYS, _OWNERLESS
+    runs: list[str] = []
+    items: list[str] = []
+    first = ""
+    n = w = w0 = 0
+    b = base
+    last_b = last_rec = 0       # of the chunk's run before (runs hold differences)
     for writes, _ in events:
+        if not writes:
+            continue
+        provs: set[tuple[Any, ...]] = set()
         last: tuple[Any, ...] | None = None
-        head = tail = ""        # `<recorded_at>|`, and the provenance fields of the JSON
+        rec0: Any = None        # the run's recorded_at, point and owner of its write before
+        point0: Any = None
+        owner: Any = None
         for key, a in writes:
-            point, value, closed, source, evidence, rec, by, expires = a
-            kt = keys.get(key)
-            if kt is None:
-                kt = keys[key] = _encode(list(key))
-            prov = (source, evidence, rec, by)
+            point, rec = a[0], a[5]
+            prov = (a[3], a[4], rec, a[6])
             if prov != last:
                 last = prov
-                head = f"{_digits(rec)}|["
-                tail = f",{json_text(source)},{json_text(evidence)},{json_text(by)},"
-            out.append(f"{head}{kt},{_digits(point)},{json_text(value)},{1 if closed else 0}{tail}"
-                       f"{'null' if expires is None else _digits(expires)}]")
+                provs.add(prov)
+            w += 1
+            if n == CHUNK_WRITES:
+                if items:
+                    runs.append(f"[{rec0 - last_rec},{b - last_b},{_digits(point0)},[{','.join(items)}]]")
+                out.append(_chunk(w0, runs, n, first))
+                runs, items, n, rec0, last_b, last_rec = [], [], 0, None, 0, 0
+            if rec0 is None or rec != rec0:
+                if items:
+                    runs.append(f"[{rec0 - last_rec},{b - last_b},{_digits(point0)},[{','.join(items)}]]")
+                    last_b, last_rec, items = b, rec0, []
+                rec0, point0, owner = rec, point, None
+                if n == 0:
+                    w0, first = w, _digits(rec)
+            kt = keys.get(key)
+            if kt is None:
+                kt = _key_json(key)
+            if key[1] == owner:
+                kt = ownerless[key]
+            else:
+                owner = key[1]
+            items.append(kt if point == point0 else f"[{kt},{_digits(point)}]")
+            n += 1
+        runs.append(f"[{rec0 - last_rec},{b - last_b},{_digits(point0)},[{','.join(items)}]]")
+        last_b, last_rec, items = b, rec0, []
+        b += len(provs)
+    if n:
+        out.append(_chunk(w0, runs, n, first))
     return out
 
 
-def decode_change(position: int, element: str) -> ChangeEntry:
-    """An element back as (position, key, assertion)."""
-    rec, _, body = element.partition("|")
-    key, point, value, closed, source, evidence, by, expires = json.loads(body)
-    return ChangeEntry(position, tuple(key), Assertion(point, value, bool(closed), source, evidence, int(rec), by,
-                                                       expires))
+def encode_copies(events: Sequence[EventWrites]) -> list[str]:
+    """The change-log chunks of one layout-2 step: runs of writes sharing their provenance, with their values."""
+    out: list[str] = []
+    keys, ownerless = _KEYS, _OWNERLESS
+    runs: list[str] = []
+    items: list[str] = []
+    head = first = ""
+    n = 0
+    last_rec = 0
+    for writes, _ in events:
+        if not writes:
+            continue
+        last: tuple[Any, ...] | None = None
+        point0: Any = None
+        owner: Any = None
+        rec0: Any = None
+        for key, a in writes:
+            point, value, closed, source, evidence, rec, by, expires = a
+            prov = (source, evidence, rec, by)
+            if n == CHUNK_WRITES:
+                if items:
+                    runs.append(f"{head}{','.join(items)}]]")
+                out.append(_chunk(0, runs, n, first))
+                runs, items, n, last, last_rec = [], [], 0, None, 0
+            if prov != last:
+                if items:
+                    runs.append(f"{head}{','.join(items)}]]")
+                    items, last_rec = [], rec0
+                last, rec0, point0, owner = prov, rec, point, None
+                head = (f"[{rec - last_rec},{json_text(source)},{json_text(evidence)},{json_text(by)},"
+                        f"{_digits(point)},[")
+                if n == 0:
+                    first = _digits(rec)
+            kt = keys.get(key)
+            if kt is None:
+                kt = _key_json(key)
+            if key[1] == owner:
+                kt = ownerless[key]
+            else:
+                owner = key[1]
+            if closed or expires is not None or point != point0:
+                items.append(f"[{kt},{json_text(value)},{_digits(point)},{1 if closed else 0},"
+                             f"{'null' if expires is None else _digits(expires)}]")
+            else:
+                items.append(f"[{kt},{json_text(value)}]")
+            n += 1
+        if items:
+            runs.append(f"{head}{','.join(items)}]]")
+            items, last, last_rec = [], None, rec0
+    if n:
+        out.append(_chunk(0, runs, n, first))
+    return out
+
+
+def positioned(chunks: list[str], start: int) -> tuple[list[str], int]:
+    """Chunks as the APPLY scripts store them, numbered from `start` (a bulk load, the only writer of its
+    generation, numbers its own); returns them and the position after them."""
+    out = []
+    for c in chunks:
+        out.append(f"c{start}{c}")
+        start += int(c[1:c.index("|", 1)])
+    return out, start
+
+
+# ---- reading ---------------------------------------------------------------------------------------------
+
+class Ref(NamedTuple):
+    """One write of a layout-1 chunk: its position, key, point9, recorded_at and its member's `<#b><b><#w><w>`."""
+    position: int
+    key: Key
+    point9: str
+    recorded_at: Micros
+    bw: str
+
+
+def runs_of(element: str) -> tuple[int, int, list[Any]]:
+    """(position of the first write, writes, runs) of a chunk; ValueError when it is not one."""
+    m = _HEAD.match(element)
+    if m is None:
+        raise ValueError("not a change-log chunk")
+    return int(m.group(1)), int(m.group(2)), cast(list[Any], _loads(zlib.decompress(a2b_base64(element[m.end():]),
+                                                                                    -15)))
+
+
+def _key(item: list[str], owner: str) -> Key:
+    return (item[0], owner, *item[2:]) if item[1] == "" else tuple(item)
+
+
+def references(elements: list[str], start: int, since: Micros | None, count: int) -> list[Ref]:
+    """Up to `count` writes of layout-1 chunks, from position `start` on, recorded after `since` (None: any)."""
+    out: list[Ref] = []
+    for element in elements:
+        pos, n, body = runs_of(element)
+        if pos + n <= start:
+            continue
+        w = body[0]
+        b = rec = 0
+        for dr, db, point0, items in body[1:]:
+            rec += dr
+            b += db
+            k = len(items)
+            if pos + k <= start or (since is not None and rec <= since):
+                pos += k
+                w += k
+                continue
+            bs = str(b)
+            bb = f"{len(bs)}{bs}"
+            owner = ""
+            for item in items:
+                point = point0
+                if item[0].__class__ is list:
+                    item, point = item
+                if item[1]:
+                    owner = item[1]
+                if pos >= start:
+                    ws = str(w)
+                    pt = _POINTS.get(point)
+                    if pt is None:
+                        pt = _point9(point)
+                    out.append(Ref(pos, _key(item, owner), pt, rec, f"{bb}{len(ws)}{ws}"))
+                    if len(out) == count:
+                        return out
+                pos += 1
+                w += 1
+    return out
+
+
+def copies(elements: list[str], start: int, since: Micros | None, count: int) -> list[ChangeEntry]:
+    """Up to `count` writes of layout-2 chunks, from position `start` on, recorded after `since` (None: any)."""
+    out: list[ChangeEntry] = []
+    for element in elements:
+        pos, n, body = runs_of(element)
+        if pos + n <= start:
+            continue
+        rec = 0
+        for dr, source, evidence, by, point0, items in body[1:]:
+            rec += dr
+            k = len(items)
+            if pos + k <= start or (since is not None and rec <= since):
+                pos += k
+                continue
+            owner = ""
+            for item in items:
+                key = item[0]
+                if key[1]:
+                    owner = key[1]
+                if pos >= start:
+                    if len(item) == 2:
+                        a = Assertion(point0, item[1], False, source, evidence, rec, by, None)
+                    else:
+                        a = Assertion(item[2], item[1], bool(item[3]), source, evidence, rec, by, item[4])
+                    out.append(ChangeEntry(pos, _key(key, owner), a))
+                    if len(out) == count:
+                        return out
+                pos += 1
+    return out
+
+
+def _owner_and_prefix(key: Key) -> tuple[str, str]:
+    got = _REFS.get(key)
+    if got is None:
+        if len(_REFS) > _CACHE:
+            _REFS.clear()
+        got = _REFS[key] = (escape(key[1]), prefix_of(key))
+    return got
 
 
 Build = Callable[[str], tuple[list[str], list[Any]]]
 
 
 class ChangeLogReads:
-    """`Store.changes` for both Redis layouts (a mixin of RedisStore: its script runner and generations)."""
+    """`Store.changes`, `Store.change_page` and `Store.windows_many` for both Redis layouts (a mixin of
+    RedisStore: its script runner and generations)."""
 
     _changes_script: Any = None
+    _around_script: Any = None
     _window_script: Any = None
     layout: int
     client: Any                 # RedisStore's
     _script_many: Callable[[Any, Sequence[tuple[str, Build]]], list[list[Any]]]     # RedisStore's
+    _gen_guess: Callable[[str], tuple[int, str]]                                        # RedisStore's
+    _gens: dict[str, int]
+    _n: Callable[[str], Any]
 
     def changes(self, tenant: str, *, start: int | None = None, since: Micros | None = None,
                 generation: int | None = None, count: int) -> ChangePage:
+        return self.change_page(tenant, start=start, since=since, generation=generation, count=count)
+
+    def change_page(self, tenant: str, *, start: int | None = None, since: Micros | None = None,
+                    generation: int | None = None, count: int, window: int = 0,
+                    keep: Callable[[Key], bool] | None = None) -> ChangePage:
+        """One READ call for the chunks; in layout 1 one AROUND call then reads each entry's member and (with
+        `window`) the window of each entry `keep` accepts, from the same generation (both again when a replay
+        switched the tenant in between)."""
         if self._changes_script is None:
             self._changes_script = self.client.register_script(READ)
+        return in_current(tenant, lambda: self._page(tenant, start, since, generation, count, window, keep))
+
+    def _page(self, tenant: str, start: int | None, since: Micros | None, generation: int | None, count: int,
+              window: int, keep: Callable[[Key], bool] | None) -> ChangePage | None:
         read: dict[str, int] = {}
 
         def build(d: str) -> tuple[list[str], list[Any]]:
             gen = read["gen"] = int(d.rstrip(":").rpartition(":g")[2])
-            from_start = start is not None and generation == gen
+            read["from_start"] = start is not None and generation == gen
             return ([d + CHANGES, d + "m"],
-                    ["" if not from_start else str(start), "" if from_start or since is None else str(since),
-                     str(int(count))])
+                    ["" if not read["from_start"] else str(start),
+                     "" if read["from_start"] or since is None else str(since), str(int(count))])
 
         [result] = self._script_many(self._changes_script, [(tenant, build)])
+        gen = read["gen"]
+        if int(result[0]) == 5:
+            raise ChangeLogIncompatible(tenant, gen)
         first, length, elements, kt = int(result[1]), int(result[2]), result[3], result[4]
-        entries = [decode_change(first + i, e) for i, e in enumerate(elements)]
-        return ChangePage(read["gen"], first, entries, length, int(kt) if kt else None)
+        known = int(kt) if kt else None
+        from_start = bool(read["from_start"])
+        at = int(cast(int, start)) if from_start else first
+        after = None if from_start else since
+        try:
+            if self.layout != 1:
+                entries = copies(elements, at, after, count)
+                if after is not None:
+                    at = entries[0].position if entries else length
+                return ChangePage(gen, at, entries, length, known)
+            refs = references(elements, at, after, count)
+        except (ValueError, zlib.error, msgspec.DecodeError) as e:
+            raise ChangeLogIncompatible(tenant, gen) from e
+        if after is not None:
+            at = refs[0].position if refs else length
+        if not refs:
+            return ChangePage(gen, at, [], length, known, {} if window else None)
+        return self._resolve(tenant, gen, at, cast(list[Ref], refs), length, known, window, keep)
+
+    def _resolve(self, tenant: str, gen: int, at: int, refs: list[Ref], length: int, known: Micros | None,
+                 window: int, keep: Callable[[Key], bool] | None) -> ChangePage | None:
+        """The entries of layout-1 references, and their windows: one AROUND call on generation `gen`."""
+        if self._around_script is None:
+            self._around_script = self.client.register_script(AROUND)
+        names = self._n(tenant)
+        d = names.data(gen)
+        wants = [bool(window) and (keep is None or keep(r.key)) for r in refs]
+        args: list[Any] = [str(window), d + "z:"]
+        for r, want in zip(refs, wants):
+            owner, p = _owner_and_prefix(r.key)
+            args += (owner, p, r.point9, r.bw, "1" if want else "")
+        expected = "" if self._gen_guess(tenant)[1] == "" else str(gen)
+        result = self._around_script(keys=[names.gen, d + "pv"], args=[expected, *args])
+        code = int(result[0])
+        if code == 0:
+            self._gens[tenant] = int(result[1])
+            return None
+        if code == 6:
+            raise StoreUnavailable(f"the change log of tenant {tenant!r} names a write its graph does not hold "
+                                   f"(a generation dropped while read?)", tenant=tenant)
+        prov = ProvenanceCache()
+        pairs = result[2]
+        for i in range(0, len(pairs), 2):
+            prov.add(pairs[i], pairs[i + 1])
+        out = result[1]
+        entries: list[ChangeEntry] = []
+        windows: dict[int, Window] = {}
+        j = 0
+        assertion = prov.assertion
+        for r, want in zip(refs, wants):
+            a = assertion(out[j])
+            entries.append(ChangeEntry(r.position, r.key, a))
+            if want:
+                last, below, more, nx = out[j + 1:j + 5]
+                got = [assertion(m) for m in below]
+                if last:
+                    got.append(assertion(last))
+                got.append(a)
+                windows[r.position] = Window(got, (got[0].point if below else a.point) if more == "1" else None,
+                                             decode_point(nx) if nx else None, False)
+                j += 5
+            else:
+                j += 1
+        return ChangePage(gen, at, entries, length, known, windows if window else None)
 
     def windows_many(self, tenant: str, items: list[tuple[Key, Micros]], size: int) -> list[Window]:
         """Layout 1 reads, for each (key, point), the members at the point, the last `size` of the point before
         it, and the next point (the WINDOW script); layout 2, whose timelines live in segments, reads whole
-        timelines (Store's default)."""
+        timelines (Store's default). (keel/changes.py asks `change_page` for its windows: they name the change's
+        own member, so layout 1 reads less there.)"""
         if self.layout != 1 or not items:
             return Store.windows_many(cast(Store, self), tenant, items, size)
         if self._window_script is None:

@@ -25,12 +25,13 @@ one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
                                            `<escaped owner>|<P>` (absent while there is none)
     keel:{<ns>/<t>}:g<N>:ents              set: the generation's entities (its explicit index)
     keel:{<ns>/<t>}:g<N>:pv                list: provenance entries `[source, evidence, recorded_at, by]`
-    keel:{<ns>/<t>}:g<N>:ch                list: every write applied, in apply order (changelog.py; both layouts)
+    keel:{<ns>/<t>}:g<N>:ch                list: every write applied, in apply order, in compressed chunks
+                                           (changelog.py; both layouts)
     keel:{<ns>/<t>}:g<N>:z:<entity>        sorted set: every assertion of the timelines the entity owns
     keel:{<ns>/<t>}:g<N>:x:<entity>        list: [first recorded_at, one element per timeline involving it]
-
     keel:{<ns>/<t>}:g<N>:cz                hash: layout 2's closed segments moved to the cold tier (cold.py)
     keel:{<ns>}:cold                       hash: the cold tier's policy override and the mover's last pass (cold.py)
+
 A timeline is owned by the entity in its key's second place (the subject of a relation). All members
 of an entity's sorted set have score 0 and sort by bytes:
 

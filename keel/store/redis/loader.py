@@ -20,7 +20,7 @@ from ...errors import StoreUnavailable, UsageError
 from ..base import EventWrites, Position
 from .batch import PendingStep, latest_of
 from .bulk import Entities, encode_step, push
-from .changelog import CHANGES, encode_changes
+from .changelog import CHANGES, encode_references, positioned
 from .keys import LATEST, LAYOUT1_DATA_KEYS, MARKS, RELATION_ENDS
 from .transport import Client, guard
 
@@ -103,6 +103,7 @@ class GenerationLoader:
         self.gen = int(gen)
         self.d = store.data_prefix(tenant, self.gen)
         self.base = 0                          # provenance entries, once the queued steps are written
+        self.logged = 0                        # writes in the change log, once the queued steps are written
         self.sv = 0                            # the write counter as the server has it
         self.entities = Entities(self.d)       # first recorded_at of each entity, timelines with members
         self.ids: set[str] = set()             # applied event ids
@@ -149,7 +150,8 @@ class GenerationLoader:
             provs, ends, wrote = encode_step(kept, self.base, self.entities, commands)
             push(commands, "SADD", d + RELATION_ENDS, ends)
             push(commands, "RPUSH", d + "pv", provs)
-            push(commands, "RPUSH", d + CHANGES, encode_changes(kept))      # the change log (changelog.py)
+            logged, self.logged = positioned(encode_references(kept, self.base), self.logged)
+            push(commands, "RPUSH", d + CHANGES, logged)      # the change log (changelog.py)
             self.base += len(provs)
             push(commands, "SADD", d + "ev", new_ids)
             marks = [x for event_id in new_ids if getattr(event_id, "mark", None) for x in (event_id, event_id.mark)]

@@ -69,6 +69,26 @@ local function multi(cmd, key, items, from, to)
 end
 """
 
+# The change log's part of both APPLY scripts (changelog.py): `log_chunks(key, from)` appends the step's chunks
+# (ARGV[from] to the last, each `|<writes>|...`) to the list `key`, each prefixed with `c<position>` (the log's
+# length in writes, from its last chunk).
+_LOG_CHUNKS = """
+local function log_chunks(key, from)
+  if from > #ARGV then return end
+  local last, pos = redis.call('LINDEX', key, -1), 0
+  if last then
+    local p, c = string.match(last, '^c(%d+)|(%d+)|')
+    if p then pos = tonumber(p) + tonumber(c) else pos = redis.call('LLEN', key) end
+  end
+  local els = {}
+  for i = from, #ARGV do
+    els[#els + 1] = 'c' .. string.format('%d', pos) .. ARGV[i]
+    pos = pos + tonumber(string.match(ARGV[i], '^|(%d+)|'))
+  end
+  multi('RPUSH', key, els)
+end
+"""
+
 # A commit step's event ids and marks (layouts 1 and 2 share this part of their ARGV): ARGV[8] nI, the ids from
 # ARGV[I], then nM and nM pairs (id, mark) from ARGV[Mk]; refused (_APPLIED_IDS) when an id was applied. Leaves
 # `a` at the argument after the marks.
@@ -136,7 +156,7 @@ end
 #       other entity's index list (`>` + escaped owner + `|` + P);
 #       nX, then the relation timelines this step gives an end or an expiry (members of `re`);
 #       then the members of each entity, in entity order (each gets score 0);
-#       then the change-log elements of the step's writes (changelog.py), pushed to `<data prefix>ch`.
+#       then the change-log chunks of the step's writes (changelog.py), appended to `<data prefix>ch`.
 # The client encodes everything it can (complete members, index elements, runs of ids, marks and entries),
 # so that the script parses no string: it checks, reads the index lists and passes runs of ARGV to the
 # writing commands (about a tenth less Redis CPU than parsing a header per timeline, docs/performance.md).
@@ -149,7 +169,7 @@ end
 # A timeline is new when its owner's sorted set has no member starting with P; an owner with several
 # of the batch's timelines and a short index list answers that from its index list in one LRANGE
 # (the list holds P exactly when the sorted set holds members of P: both change only here).
-APPLY = _GEN_CHECK + _STEP_HELD + _MULTI + """
+APPLY = _GEN_CHECK + _STEP_HELD + _MULTI + _LOG_CHUNKS + """
 local base = redis.call('LLEN', KEYS[5])
 if tostring(base) ~= ARGV[2] then return {2, base} end
 """ + _STEP_IDS + """
@@ -235,7 +255,7 @@ for e = 1, nE do
   if push[e] then multi('RPUSH', KEYS[5 + 2 * e], push[e]) end
 end
 if #fresh > 0 then multi('SADD', KEYS[4], fresh) end
-multi('RPUSH', string.sub(KEYS[3], 1, -2) .. 'ch', ARGV, z, #ARGV)     -- the change log (changelog.py)
+log_chunks(string.sub(KEYS[3], 1, -2) .. 'ch', z)     -- the change log (changelog.py)
 multi('RPUSH', KEYS[5], ARGV, Pv, Pv + nP - 1)
 multi('SADD', KEYS[2], ARGV, I, I + nI - 1)
 multi('HSET', KEYS[#KEYS - 1], ARGV, Mk, Mk + 2 * nM - 1)

@@ -20,7 +20,7 @@ below (its fixed keys, present exactly when it holds data, are keys.LAYOUT2_DATA
 """
 from __future__ import annotations
 
-from .scripts import _GEN_CHECK, _MULTI, _STEP_HELD, _STEP_IDS, _STEP_META
+from .scripts import _GEN_CHECK, _LOG_CHUNKS, _MULTI, _STEP_HELD, _STEP_IDS, _STEP_META
 
 # KEYS: 1 gen, 2 ids (set), 3 meta (hash), 4 entities (set), 5 first recorded_at (hash), 6 marks (hash), then
 #       per entity e (1-based): 5 + 2e its open segment, 6 + 2e its incoming relations (set).
@@ -28,12 +28,12 @@ from .scripts import _GEN_CHECK, _MULTI, _STEP_HELD, _STEP_IDS, _STEP_META
 #       ("" = none), 4 offset, 5 the latest recorded_at of the writes ("" = none), 6 the partition's lag after this
 #       step ("" = unknown), 7 the latest recorded_at of the ids ("" = none), 8 nI, the ids, nM, nM pairs (id,
 #       mark), nE, then per entity: name, least recorded_at of the writes involving it, its delta block ("" =
-#       none), nX, nX elements to add to its incoming relations; then the change-log elements of the step's writes
-#       (changelog.py), pushed to `<data prefix>ch`.
+#       none), nX, nX elements to add to its incoming relations; then the change-log chunks of the step's writes
+#       (changelog.py), appended to `<data prefix>ch`.
 # Answers {1, e...}: the entities (1-based) whose open segment is now larger than ARGV[2] (the writer closes
 # them); {3, id...} when ids were applied already (nothing written: the writer drops them and retries); {4, stored}
 # when the tenant's state went back (scripts._STEP_HELD).
-APPLY = _GEN_CHECK + _STEP_HELD + _MULTI + _STEP_IDS + """
+APPLY = _GEN_CHECK + _STEP_HELD + _MULTI + _LOG_CHUNKS + _STEP_IDS + """
 local nE = tonumber(ARGV[a])
 a = a + 1
 local roll = tonumber(ARGV[2])
@@ -48,7 +48,7 @@ for e = 1, nE do
   if nX > 0 then multi('SADD', KEYS[6 + 2 * e], ARGV, a + 4, a + 3 + nX) end
   a = a + 4 + nX
 end
-multi('RPUSH', string.sub(KEYS[3], 1, -2) .. 'ch', ARGV, a, #ARGV)     -- the change log (changelog.py)
+log_chunks(string.sub(KEYS[3], 1, -2) .. 'ch', a)     -- the change log (changelog.py)
 local set, fresh = {}, {}
 for i = 1, nE, 2000 do
   local j = math.min(i + 1999, nE)

@@ -18,7 +18,7 @@ from ..base import BatchStep, EntityView, EventWrites, Key, Position, ViewReques
 from . import cold as cold_tier
 from . import segment_scripts
 from .batch import PendingStep, latest_of, state_behind
-from .changelog import CHANGES, encode_changes
+from .changelog import CHANGES, encode_copies
 from .codec import clamped_point, freshness_of
 from .keys import LAYOUT2_DATA_KEYS, MARKS, escape, index_key, key_of, prefix_of, unescape
 from .loader import BulkLoader
@@ -121,7 +121,7 @@ class SegmentStore(RedisStore):
                 args += (name, sb.min_recorded[i], sb.blocks[i] or "", len(incoming), *incoming)
             else:
                 args += (name, sb.min_recorded[i], sb.blocks[i] or "", 0)
-        args += encode_changes(p.events)        # the change log (changelog.py)
+        args += encode_copies(p.events)         # the change log (changelog.py)
         tries.append((d, gen))
         return keys, args
 
