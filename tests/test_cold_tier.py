@@ -456,3 +456,11 @@ def test_postgresql_lost_is_rebuilt_by_a_replay(tmp_path: Path, cold_dsn: str) -
         store.close()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {empty} CASCADE")
+
+
+def test_cold_after_is_a_duration_or_never() -> None:
+    from keel.cartridge_spec import HistorySpec
+    assert HistorySpec().cold_after_micros() is None                                  # default: never
+    assert HistorySpec(cold_after="90d").cold_after_micros() == 90 * 86_400 * 1_000_000
+    with pytest.raises(ValueError, match="bad duration"):
+        HistorySpec(cold_after="90 days")
