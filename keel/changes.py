@@ -19,7 +19,7 @@ from .errors import UsageError
 from .notes import withdrawal_of
 from .store.base import ChangeEntry, Store, Window, scope_of
 from .store.writes import Key
-from .timeline import Assertion, Timeline, Version, insert, is_retraction_void, is_void
+from .timeline import Assertion, is_retraction_void, is_void
 from .times import Micros, format_time
 
 DEFAULT_CHANGES = 100          # changes per answer when `limit` is not given
@@ -161,11 +161,9 @@ def change_row(key: Key, a: Assertion, window: Window) -> dict[str, Any] | None:
     before, met = _before(window.assertions, a)
     if not met and not window.whole:
         return None             # the window does not hold the change itself: it cannot tell what came before it
-    old = Timeline.over(before).as_of(a.point)
+    old = _held(before, a.point)
     if is_void(a):              # the point counts for nothing now: what held before it shows through
-        after = list(before)
-        insert(after, a)
-        restored = Timeline.over(after).as_of(a.point)
+        restored = _held(before, a.point, below=True)
         new = _value(key, restored)
     else:
         restored = None
@@ -207,6 +205,25 @@ def _before(timeline: list[Assertion], a: Assertion) -> tuple[list[Assertion], b
     return out, met
 
 
+def _held(entries: list[Assertion], t: Micros, below: bool = False) -> Assertion | None:
+    """The assertion whose version holds at t over `entries` (by point, then log order), believed now: the winner
+    of the greatest point <= t (`below`: < t) whose winner is no void, unless it is an end or expired by t. What
+    `Timeline.over(entries).as_of(t).assertion` gives (keel.timeline; its next point is after t, so only an
+    expiry can end the version by t), without building the timeline."""
+    i = len(entries)
+    while i and (entries[i - 1].point > t or (below and entries[i - 1].point == t)):
+        i -= 1
+    while i:
+        w = entries[i - 1]
+        if is_void(w):
+            point = w.point
+            while i and entries[i - 1].point == point:
+                i -= 1
+            continue
+        return None if w.closed or (w.expires_at is not None and w.expires_at <= t) else w
+    return None
+
+
 def _next_point(timeline: list[Assertion], point: Micros) -> Micros | None:
     """The first point after `point` whose winner now is no void (keel.timeline's next point)."""
     last: dict[Micros, Assertion] = {}
@@ -216,7 +233,7 @@ def _next_point(timeline: list[Assertion], point: Micros) -> Micros | None:
     return next((p for p, x in last.items() if not is_void(x)), None)
 
 
-def _what_happened(a: Assertion, before: list[Assertion], old: Version | None, following: Micros | None
+def _what_happened(a: Assertion, before: list[Assertion], old: Assertion | None, following: Micros | None
                    ) -> tuple[str, Micros | None, Micros | None]:
     """(change, valid_from, valid_to): a value asserted (`version`, or `corrected` when it replaces an earlier
     assertion at its point) valid from its point to the next point (or its expiry); an end (`closed`,
@@ -225,7 +242,7 @@ def _what_happened(a: Assertion, before: list[Assertion], old: Version | None, f
     if is_void(a):
         return ("retracted" if is_retraction_void(a) else "corrected"), a.point, following
     if a.closed:
-        start = old.assertion.point if old is not None else None
+        start = old.point if old is not None else None
         return ("withdrawn" if withdrawal_of(a) is not None else "closed"), start, a.point
     shared = any(x.point == a.point for x in before)
     valid_to = following if a.expires_at is None or (following is not None and following < a.expires_at) \
@@ -237,8 +254,9 @@ def _own(value: Any) -> Any:
     return copy.deepcopy(value) if isinstance(value, (dict, list)) else value
 
 
-def _value(key: Key, v: Version | None) -> Any:
-    """A version's value as a row shows it: a relation or an entity's existence as true, nothing as null."""
-    if v is None:
+def _value(key: Key, a: Assertion | None) -> Any:
+    """The value of the assertion holding as a row shows it: a relation or an entity's existence as true, nothing
+    as null."""
+    if a is None:
         return None
-    return True if key[0] in "re" else v.assertion.value
+    return True if key[0] in "re" else a.value

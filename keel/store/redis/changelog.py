@@ -45,17 +45,18 @@ from typing import Any, NamedTuple, cast
 
 import msgspec
 
+from ...decoding import json_value
 from ...errors import StoreUnavailable, UsageError
 from ...timeline import Assertion
 from ...times import Micros
 from ..base import ChangeEntry, ChangePage, EventWrites, Key, Store, Window
-from .codec import ProvenanceCache, decode_point, encode_point, json_text
+from .codec import _ALPHABET, OFFSET, ProvenanceCache, decode_point, encode_point, json_text
 from .keys import escape, prefix_of
 from .retries import in_current
 from .scripts import _GEN_CHECK, _NOTES, _PROV_OF, _WINNER
 
 CHANGES = "ch"              # the change log's key, after the generation's data prefix
-CHUNK_WRITES = 512          # writes per chunk at most (a page decodes one or two)
+CHUNK_WRITES = 256          # writes per chunk at most (a page decodes one or two)
 LEVEL = 1                   # zlib's level: its fastest
 _digits = int.__repr__      # a time's digits, whatever int subclass carries it (keel.envelope.Instant prints RFC 3339)
 _KEYS: dict[Any, str] = {}  # timeline key -> its JSON
@@ -151,8 +152,9 @@ return {1, p0, total, chunks, kt}
 # of sorted-set names ("<data prefix>z:"), then per change: its owner (escaped), P, its point (point9),
 # `<#b><b><#w><w>` of its member, "1" for its window.
 # Answers {1, {member, [last before or "", {members before (ascending)}, "1" when some at or below them were
-# left out else "0", next point9 or ""], ...}, {index, entry, ...}}, members without P; {6, owner} when a member
-# or provenance entry is missing (a generation dropped while read).
+# left out else "0", next point9 or ""], ...}, {index, entry, ...}}: the change's member without `<P><point9><#b>
+# <b><#w><w>` (what the caller sent), the last one before it without `<P><point9>`, those before without P; {6,
+# owner} when a member or provenance entry is missing (a generation dropped while read).
 AROUND = _GEN_CHECK + _PROV_OF + _WINNER + """
 local M, zs, out = tonumber(ARGV[2]), ARGV[3], {}
 local provs, got = {}, {}
@@ -175,7 +177,7 @@ for i = 4, #ARGV, 5 do
   if not me or string.sub(me, 1, #at + #bw) ~= at .. bw then return {6, ARGV[i]} end
   local e = entry(me, P)
   if not e then return {6, ARGV[i]} end
-  out[#out + 1] = string.sub(me, #P + 1)
+  out[#out + 1] = string.sub(me, #at + #bw + 1)
   if ARGV[i + 4] == '1' then
     local below, more = {}, '0'
     if last and not entry(last, P) then return {6, ARGV[i]} end
@@ -209,7 +211,7 @@ for i = 4, #ARGV, 5 do
         break
       end
     end
-    out[#out + 1] = last and string.sub(last, #P + 1) or ''
+    out[#out + 1] = last and string.sub(last, #at + 1) or ''
     out[#out + 1] = below
     out[#out + 1] = more
     out[#out + 1] = nx
@@ -276,10 +278,18 @@ def _key_json(key: Key) -> str:
     return kt
 
 
+_TO9 = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", _ALPHABET)
+
+
 def _point9(point: Any) -> str:
+    """codec.encode_point, by base64's C code (a bit shift puts the 54 bits first, a translation maps base64's
+    alphabet onto the point's): half its CPU."""
     if len(_POINTS) > _CACHE:
         _POINTS.clear()
-    pt = _POINTS[point] = encode_point(point)
+    v = int(point) + OFFSET
+    if not 0 < v < 2 * OFFSET:
+        return encode_point(point)          # its error
+    pt = _POINTS[point] = b2a_base64((v << 18).to_bytes(9, "big"), newline=False).decode("ascii")[:9].translate(_TO9)
     return pt
 
 
@@ -412,11 +422,14 @@ def positioned(chunks: list[str], start: int) -> tuple[list[str], int]:
 # ---- reading ---------------------------------------------------------------------------------------------
 
 class Ref(NamedTuple):
-    """One write of a layout-1 chunk: its position, key, point9, recorded_at and its member's `<#b><b><#w><w>`."""
+    """One write of a layout-1 chunk: its position, key, point, point9, recorded_at, its member's `b` and
+    `<#b><b><#w><w>`."""
     position: int
     key: Key
+    point: Micros
     point9: str
     recorded_at: Micros
+    b: int
     bw: str
 
 
@@ -433,9 +446,13 @@ def _key(item: list[str], owner: str) -> Key:
     return (item[0], owner, *item[2:]) if item[1] == "" else tuple(item)
 
 
+_new = tuple.__new__
+
+
 def references(elements: list[str], start: int, since: Micros | None, count: int) -> list[Ref]:
     """Up to `count` writes of layout-1 chunks, from position `start` on, recorded after `since` (None: any)."""
     out: list[Ref] = []
+    points = _POINTS
     for element in elements:
         pos, n, body = runs_of(element)
         if pos + n <= start:
@@ -459,12 +476,15 @@ def references(elements: list[str], start: int, since: Micros | None, count: int
                     item, point = item
                 if item[1]:
                     owner = item[1]
+                    key = tuple(item)
+                else:
+                    key = (item[0], owner, *item[2:])
                 if pos >= start:
-                    ws = str(w)
-                    pt = _POINTS.get(point)
+                    pt = points.get(point)
                     if pt is None:
                         pt = _point9(point)
-                    out.append(Ref(pos, _key(item, owner), pt, rec, f"{bb}{len(ws)}{ws}"))
+                    ws = str(w)
+                    out.append(_new(Ref, (pos, key, point, pt, rec, b, f"{bb}{len(ws)}{ws}")))
                     if len(out) == count:
                         return out
                 pos += 1
@@ -510,6 +530,24 @@ def _owner_and_prefix(key: Key) -> tuple[str, str]:
             _REFS.clear()
         got = _REFS[key] = (escape(key[1]), prefix_of(key))
     return got
+
+
+def _body(rest: str, i: int, point: Micros) -> tuple[int, Any, bool, Micros | None]:
+    """(k, value, closed, expires_at) of a member from its `<#k><k>` at rest[i] on (codec.decode_member's)."""
+    lk = ord(rest[i]) - 48
+    k = int(rest[i + 1:i + 1 + lk])
+    i += 1 + lk
+    expires = None
+    if rest[i] == "~":
+        j = rest.index(";", i)
+        expires = point + int(rest[i + 1:j])
+        i = j + 1
+    head = rest[i]
+    if head == "=":
+        return k, json_value(rest[i + 1:]), False, expires
+    if head == "-":
+        return k, None, True, expires
+    return k, json_value(rest[i + 1:]), True, expires
 
 
 Build = Callable[[str], tuple[list[str], list[Any]]]
@@ -603,22 +641,29 @@ class ChangeLogReads:
         pairs = result[2]
         for i in range(0, len(pairs), 2):
             prov.add(pairs[i], pairs[i + 1])
+        provs = prov.entries
         out = result[1]
         entries: list[ChangeEntry] = []
         windows: dict[int, Window] = {}
         j = 0
         assertion = prov.assertion
         for r, want in zip(refs, wants):
-            a = assertion(out[j])
-            entries.append(ChangeEntry(r.position, r.key, a))
+            point = r.point
+            k, value, closed, expires = _body(out[j], 0, point)
+            source, evidence, rec, by = provs[r.b + k]
+            a = _new(Assertion, (point, value, closed, source, evidence, rec, by, expires))
+            entries.append(_new(ChangeEntry, (r.position, r.key, a)))
             if want:
                 last, below, more, nx = out[j + 1:j + 5]
-                got = [assertion(m) for m in below]
+                got = [assertion(m) for m in below] if below else []
                 if last:
-                    got.append(assertion(last))
+                    lb = ord(last[0]) - 48
+                    lk, value, closed, expires = _body(last, 2 + lb + ord(last[1 + lb]) - 48, point)
+                    source, evidence, rec, by = provs[int(last[1:1 + lb]) + lk]
+                    got.append(_new(Assertion, (point, value, closed, source, evidence, rec, by, expires)))
                 got.append(a)
-                windows[r.position] = Window(got, (got[0].point if below else a.point) if more == "1" else None,
-                                             decode_point(nx) if nx else None, False)
+                windows[r.position] = _new(Window, (got, (got[0].point if below else point) if more == "1" else None,
+                                                    decode_point(nx) if nx else None, False))
                 j += 5
             else:
                 j += 1

@@ -182,3 +182,68 @@ for x = 1, nO do
 end
 return {1, verdicts, out}
 """
+
+# A window of each asked timeline around a change's point (SegmentStore.windows_many, keel/changes.py): the
+# closed segments the valid-time index names for it, and the open segment. For a timeline and point t: every
+# segment whose delta range reaches from L to t or above (L: the greatest point below t that ends a range, so
+# the segments holding points in [L, t] are all read), and those with the least first point above t (the next
+# point's). The index entries of a timeline whose ranges overlap (`<P>!`) are scanned up to ARGV[4] of them (more:
+# "*", read the whole timeline); otherwise the last three up to t decide.
+# KEYS: 1 gen. ARGV: 1 expected gen, 2 the prefix of segment keys ("<data prefix>s:"), 3 the prefix of index keys
+#       ("<data prefix>v:"), 4 index entries scanned at most, 5 nO, nO escaped entities, then triples (the entity's
+#       position among them, P, t as point9).
+# Answers {1, {per triple: L (point9) when segments below it were left out else "", {segment numbers} or "*"},
+# {per entity: {open segment, n, closed segment n, ... (by n)}}}; a closed segment moved to the cold tier is "".
+AROUND = _GEN_CHECK + """
+local scan, nO = tonumber(ARGV[4]), tonumber(ARGV[5])
+local out, wanted = {}, {}
+for x = 1, nO do wanted[x] = {} end
+for i = 6 + nO, #ARGV, 3 do
+  local x, P, t = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]
+  local v = ARGV[3] .. ARGV[5 + x]
+  local up
+  if redis.call('ZSCORE', v, P .. '!') then
+    up = redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. t .. '~', 'LIMIT', 0, scan + 1)
+  else
+    up = redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, 3)
+  end
+  if #up > scan then
+    out[#out + 1] = ''
+    out[#out + 1] = '*'
+  else
+    local L
+    for _, m in ipairs(up) do
+      local hi = string.sub(m, #P + 10, #P + 18)
+      if hi < t and (not L or hi > L) then L = hi end
+    end
+    local ns, below = {}, ''
+    for _, m in ipairs(up) do
+      if not L or string.sub(m, #P + 10, #P + 18) >= L then ns[#ns + 1] = string.sub(m, #P + 19) else below = L end
+    end
+    local nx = redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, 1)[1]
+    if nx then
+      local lo = string.sub(nx, #P + 1, #P + 9)
+      for _, m in ipairs(redis.call('ZRANGEBYLEX', v, '[' .. P .. lo, '(' .. P .. lo .. '~')) do
+        ns[#ns + 1] = string.sub(m, #P + 19)
+      end
+    end
+    for _, n in ipairs(ns) do wanted[x][tonumber(n)] = true end
+    out[#out + 1] = below
+    out[#out + 1] = ns
+  end
+end
+local segs = {}
+for x = 1, nO do
+  local e = ARGV[5 + x]
+  local got = {redis.call('GET', ARGV[2] .. e) or ''}
+  local ns = {}
+  for n in pairs(wanted[x]) do ns[#ns + 1] = n end
+  table.sort(ns)
+  for _, n in ipairs(ns) do
+    got[#got + 1] = n
+    got[#got + 1] = redis.call('GET', ARGV[2] .. e .. '|' .. n) or ''
+  end
+  segs[x] = got
+end
+return {1, out, segs}
+"""

@@ -12,23 +12,46 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...errors import ColdTierUnavailable
-from ...timeline import Assertion, Timeline, covering
+from ...timeline import Assertion, Timeline, covering, insert, is_void
 from ...times import Micros, now_micros
-from ..base import BatchStep, EntityView, EventWrites, Key, Position, ViewRequest, entity_view, select_keys
+from ..base import (
+    BatchStep,
+    EntityView,
+    EventWrites,
+    Key,
+    Position,
+    Store,
+    ViewRequest,
+    Window,
+    entity_view,
+    select_keys,
+)
 from . import cold as cold_tier
 from . import segment_scripts
 from .batch import PendingStep, latest_of, state_behind
 from .changelog import CHANGES, encode_copies
-from .codec import clamped_point, freshness_of
+from .codec import clamped_point, decode_point, freshness_of
 from .keys import LAYOUT2_DATA_KEYS, MARKS, escape, index_key, key_of, prefix_of, unescape
 from .loader import BulkLoader
 from .retries import KEPT_CONFLICTING, in_current, until_done
 from .segment_loader import SegmentLoader
-from .segments import ROLL_BYTES, Fold, StepBlocks, decode, delta_ranges, encode_step, past_timelines, restate
+from .segments import (
+    DELTA,
+    ROLL_BYTES,
+    Fold,
+    StepBlocks,
+    _assertions,
+    decode,
+    delta_ranges,
+    encode_step,
+    past_timelines,
+    restate,
+)
 from .store import GenerationChanged, RedisStore, store_of_layout
 from .transport import CHUNK, chunks, eval_many, pipelined
 
 LAYOUT = 2
+WINDOW_SCAN = 2000      # index entries of a timeline with overlapping ranges a change's window scans at most
 OPTIONAL_KEYS = (MARKS, "sg", CHANGES, cold_tier.COLD)
 
 
@@ -55,6 +78,7 @@ class SegmentStore(RedisStore):
         self._seg_view = client.register_script(segment_scripts.VIEW)
         self._seg_full = client.register_script(segment_scripts.FULL)
         self._seg_past = client.register_script(segment_scripts.PAST)
+        self._seg_around = client.register_script(segment_scripts.AROUND)
         self._cold_move = client.register_script(cold_tier.MOVE)
 
     # ---- writes --------------------------------------------------------------------------------
@@ -280,6 +304,75 @@ class SegmentStore(RedisStore):
         if whole:
             out.update(self._whole(r.tenant, whole))
         return out
+
+    # ---- what changed since: windows ----------------------------------------------------------------
+
+    def windows_many(self, tenant: str, items: list[tuple[Key, Micros]], size: int) -> list[Window]:
+        """Each (key, point)'s window (keel/changes.py) from the segments the valid-time index names for it and the
+        open segment, all read in one AROUND call (segment_scripts.AROUND): the timeline's rows of those segments'
+        deltas, cut below the lowest point they hold completely when older segments were left out. A timeline the
+        index cannot bound (too many overlapping ranges) or whose next point's winner is a void is read whole (Store's
+        default)."""
+        if not items:
+            return []
+        unique = list(dict.fromkeys(items))
+        entities = list(dict.fromkeys(key[1] for key, _ in unique))
+        where = {e: i for i, e in enumerate(entities, 1)}
+        triples = [x for key, point in unique for x in (where[key[1]], prefix_of(key), clamped_point(point))]
+        opens = [escape(e) for e in entities]
+        used: list[str] = []
+        with self._guard("changes", tenant):
+            [result] = self._script_many(self._seg_around, [(tenant, lambda d: (
+                used.append(d), [], [d + "s:", d + "v:", WINDOW_SCAN, len(opens), *opens, *triples])[1:])])
+        _, verdicts, segments = result
+        missing = [(x, int(n)) for x, got in zip(opens, segments) for n, seg in zip(got[1::2], got[2::2]) if not seg]
+        if missing:                         # closed segments in the cold tier (cold.py)
+            cold = cold_tier.fill(self, tenant, cold_tier.generation_of(used[-1]), missing)
+            segments = [[got[0], *(x for n, seg in zip(got[1::2], got[2::2])
+                                   for x in (n, seg or cold[(e, int(n))]))] for e, got in zip(opens, segments)]
+        decoded: dict[tuple[int, Any], list[list[Any]]] = {}
+
+        def blocks(x: int, n: Any, segment: str) -> list[list[Any]]:
+            got = decoded.get((x, n))
+            if got is None:
+                got = decoded[(x, n)] = decode(segment)
+            return got
+
+        found: dict[tuple[Key, Micros], Window] = {}
+        whole: list[tuple[Key, Micros]] = []
+        for i, item in enumerate(unique):
+            key, point = item
+            below, ns = verdicts[2 * i], verdicts[2 * i + 1]
+            x = where[key[1]]
+            got = segments[x - 1]
+            closed = dict(zip(got[1::2], got[2::2]))
+            if ns == "*":
+                whole.append(item)
+                continue
+            wanted = sorted({int(n) for n in ns})
+            p = prefix_of(key)
+            entries: list[Assertion] = []
+            for n, segment in [*((n, closed[n]) for n in wanted), (None, got[0])]:
+                for block in blocks(x, n, segment):
+                    if block[0] == DELTA:
+                        rows = block[2].get(p)
+                        if rows:
+                            for a in _assertions(block[1], rows):
+                                insert(entries, a)
+            low = decode_point(below) if below else None
+            if low is not None:
+                entries = [a for a in entries if a.point >= low]
+            nxt = next((a.point for a in entries if a.point > point), None)
+            if nxt is not None:
+                last = [a for a in entries if a.point == nxt][-1]
+                if is_void(last):
+                    whole.append(item)
+                    continue
+            found[item] = Window(entries, low, nxt, False)
+        if whole:
+            for item, w in zip(whole, Store.windows_many(self, tenant, whole, size)):
+                found[item] = w
+        return [found[item] for item in items]
 
     def assertions_many(self, tenant: str, keys: list[Key]) -> list[list[Assertion]]:
         return [list(tl.assertions()) for tl in self._timelines(tenant, keys)] if keys else []
