@@ -1,16 +1,18 @@
 """What changed since: the latency of one page of changes (`history` without an entity) on Redis.
 
     .venv/bin/python bench/changes_since.py [--events 100000] [--limit 100] [--calls 1000] [--layout 1|2]
-                                           [--redis URL]
+                                           [--rounds 2] [--redis URL]
 
 One tenant of N finance-shaped events (bench/common.py; 400 debts, so about N x 6.7 writes) is projected by
 the finance cartridge in process and committed to a fresh Redis namespace in steps of 1,000 events (the
 worker's batch contract: each step's APPLY script also appends its writes to the tenant's change log,
 keel/store/redis/changelog.py). Then `Tools.history(since=..., limit=L)` and `Tools.history(cursor=...,
-limit=L)` are called in process at random places of the log, interleaved, and the p50 / p99 of each and the
-CPU microseconds per call (this process's) are printed next to the goal (issue 27: p99 <= 5 ms for a page of
-100 changes of a tenant with 100k events). Also printed: the change log's Redis memory per entry and the
-writer's cost of encoding it (CPU microseconds per write, in process). The namespace is dropped at the end.
+limit=L)` are called in process at random places of the log, --rounds rounds interleaved, and the p50 / p99 of
+each, the CPU microseconds per call of this process and of the Redis server (INFO cpu: on a shared server, every
+client's; `--redis` a private redis-server for this run's alone) and the load average are printed next to the goal
+(issue 27: p99 <= 5 ms for a page of 100 changes of a tenant with 100k events). Also printed: the change log's
+Redis memory per entry and the writer's cost of encoding it (CPU microseconds per write, in process). The
+namespace is dropped at the end.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -60,17 +63,25 @@ def build(store: RedisStore, n: int) -> int:
     return writes
 
 
-def timed(calls: list, repeat: int) -> tuple[float, float, float]:
-    """(p50 ms, p99 ms, CPU µs per call) of the calls, in order, `repeat` of them."""
+def redis_cpu(client: Any) -> float:
+    """The Redis server's CPU seconds so far (INFO cpu: every client's work, on a shared server)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def timed(calls: list, repeat: int, client: Any) -> tuple[float, float, float, float]:
+    """(p50 ms, p99 ms, CPU µs per call of this process, of the Redis server) of the calls, in order, `repeat` of
+    them."""
     samples = []
-    cpu0 = time.process_time()
+    cpu0, server0 = time.process_time(), redis_cpu(client)
     for i in range(repeat):
         t0 = time.perf_counter()
         calls[i % len(calls)]()
         samples.append((time.perf_counter() - t0) * 1000)
     cpu = (time.process_time() - cpu0) / repeat * 1e6
+    server = (redis_cpu(client) - server0) / repeat * 1e6
     samples.sort()
-    return samples[len(samples) // 2], samples[min(len(samples) - 1, int(len(samples) * 0.99))], cpu
+    return samples[len(samples) // 2], samples[min(len(samples) - 1, int(len(samples) * 0.99))], cpu, server
 
 
 def main() -> None:
@@ -79,6 +90,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=100)
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--layout", type=int, choices=(1, 2), default=1)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--redis", default=os.environ.get("KEEL_REDIS_URL"))
     args = ap.parse_args()
     if not args.redis:
@@ -105,15 +117,14 @@ def main() -> None:
         for f in since_text[:3] + by_cursor[:3]:
             f()                                                 # warm: scripts loaded, caches filled
         rows = []
-        for name, calls in (("cursor", by_cursor), ("since", since_text)):
-            rows.append((name, *timed(calls, args.calls)))
-        for name, calls in (("cursor", by_cursor), ("since", since_text)):    # a second round, interleaved
-            rows.append((name, *timed(calls, args.calls)))
+        for _ in range(args.rounds):                                        # rounds, interleaved
+            for name, calls in (("cursor", by_cursor), ("since", since_text)):
+                rows.append((name, *timed(calls, args.calls, probe.client), os.getloadavg()[0]))
         print(f"changes page of {args.limit} (log of {length} entries), in process, {args.calls} calls per round:")
-        for name, p50, p99, cpu in rows:
+        for name, p50, p99, cpu, server, load in rows:
             verdict = "ok" if p99 <= GOAL_MS else "OVER"
             print(f"  {name:6s} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  (goal <= {GOAL_MS} ms: {verdict})  "
-                  f"CPU {cpu:7.0f} µs/call")
+                  f"CPU {cpu:6.0f} µs/call, Redis {server:6.0f} µs/call  (load {load:.1f})")
         used = int(probe.client.memory_usage(store.data_prefix(TENANT, gen) + CHANGES) or 0)
         print(f"change log: {used / length:.0f} bytes of Redis memory per entry ({used / 2**20:.1f} MiB)")
         page = store.changes(TENANT, start=0, generation=gen, count=20_000).entries

@@ -41,6 +41,8 @@ from .segments import (
     Fold,
     StepBlocks,
     _assertions,
+    _fast_encode,
+    _loads,
     decode,
     delta_ranges,
     encode_step,
@@ -52,6 +54,7 @@ from .transport import CHUNK, chunks, eval_many, pipelined
 
 LAYOUT = 2
 WINDOW_SCAN = 2000      # index entries of a timeline with overlapping ranges a change's window scans at most
+_DELTA_HEAD = f"[{DELTA},"      # a segment's line holding a delta block (segments.py)
 OPTIONAL_KEYS = (MARKS, "sg", CHANGES, cold_tier.COLD)
 
 
@@ -197,7 +200,10 @@ class SegmentStore(RedisStore):
                 missing = [(escape(e), j) for e, seg in zip(chunk, segs) if isinstance(seg, list)
                            for j, part in enumerate(seg[:-1]) if not part]
                 if missing:                  # closed segments in the cold tier (cold.py)
-                    found = cold_tier.fill(self, tenant, g, missing)
+                    found = (cold_tier.fill(self, tenant, g, missing) if gen is not None
+                             else cold_tier.fill_current(self, tenant, g, missing))
+                    if found is None:        # a cut-over dropped them meanwhile: read the new generation
+                        return None
                     segs = [seg if isinstance(seg, str) else "".join(
                         part or found[(escape(e), j)] for j, part in enumerate(seg)) for e, seg in zip(chunk, segs)]
                 for e, seg in zip(chunk, segs):
@@ -287,7 +293,11 @@ class SegmentStore(RedisStore):
         _, verdicts, segments = result
         missing = [(x, int(n)) for x, got in zip(opens, segments) for n, seg in zip(got[1::2], got[2::2]) if not seg]
         if missing:                         # closed segments in the cold tier (cold.py)
-            found = cold_tier.fill(self, r.tenant, cold_tier.generation_of(used[-1]), missing)
+            g = cold_tier.generation_of(used[-1])
+            found = (cold_tier.fill(self, r.tenant, g, missing) if r.tenant in self._pins
+                     else cold_tier.fill_current(self, r.tenant, g, missing))
+            if found is None:               # a cut-over dropped them meanwhile: whole folds of the new generation
+                return self._whole(r.tenant, entities)
             segments = [[got[0], *(x for n, seg in zip(got[1::2], got[2::2])
                                    for x in (n, seg or found[(e, int(n))]))] for e, got in zip(opens, segments)]
         out: dict[str, dict[str, Timeline]] = {}
@@ -330,13 +340,22 @@ class SegmentStore(RedisStore):
             cold = cold_tier.fill(self, tenant, cold_tier.generation_of(used[-1]), missing)
             segments = [[got[0], *(x for n, seg in zip(got[1::2], got[2::2])
                                    for x in (n, seg or cold[(e, int(n))]))] for e, got in zip(opens, segments)]
-        decoded: dict[tuple[int, Any], list[list[Any]]] = {}
+        deltas: dict[tuple[int, Any], list[list[Any]]] = {}
 
-        def blocks(x: int, n: Any, segment: str) -> list[list[Any]]:
-            got = decoded.get((x, n))
-            if got is None:
-                got = decoded[(x, n)] = decode(segment)
-            return got
+        def blocks(x: int, n: Any, segment: str, p: str) -> list[list[Any]]:
+            """The delta blocks of a segment with rows of P, each decoded once, when first asked: a segment's other
+            blocks are not decoded (its restatement can hold every timeline of the entity)."""
+            lines = deltas.get((x, n))
+            if lines is None:
+                lines = deltas[(x, n)] = [[line, None] for line in segment.split("\n") if line.startswith(_DELTA_HEAD)]
+            name = _fast_encode(p).decode()
+            out = []
+            for line in lines:
+                if name in line[0]:
+                    if line[1] is None:
+                        line[1] = _loads(line[0])
+                    out.append(line[1])
+            return out
 
         found: dict[tuple[Key, Micros], Window] = {}
         whole: list[tuple[Key, Micros]] = []
@@ -351,17 +370,16 @@ class SegmentStore(RedisStore):
                 continue
             wanted = sorted({int(n) for n in ns})
             p = prefix_of(key)
+            low = decode_point(below) if below else None
             entries: list[Assertion] = []
             for n, segment in [*((n, closed[n]) for n in wanted), (None, got[0])]:
-                for block in blocks(x, n, segment):
-                    if block[0] == DELTA:
-                        rows = block[2].get(p)
-                        if rows:
-                            for a in _assertions(block[1], rows):
-                                insert(entries, a)
-            low = decode_point(below) if below else None
-            if low is not None:
-                entries = [a for a in entries if a.point >= low]
+                for block in blocks(x, n, segment, p):
+                    rows = block[2].get(p)
+                    if rows:
+                        if low is not None:
+                            rows = [row for row in rows if row[0] >= low]
+                        for a in _assertions(block[1], rows):
+                            insert(entries, a)
             nxt = next((a.point for a in entries if a.point > point), None)
             if nxt is not None:
                 last = [a for a in entries if a.point == nxt][-1]
