@@ -11,8 +11,9 @@ two fresh Redis namespaces, both dropped at the end. Steps:
      "off" (no cold tier) and "on" (with one); then `keel archive`'s pass moves "on"'s closed segments older
      than --cold-after to PostgreSQL;
   3. Redis bytes (MEMORY USAGE of every key of the tenant, by kind) per event, off vs on; PostgreSQL bytes;
-  4. reads in-process (Tools.context): now, at a past time older than --cold-after (served from the cold tier
-     when on), and with known_at; p50/p99 µs and CPU µs per call, off vs on, interleaved;
+  4. reads in-process (the store's view, then Tools.context): now, at a past time older than --cold-after
+     (served from the cold tier when on), and with known_at; p50/p99 µs and CPU µs per call, off vs on,
+     in alternating blocks;
   5. the commit path's events/s and CPU µs per event with tiering off vs on: 6 rounds of 5 more days committed
      into each (alternated; best and median ratio).
 Goals (issue 25): Redis bytes per event on <= 1/5 of off; reads now p99 unchanged (<= 0.5 ms); past reads from
@@ -40,8 +41,10 @@ import psycopg
 from keel.cartridge import load_cartridge
 from keel.cold_pg import ColdStore
 from keel.embedded import build_embedded
+from keel.store.base import ViewRequest
 from keel.store.redis import RedisStore
 from keel.store.redis.segment_store import SegmentStore
+from keel.times import now_micros, parse_time
 from keel.tools import Tools
 from workers.archive import ArchiveOptions, Mover, set_policy
 
@@ -195,6 +198,24 @@ def main() -> int:
             return (start + dt.timedelta(days=rng.randrange(1, max(2, cutoff_days)))).isoformat()
         print(f"\nreads in-process, {args.reads} calls each, in alternating blocks (p50 / p99 µs, CPU µs per call)")
         print(f"  {'':34}{'off':>26}{'on':>26}{'p99 on/off':>12}")
+        on = stores["on"]
+        cold = on.cold
+        assert cold is not None
+        gen = on.current_generation(TENANT)
+        fields = sorted(on.client.hkeys(on.data_prefix(TENANT, gen) + "cz"))
+        pieces = [(f[:f.rindex("|")], int(f[f.rindex("|") + 1:])) for f in fields]
+        got = interleaved({"on": lambda: cold.fetch(on.namespace, TENANT, gen, rng.sample(pieces, 2))}, args.reads)
+        print(f"  {'cold tier fetch of 2 segments':34}{'':26}{got['on'][0]:>8.0f} /{got['on'][1]:>7.0f} "
+              f"({got['on'][2]:>5.0f})")
+        views = {label: (lambda label=label, at=None: stores[label].read_views(
+            [ViewRequest(TENANT, ent())], at if at is not None else now_micros(), None)) for label in stores}
+        for what, fn in (("store view now", lambda v: v()),
+                         ("store view at a past day (cold)", lambda v: v(at=parse_time(past_day())))):
+            got = interleaved({label: (lambda label=label, fn=fn: fn(views[label])) for label in ("off", "on")},
+                              args.reads)
+            a, b = got["off"], got["on"]
+            print(f"  {what:34}{a[0]:>8.0f} /{a[1]:>7.0f} ({a[2]:>5.0f}){b[0]:>8.0f} /{b[1]:>7.0f} ({b[2]:>5.0f})"
+                  f"{b[1] / a[1]:>12.2f}")
         for what, call in (("context now", lambda t: t.context(ent())),
                            ("context at a past day (cold)", lambda t: t.context(ent(), at=past_day())),
                            ("context at, known_at (whole)", lambda t: t.context(ent(), at=past_day(),

@@ -72,6 +72,7 @@ class SegmentStore(Protocol):
     def client(self) -> Any: ...
     def data_prefix(self, tenant: str, gen: int) -> str: ...
     def tenant_keys(self, tenant: str) -> Any: ...
+    def current_generation(self, tenant: str) -> int: ...
     def _guard(self, what: str, tenant: str | None = None) -> AbstractContextManager[None]: ...
 
 
@@ -108,6 +109,17 @@ def fill(store: SegmentStore, tenant: str, gen: int, missing: Sequence[Piece]) -
     if cold is None:
         raise ColdTierNotConfigured(store.namespace, tenant)
     return cold.fetch(store.namespace, tenant, gen, missing)
+
+
+def fill_current(store: SegmentStore, tenant: str, gen: int, missing: Sequence[Piece]) -> dict[Piece, str] | None:
+    """`fill` for a read that follows the tenant's current generation: None when the pieces are missing because
+    a cut-over happened meanwhile (it drops the old generation's rows first): read the new generation."""
+    try:
+        return fill(store, tenant, gen, missing)
+    except ColdTierUnavailable:
+        if store.current_generation(tenant) != gen:
+            return None
+        raise
 
 
 def candidates(store: SegmentStore, tenant: str, gen: int) -> list[Candidate]:
@@ -204,6 +216,7 @@ __all__ = [
     "cold_count",
     "content_hash",
     "fill",
+    "fill_current",
     "generation_of",
     "move",
     "settings_key",

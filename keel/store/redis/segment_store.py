@@ -200,7 +200,10 @@ class SegmentStore(RedisStore):
                 missing = [(escape(e), j) for e, seg in zip(chunk, segs) if isinstance(seg, list)
                            for j, part in enumerate(seg[:-1]) if not part]
                 if missing:                  # closed segments in the cold tier (cold.py)
-                    found = cold_tier.fill(self, tenant, g, missing)
+                    found = (cold_tier.fill(self, tenant, g, missing) if gen is not None
+                             else cold_tier.fill_current(self, tenant, g, missing))
+                    if found is None:        # a cut-over dropped them meanwhile: read the new generation
+                        return None
                     segs = [seg if isinstance(seg, str) else "".join(
                         part or found[(escape(e), j)] for j, part in enumerate(seg)) for e, seg in zip(chunk, segs)]
                 for e, seg in zip(chunk, segs):
@@ -290,7 +293,11 @@ class SegmentStore(RedisStore):
         _, verdicts, segments = result
         missing = [(x, int(n)) for x, got in zip(opens, segments) for n, seg in zip(got[1::2], got[2::2]) if not seg]
         if missing:                         # closed segments in the cold tier (cold.py)
-            found = cold_tier.fill(self, r.tenant, cold_tier.generation_of(used[-1]), missing)
+            g = cold_tier.generation_of(used[-1])
+            found = (cold_tier.fill(self, r.tenant, g, missing) if r.tenant in self._pins
+                     else cold_tier.fill_current(self, r.tenant, g, missing))
+            if found is None:               # a cut-over dropped them meanwhile: whole folds of the new generation
+                return self._whole(r.tenant, entities)
             segments = [[got[0], *(x for n, seg in zip(got[1::2], got[2::2])
                                    for x in (n, seg or found[(e, int(n))]))] for e, got in zip(opens, segments)]
         out: dict[str, dict[str, Timeline]] = {}
