@@ -54,6 +54,7 @@ log_strategy = st.tuples(st.lists(event_strategy, min_size=1, max_size=12),
 def client() -> Iterator[redis.Redis]:
     probe = RedisStore.from_url(service_env("KEEL_REDIS_URL"), namespace=f"vrprobe{uuid.uuid4().hex[:8]}")
     yield probe.client
+    probe.drop_namespace()
     probe.close()
 
 
