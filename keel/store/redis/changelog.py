@@ -14,8 +14,8 @@ is a JSON list; its owner is "" when the write before it in the run has the same
 about 4 bytes a write (docs/performance.md, "What changed since").
 
     layout 1 run:  [recorded_at, b, point, [key or [key, point], ...]]
-    layout 2 run:  [recorded_at, source, evidence, by, point, [[key, value] or [key, value, point, closed,
-                    expires_at], ...]]                                                (its chunk's `w` is 0)
+    layout 2 run:  [recorded_at, source, evidence, by, point, [key or [key, point, closed, expires_at], value,
+                    ...]]                                                              (its chunk's `w` is 0)
 
 Layout 1 keeps references: the writes of a chunk are the step's writes w, w + 1, ... (batch.encode_writes counts
 them from 1) and a write of a run is the member `<P><point9><#b><b><#w><w>...` of its owner's sorted set
@@ -50,7 +50,7 @@ from ...errors import StoreUnavailable, UsageError
 from ...timeline import Assertion
 from ...times import Micros
 from ..base import ChangeEntry, ChangePage, EventWrites, Key, Store, Window
-from .codec import _ALPHABET, OFFSET, ProvenanceCache, decode_point, encode_point, json_text
+from .codec import _ALPHABET, OFFSET, ProvenanceCache, decode_point, encode_point
 from .keys import escape, prefix_of
 from .retries import in_current
 from .scripts import _GEN_CHECK, _NOTES, _PROV_OF, _WINNER
@@ -268,14 +268,27 @@ return {1, out, provs}
 
 # ---- writing ---------------------------------------------------------------------------------------------
 
-def _key_json(key: Key) -> str:
-    """A key's JSON; the same with its owner "" (the run's write before has the same owner) is `_OWNERLESS`'s."""
+def _key_json(key: Key) -> Any:
+    """A key's JSON (msgspec.Raw); the same with its owner "" (the run's write before has the same owner) is
+    `_OWNERLESS`'s."""
     if len(_KEYS) > _CACHE:
         _KEYS.clear()
         _OWNERLESS.clear()
-    kt = _KEYS[key] = _JSON.encode(list(key)).decode()
-    _OWNERLESS[key] = _JSON.encode([key[0], "", *key[2:]]).decode()
+    kt = _KEYS[key] = msgspec.Raw(_JSON.encode(list(key)))
+    _OWNERLESS[key] = msgspec.Raw(_JSON.encode([key[0], "", *key[2:]]))
     return kt
+
+
+def _plain(obj: Any) -> Any:
+    """msgspec's hook for subclasses of JSON's types (keel.times.Instant is an int): their plain value."""
+    for kind in (int, float, str):
+        if isinstance(obj, kind):
+            return kind(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON")
+
+
+_BODY = msgspec.json.Encoder(enc_hook=_plain).encode
+_UNSET = object()
 
 
 _TO9 = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", _ALPHABET)
@@ -293,10 +306,10 @@ def _point9(point: Any) -> str:
     return pt
 
 
-def _chunk(first_w: int, runs: list[str], n: int, rec: str) -> str:
+def _chunk(body: list[Any], n: int, rec: Any) -> str:
     """`|<writes>|<recorded_at>|<body>`: the chunk less its position (the APPLY script prepends it)."""
-    body = zlib.compress(f"[{first_w},{','.join(runs)}]".encode(), LEVEL, -15)
-    return f"|{n}|{rec}|{b2a_base64(body, newline=False).decode('ascii')}"
+    z = zlib.compress(_BODY(body), LEVEL, -15)
+    return f"|{n}|{_digits(rec)}|{b2a_base64(z, newline=False).decode('ascii')}"
 
 
 def encode_references(events: Sequence[EventWrites], base: int) -> list[str]:
@@ -305,39 +318,37 @@ def encode_references(events: Sequence[EventWrites], base: int) -> list[str]:
     entries of the events before it, `w` counts the step's writes from 1)."""
     out: list[str] = []
     keys, ownerless = _KEYS, _OWNERLESS
-    runs: list[str] = []
-    items: list[str] = []
-    first = ""
-    n = w = w0 = 0
+    body: list[Any] = []
+    items: list[Any] = []
+    first: Any = None
+    n = w = 0
     b = base
     last_b = last_rec = 0       # of the chunk's run before (runs hold differences)
     for writes, _ in events:
         if not writes:
             continue
-        provs: set[tuple[Any, ...]] = set()
-        last: tuple[Any, ...] | None = None
+        provs: set[tuple[Any, ...]] = set()     # the event's provenance entries (batch.encode_writes's)
+        ps = pe = pr = pb = None
         rec0: Any = None        # the run's recorded_at, point and owner of its write before
         point0: Any = None
         owner: Any = None
         for key, a in writes:
-            point, rec = a[0], a[5]
-            prov = (a[3], a[4], rec, a[6])
-            if prov != last:
-                last = prov
-                provs.add(prov)
+            point, _, _, source, evidence, rec, by, _ = a
+            if not (source is ps and evidence is pe and rec == pr and by is pb):
+                ps, pe, pr, pb = source, evidence, rec, by
+                provs.add((source, evidence, rec, by))
             w += 1
             if n == CHUNK_WRITES:
-                if items:
-                    runs.append(f"[{rec0 - last_rec},{b - last_b},{_digits(point0)},[{','.join(items)}]]")
-                out.append(_chunk(w0, runs, n, first))
-                runs, items, n, rec0, last_b, last_rec = [], [], 0, None, 0, 0
+                out.append(_chunk(body, n, first))
+                body, n, rec0, last_b, last_rec = [], 0, None, 0, 0
             if rec0 is None or rec != rec0:
-                if items:
-                    runs.append(f"[{rec0 - last_rec},{b - last_b},{_digits(point0)},[{','.join(items)}]]")
-                    last_b, last_rec, items = b, rec0, []
-                rec0, point0, owner = rec, point, None
                 if n == 0:
-                    w0, first = w, _digits(rec)
+                    body.append(w)
+                    first = rec
+                items = []
+                body.append((rec - last_rec, b - last_b, point, items))
+                last_b, last_rec = b, rec
+                rec0, point0, owner = rec, point, None
             kt = keys.get(key)
             if kt is None:
                 kt = _key_json(key)
@@ -345,13 +356,11 @@ def encode_references(events: Sequence[EventWrites], base: int) -> list[str]:
                 kt = ownerless[key]
             else:
                 owner = key[1]
-            items.append(kt if point == point0 else f"[{kt},{_digits(point)}]")
+            items.append(kt if point == point0 else (kt, point))
             n += 1
-        runs.append(f"[{rec0 - last_rec},{b - last_b},{_digits(point0)},[{','.join(items)}]]")
-        last_b, last_rec, items = b, rec0, []
         b += len(provs)
     if n:
-        out.append(_chunk(w0, runs, n, first))
+        out.append(_chunk(body, n, first))
     return out
 
 
@@ -359,35 +368,28 @@ def encode_copies(events: Sequence[EventWrites]) -> list[str]:
     """The change-log chunks of one layout-2 step: runs of writes sharing their provenance, with their values."""
     out: list[str] = []
     keys, ownerless = _KEYS, _OWNERLESS
-    runs: list[str] = []
-    items: list[str] = []
-    head = first = ""
+    body: list[Any] = [0]
+    items: list[Any] = []
+    first: Any = None
     n = 0
     last_rec = 0
     for writes, _ in events:
         if not writes:
             continue
-        last: tuple[Any, ...] | None = None
-        point0: Any = None
-        owner: Any = None
-        rec0: Any = None
+        ps: Any = _UNSET                        # the run's provenance and point, the write before's owner
+        pe = pr = pb = point0 = owner = None
         for key, a in writes:
             point, value, closed, source, evidence, rec, by, expires = a
-            prov = (source, evidence, rec, by)
             if n == CHUNK_WRITES:
-                if items:
-                    runs.append(f"{head}{','.join(items)}]]")
-                out.append(_chunk(0, runs, n, first))
-                runs, items, n, last, last_rec = [], [], 0, None, 0
-            if prov != last:
-                if items:
-                    runs.append(f"{head}{','.join(items)}]]")
-                    items, last_rec = [], rec0
-                last, rec0, point0, owner = prov, rec, point, None
-                head = (f"[{rec - last_rec},{json_text(source)},{json_text(evidence)},{json_text(by)},"
-                        f"{_digits(point)},[")
+                out.append(_chunk(body, n, first))
+                body, n, ps, last_rec = [0], 0, _UNSET, 0
+            if ps is _UNSET or not (source is ps and evidence is pe and rec == pr and by is pb) and (
+                    source, evidence, rec, by) != (ps, pe, pr, pb):
+                items = []
+                body.append((rec - last_rec, source, evidence, by, point, items))
+                ps, pe, pr, pb, last_rec, point0, owner = source, evidence, rec, by, rec, point, None
                 if n == 0:
-                    first = _digits(rec)
+                    first = rec
             kt = keys.get(key)
             if kt is None:
                 kt = _key_json(key)
@@ -396,16 +398,13 @@ def encode_copies(events: Sequence[EventWrites]) -> list[str]:
             else:
                 owner = key[1]
             if closed or expires is not None or point != point0:
-                items.append(f"[{kt},{json_text(value)},{_digits(point)},{1 if closed else 0},"
-                             f"{'null' if expires is None else _digits(expires)}]")
-            else:
-                items.append(f"[{kt},{json_text(value)}]")
+                kt = (kt, point, closed, expires)
+            add = items.append
+            add(kt)
+            add(value)
             n += 1
-        if items:
-            runs.append(f"{head}{','.join(items)}]]")
-            items, last, last_rec = [], None, rec0
     if n:
-        out.append(_chunk(0, runs, n, first))
+        out.append(_chunk(body, n, first))
     return out
 
 
@@ -502,21 +501,21 @@ def copies(elements: list[str], start: int, since: Micros | None, count: int) ->
         rec = 0
         for dr, source, evidence, by, point0, items in body[1:]:
             rec += dr
-            k = len(items)
+            k = len(items) // 2
             if pos + k <= start or (since is not None and rec <= since):
                 pos += k
                 continue
             owner = ""
-            for item in items:
-                key = item[0]
+            for i in range(0, len(items), 2):
+                key, value = items[i], items[i + 1]
+                point, closed, expires = point0, False, None
+                if key[0].__class__ is list:
+                    key, point, closed, expires = key
                 if key[1]:
                     owner = key[1]
                 if pos >= start:
-                    if len(item) == 2:
-                        a = Assertion(point0, item[1], False, source, evidence, rec, by, None)
-                    else:
-                        a = Assertion(item[2], item[1], bool(item[3]), source, evidence, rec, by, item[4])
-                    out.append(ChangeEntry(pos, _key(key, owner), a))
+                    a = _new(Assertion, (point, value, bool(closed), source, evidence, rec, by, expires))
+                    out.append(_new(ChangeEntry, (pos, _key(key, owner), a)))
                     if len(out) == count:
                         return out
                 pos += 1
