@@ -411,3 +411,12 @@ def test_a_change_log_of_an_earlier_build_is_refused(redis_store: RedisStore) ->
         redis_store.changes("acme", start=0, generation=1, count=1)
     with pytest.raises(UsageError, match="tenant 'acme'"):
         Tools(load_cartridge(FINANCE), redis_store, "acme").history(since=SINCE)
+
+
+def test_an_unknown_tenant_is_told_and_a_known_one_with_no_news_is_not(tmp_path: Path) -> None:
+    """The tenant check runs only when a page comes back empty with nothing applied (one round trip less)."""
+    with keel.open(FINANCE, events=copy_finance(tmp_path)) as graph:
+        with pytest.raises(keel.UnknownTenant):
+            graph.tools(tenant="nobody-here").history(since=SINCE)
+        quiet = graph.tools(tenant=TENANT_A).history(since="2030-01-01")
+        assert quiet["changes"] == [] and quiet["known_through"] is not None and not quiet["more"]
