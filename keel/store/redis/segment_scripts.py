@@ -140,6 +140,29 @@ end
 return {1, out}
 """
 
+# The end of PAST and AROUND: `wanted_segments(wanted, nO)` reads, for each of the nO entities named by
+# ARGV[6..5 + nO] (escaped, segment keys prefixed by ARGV[2]), its open segment and the closed ones whose numbers
+# are keys of wanted[x]: {per entity: {open segment, n, closed segment n, ... (by n)}}; a closed segment moved to
+# the cold tier (cold.py) is "".
+_WANTED_SEGMENTS = """
+local function wanted_segments(wanted, nO)
+  local segs = {}
+  for x = 1, nO do
+    local e = ARGV[5 + x]
+    local got = {redis.call('GET', ARGV[2] .. e) or ''}
+    local ns = {}
+    for n in pairs(wanted[x]) do ns[#ns + 1] = n end
+    table.sort(ns)
+    for _, n in ipairs(ns) do
+      got[#got + 1] = n
+      got[#got + 1] = redis.call('GET', ARGV[2] .. e .. '|' .. n) or ''
+    end
+    segs[x] = got
+  end
+  return segs
+end
+"""
+
 # KEYS: 1 gen. ARGV: 1 expected gen, 2 the prefix of segment keys ("<data prefix>s:"), 3 the prefix of index keys
 #       ("<data prefix>v:"), 4 t (point9), 5 nO, nO escaped entities, then triples (the entity's position among
 #       them, P, "r" for a relation else "").
@@ -148,7 +171,7 @@ return {1, out}
 # point's), and for a relation the one with its first point (its run starts there: it has no end, else
 # flagged). Answers {1, {per triple: "" or "*" when the timeline must be read from every segment}, {per entity:
 # {open segment, n, closed segment n, ... (by n)}}}; a closed segment moved to the cold tier (cold.py) is "".
-PAST = _GEN_CHECK + """
+PAST = _GEN_CHECK + _WANTED_SEGMENTS + """
 local t, nO = ARGV[4], tonumber(ARGV[5])
 local verdicts, wanted = {}, {}
 for x = 1, nO do wanted[x] = {} end
@@ -167,20 +190,7 @@ for i = 6 + nO, #ARGV, 3 do
     if rel then want(x, redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, 1)[1], P) end
   end
 end
-local out = {}
-for x = 1, nO do
-  local e = ARGV[5 + x]
-  local got = {redis.call('GET', ARGV[2] .. e) or ''}
-  local ns = {}
-  for n in pairs(wanted[x]) do ns[#ns + 1] = n end
-  table.sort(ns)
-  for _, n in ipairs(ns) do
-    got[#got + 1] = n
-    got[#got + 1] = redis.call('GET', ARGV[2] .. e .. '|' .. n) or ''
-  end
-  out[x] = got
-end
-return {1, verdicts, out}
+return {1, verdicts, wanted_segments(wanted, nO)}
 """
 
 # A window of each asked timeline around a change's point (SegmentStore.windows_many, keel/changes.py): the
@@ -194,7 +204,7 @@ return {1, verdicts, out}
 #       position among them, P, t as point9).
 # Answers {1, {per triple: L (point9) when segments below it were left out else "", {segment numbers} or "*"},
 # {per entity: {open segment, n, closed segment n, ... (by n)}}}; a closed segment moved to the cold tier is "".
-AROUND = _GEN_CHECK + """
+AROUND = _GEN_CHECK + _WANTED_SEGMENTS + """
 local scan, nO = tonumber(ARGV[4]), tonumber(ARGV[5])
 local out, wanted = {}, {}
 for x = 1, nO do wanted[x] = {} end
@@ -232,18 +242,5 @@ for i = 6 + nO, #ARGV, 3 do
     out[#out + 1] = ns
   end
 end
-local segs = {}
-for x = 1, nO do
-  local e = ARGV[5 + x]
-  local got = {redis.call('GET', ARGV[2] .. e) or ''}
-  local ns = {}
-  for n in pairs(wanted[x]) do ns[#ns + 1] = n end
-  table.sort(ns)
-  for _, n in ipairs(ns) do
-    got[#got + 1] = n
-    got[#got + 1] = redis.call('GET', ARGV[2] .. e .. '|' .. n) or ''
-  end
-  segs[x] = got
-end
-return {1, out, segs}
+return {1, out, wanted_segments(wanted, nO)}
 """
