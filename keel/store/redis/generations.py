@@ -123,7 +123,7 @@ class GenerationAdmin:
         names = list(fixed)
         for e in entities:
             x = escape(e)
-            names += (d + "z:" + x, d + "x:" + x, d + "s:" + x, d + "i:" + x, d + "v:" + x)
+            names += (d + "z:" + x, d + "x:" + x, d + "s:" + x, d + "i:" + x, d + "v:" + x, d + "k:" + x)
         names += (f"{d}s:{x}|{j}" for x, n in closed.items() for j in range(int(n)))
         return names
 

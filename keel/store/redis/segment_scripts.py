@@ -14,6 +14,9 @@ below (its fixed keys, present exactly when it holds data, are keys.LAYOUT2_DATA
     d v:<e>            sorted set (scores 0, by member): the valid-time index of its closed segments' deltas,
                        `<P><least point9><greatest point9><n>` per timeline and segment, and the flags `<P>!`
                        (ranges overlap) and `<P>#` (an end or an expiry): what a read at a past time looks up
+    d k:<e>            sorted set: the recorded-time index of its closed segments, member n (9 digits) scored by
+                       the greatest recorded_at of its deltas, and `!` (score -1) once a segment holds a write
+                       recorded before one of an earlier segment: what a read with known_at looks up
     d i:<e>            set: `>` + escaped subject + `|` + P of each relation naming the entity as object
     d cz               hash: `<e>|<n>` -> SHA-1 of each closed segment moved to the cold tier (cold.py; its key
                        `s:<e>|<n>` is gone from Redis, its body is in PostgreSQL)
@@ -72,20 +75,29 @@ if nI > 0 or nE > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
 return big
 """
 
-# KEYS: 1 gen, 2 closed-segment counts (hash), 3 the entity's open segment, 4 its valid-time index (sorted set).
+# KEYS: 1 gen, 2 closed-segment counts (hash), 3 the entity's open segment, 4 its valid-time index (sorted set),
+#       5 its recorded-time index (sorted set).
 # ARGV: 1 expected gen, 2 escaped entity, 3 the open segment's length the restatement was computed from,
-#       4 the restatement block, then per timeline with delta rows in the segment: P, its least and greatest
-#       point (point9), "1" when a row is an end or expires.
+#       4 the restatement block, 5 and 6 the least and greatest recorded_at of the segment's deltas ("" when
+#       none), then per timeline with delta rows in the segment: P, its least and greatest point (point9), "1"
+#       when a row is an end or expires.
 # Closes the open segment (renamed `<open segment>|<n>`) and opens one holding the restatement: {1}; {2} when
 # the segment changed since it was read (another writer appended: the next step reports it again). Indexes the
 # closed segment's delta rows: member `<P><least><greatest><n>` per timeline; `<P>!` once a timeline's ranges
-# overlap (its past reads then decode every segment), `<P>#` once it has an end or an expiry.
+# overlap (its past reads then decode every segment), `<P>#` once it has an end or an expiry; and in the
+# recorded-time index, member n scored by the greatest recorded_at, `!` once a segment's least one is below an
+# earlier segment's greatest.
 ROLL = _GEN_CHECK + """
 if redis.call('STRLEN', KEYS[3]) ~= tonumber(ARGV[3]) then return {2} end
 local n = redis.call('HINCRBY', KEYS[2], ARGV[2], 1) - 1
 redis.call('RENAME', KEYS[3], KEYS[3] .. '|' .. n)
 redis.call('SET', KEYS[3], ARGV[4])
-for i = 5, #ARGV, 4 do
+if ARGV[5] ~= '' then
+  local top = redis.call('ZREVRANGEBYSCORE', KEYS[5], '+inf', '0', 'WITHSCORES', 'LIMIT', 0, 1)
+  if top[2] and tonumber(ARGV[5]) < tonumber(top[2]) then redis.call('ZADD', KEYS[5], -1, '!') end
+  redis.call('ZADD', KEYS[5], ARGV[6], string.format('%09d', n))
+end
+for i = 7, #ARGV, 4 do
   local P, lo, hi = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local last = redis.call('ZREVRANGEBYLEX', KEYS[4], '(' .. P .. '~', '[' .. P .. '-', 'LIMIT', 0, 1)[1]
   if last and lo <= string.sub(last, #P + 10, #P + 18) then redis.call('ZADD', KEYS[4], 0, P .. '!') end
@@ -116,6 +128,38 @@ if ARGV[4] == '1' then
 end
 local meta = redis.call('HMGET', KEYS[4], 'kt', 'lag')
 return {1, first, seg, elements, segs, meta}
+"""
+
+# KEYS: 1 gen, 2 closed-segment counts (hash).
+# ARGV: 1 expected gen, 2 the prefix of segment keys ("<data prefix>s:"), 3 the prefix of recorded-time index keys
+#       ("<data prefix>k:"), 4 known_at, 5.. escaped entities.
+# For a read with known_at (SegmentStore._known_segments): per entity, "" when every closed segment was known
+# then (the open segment stands for it), {m, closed segment m ("" in the cold tier)} for the first closed segment
+# holding a write recorded after known_at, or "*" when the index cannot tell (a segment closed without it, or
+# writes whose recorded_at went back).
+KNOWN = _GEN_CHECK + """
+local out = {}
+for i = 5, #ARGV do
+  local e = ARGV[i]
+  local n = tonumber(redis.call('HGET', KEYS[2], e) or '0')
+  local k = ARGV[3] .. e
+  if n == 0 then
+    out[#out + 1] = ''
+  elseif redis.call('ZCOUNT', k, '0', '+inf') ~= n then
+    out[#out + 1] = '*'
+  else
+    local m = redis.call('ZRANGEBYSCORE', k, '(' .. ARGV[4], '+inf', 'LIMIT', 0, 1)[1]
+    if not m then
+      out[#out + 1] = ''
+    elseif redis.call('ZSCORE', k, '!') then
+      out[#out + 1] = '*'
+    else
+      local j = tonumber(m)
+      out[#out + 1] = {j, redis.call('GET', ARGV[2] .. e .. '|' .. j) or ''}
+    end
+  end
+end
+return {1, out}
 """
 
 # KEYS: 1 gen, 2 closed-segment counts (hash).

@@ -47,6 +47,7 @@ from .segments import (
     delta_ranges,
     encode_step,
     past_timelines,
+    recorded_range,
     restate,
 )
 from .store import GenerationChanged, RedisStore, store_of_layout
@@ -82,6 +83,7 @@ class SegmentStore(RedisStore):
         self._seg_full = client.register_script(segment_scripts.FULL)
         self._seg_past = client.register_script(segment_scripts.PAST)
         self._seg_around = client.register_script(segment_scripts.AROUND)
+        self._seg_known = client.register_script(segment_scripts.KNOWN)
         self._cold_move = client.register_script(cold_tier.MOVE)
 
     # ---- writes --------------------------------------------------------------------------------
@@ -172,8 +174,10 @@ class SegmentStore(RedisStore):
             e = escape(name)
             index = [x for p, (lo, hi, ends) in delta_ranges(blocks).items()
                      for x in (p, clamped_point(lo), clamped_point(hi), "1" if ends else "")]
-            calls.append(([self._n(tenant).gen, d + "sg", d + "s:" + e, d + "v:" + e],
-                          ["", e, len(seg.encode()), restate(fold.timelines, now, fold.anchors), *index]))
+            first, last = recorded_range(blocks) or ("", "")
+            calls.append(([self._n(tenant).gen, d + "sg", d + "s:" + e, d + "v:" + e, d + "k:" + e],
+                          ["", e, len(seg.encode()), restate(fold.timelines, now, fold.anchors), first, last,
+                           *index]))
         if calls:
             eval_many(self._client, self._seg_roll, calls)
 
@@ -238,7 +242,9 @@ class SegmentStore(RedisStore):
         """Each view from one VIEW call (the entity's open segment and those of the subjects of relations naming
         it), all in one round trip. A view those segments do not serve (an earlier `at`, a restatement made
         inexact) reads the closed segments the valid-time index names (PAST), and whole folds where the index
-        cannot bound the read (known_at, overlapping ranges, voids, relations with ends)."""
+        cannot bound the read (overlapping ranges, voids, relations with ends). A read with `known_at` first asks
+        the recorded-time index which segment of each entity stands for what was known then
+        (`_known_segments`), and reads it as if it were the open one."""
         if not requests:
             return []
 
@@ -248,23 +254,29 @@ class SegmentStore(RedisStore):
                               [d + "s:", r.entity, "1" if "r" in r.parts else ""])
         with self._guard("view", requests[0].tenant if len(requests) == 1 else None):
             results = self._script_many(self._seg_view, [(r.tenant, build(r)) for r in requests])
+        known = self._known_segments(requests, results, known_at) if known_at is not None else {}
         out: list[EntityView | None] = []
-        for r, result in zip(requests, results):
+        for i, (r, result) in enumerate(zip(requests, results)):
             if len(result) == 1 or (known_at is not None and int(result[1]) > known_at):
                 out.append(None)
                 continue
             _, _, seg, elements, segs, meta = result
-            own = Fold(decode(seg), whole=False)
+            subs = known.get(i, {})
+            opens = {r.entity: seg, **{_owner(el): s for el, s in zip(elements, segs)}}
+            if any(sub is None or not _known_after(opens[e], known_at) for e, sub in subs.items()):
+                # no usable recorded-time index, or an open segment holding writes known then: every segment
+                timelines = self._whole(r.tenant, [r.entity, *(_owner(el) for el in elements)])
+                out.append(_view(r, timelines, elements, at, known_at)._replace(freshness=freshness_of(meta)))
+                continue
+            own = Fold(decode(subs[r.entity][1] if r.entity in subs else seg), whole=False)
             subjects: dict[str, Fold] = {}
             for el, s in zip(elements, segs):
-                owner = unescape(el[1:el.index("|")])
+                owner = _owner(el)
                 if owner not in subjects:
-                    subjects[owner] = Fold(decode(s), whole=False)
+                    subjects[owner] = Fold(decode(subs[owner][1] if owner in subs else s), whole=False)
             timelines = {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}}
-            if known_at is not None:
-                timelines = self._whole(r.tenant, list(timelines))
-            elif not own.serves(at) or not all(f.serves(at) for f in subjects.values()):
-                timelines = self._past(r, own, elements, at)
+            if not own.serves(at) or not all(f.serves(at) for f in subjects.values()):
+                timelines = self._past(r, own, elements, at, subs)
             view = _view(r, timelines, elements, at, known_at)
             out.append(view._replace(freshness=freshness_of(meta)))
         return out
@@ -272,16 +284,62 @@ class SegmentStore(RedisStore):
     def _whole(self, tenant: str, entities: list[str]) -> dict[str, dict[str, Timeline]]:
         return {e: f.timelines for e, f in self._folds(tenant, entities).items()}
 
-    def _past(self, r: ViewRequest, own: Fold, elements: list[str], at: Micros) -> dict[str, dict[str, Timeline]]:
+    def _known_segments(self, requests: list[ViewRequest], results: list[list[Any]], known_at: Micros,
+                        ) -> dict[int, dict[str, tuple[int, str] | None]]:
+        """For reads with `known_at`: per request (by index), the entities (the viewed one, the subjects of
+        relations naming it) whose open segment holds writes recorded after `known_at`, each mapped to the closed
+        segment that then stands in for the open one, (its number, its body), or None when the index cannot tell
+        (a namespace written before it existed, or writes whose recorded_at went back).
+
+        A tenant's recorded_at never goes back (docs/envelope.md), so an entity's segments hold ever later writes:
+        with m the first closed segment holding a write recorded after `known_at`, every earlier segment is known
+        then, every later one is not, and segment m (its restatement of the earlier ones, its own deltas cut by
+        `known_at` when folded) answers exactly what the whole history cut by `known_at` answers, at the times
+        its restatement serves; otherwise `_past` reads the earlier closed segments the valid-time index names."""
+        asked: list[tuple[int, list[str]]] = []
+        for i, (r, result) in enumerate(zip(requests, results)):
+            if len(result) > 1 and int(result[1]) <= known_at:
+                asked.append((i, list(dict.fromkeys([r.entity, *(_owner(el) for el in result[3]), ]))))
+        if not asked:
+            return {}
+        used: list[str] = []
+
+        def build(entities: list[str]) -> Any:
+            return lambda d: (used.append(d), [d + "sg"], [d + "s:", d + "k:", known_at, *map(escape, entities)])[1:]
+        with self._guard("view", requests[0].tenant if len(requests) == 1 else None):
+            answers = self._script_many(self._seg_known, [(requests[i].tenant, build(es)) for i, es in asked])
+        out: dict[int, dict[str, tuple[int, str] | None]] = {}
+        for (i, entities), answer, d in zip(asked, answers, used[-len(asked):]):
+            subs: dict[str, tuple[int, str] | None] = {}
+            for e, got in zip(entities, answer[1]):
+                if got == "*":
+                    subs[e] = None
+                elif got:
+                    n, body = int(got[0]), got[1]
+                    if not body:                # moved to the cold tier (cold.py)
+                        tenant, g = requests[i].tenant, cold_tier.generation_of(d)
+                        found = cold_tier.fill_current(self, tenant, g, [(escape(e), n)])
+                        if found is None:       # a cut-over dropped it meanwhile: whole folds of the new generation
+                            subs[e] = None
+                            continue
+                        body = found[(escape(e), n)]
+                    subs[e] = (n, body)
+            out[i] = subs
+        return out
+
+    def _past(self, r: ViewRequest, own: Fold, elements: list[str], at: Micros,
+              subs: dict[str, tuple[int, str] | None] | None = None) -> dict[str, dict[str, Timeline]]:
         """The timelines a view at a past `at` reads: per entity (the viewed one, the subjects of relations naming
         it), from the closed segments the valid-time index names and the open segment, all read in one PAST call;
-        an entity the index cannot bound for one of them is folded whole."""
+        an entity the index cannot bound for one of them is folded whole. `subs` (`_known_segments`): entities
+        whose closed segment m stands in for the open one; their segments from m on are not read, and an entity
+        for which the index names a later one is folded whole."""
         wanted: dict[str, list[str]] = {}
         point_keys, rel_keys = select_keys((key_of(r.entity, p)[0] for p in own.timelines), r.scopes, r.parts)
         wanted[r.entity] = [prefix_of(k) for k in (*point_keys, *rel_keys)]
         if "r" in r.parts:
             for el in elements:
-                wanted.setdefault(unescape(el[1:el.index("|")]), []).append(el[el.index("|") + 1:])
+                wanted.setdefault(_owner(el), []).append(el[el.index("|") + 1:])
         entities = list(wanted)
         triples = [x for i, (e, ps) in enumerate(wanted.items(), 1) for p in ps for x in (i, p, "r" if p[0] == "r" else "")]
         opens = [escape(e) for e in entities]
@@ -306,7 +364,15 @@ class SegmentStore(RedisStore):
         for e, got in zip(entities, segments):
             ps = wanted[e]
             flagged = [bool(next(verdict)) for _ in ps]
-            tls = None if any(flagged) else past_timelines([*got[2::2], got[0]], ps)
+            sub = (subs or {}).get(e)
+            if sub is None:
+                chosen = [*got[2::2], got[0]]
+            else:
+                m, body = sub
+                chosen = [seg for n, seg in zip(got[1::2], got[2::2]) if int(n) < m] + [body]
+                if any(int(n) > m for n in got[1::2]):
+                    flagged.append(True)
+            tls = None if any(flagged) else past_timelines(chosen, ps)
             if tls is None:
                 whole.append(e)
             else:
@@ -442,7 +508,7 @@ class SegmentStore(RedisStore):
             if found[1]:
                 closed = {k: int(v) for k, v in self._client.hgetall(d + "sg").items()}
         out = [d + k for k in LAYOUT2_DATA_KEYS] + [k for k, n in zip(extra, found) if n]
-        per_entity = [d + p + escape(e) for e in entities for p in ("s:", "i:", "v:")]
+        per_entity = [d + p + escape(e) for e in entities for p in ("s:", "i:", "v:", "k:")]
         for chunk in chunks(per_entity):
             with self._guard("key_names", tenant):
                 out += (k for k, n in zip(chunk, pipelined(self._client, [("EXISTS", k) for k in chunk])) if n)
@@ -456,6 +522,18 @@ class SegmentStore(RedisStore):
         view = super().for_generation(tenant, gen)
         assert isinstance(view, SegmentStore)
         return view        # type(self): a subclass's settings stay
+
+
+def _known_after(open_segment: str, known_at: Micros | None) -> bool:
+    """Whether every delta of an open segment was recorded after `known_at`: then a closed segment can stand in
+    for what was known (`SegmentStore._known_segments`), which the closed ones' index alone cannot promise."""
+    got = recorded_range(decode(open_segment))
+    return known_at is not None and (got is None or got[0] > known_at)
+
+
+def _owner(element: str) -> str:
+    """The subject named by an element `>` + escaped subject + `|` + P of an entity's incoming relations."""
+    return unescape(element[1:element.index("|")])
 
 
 def _view(r: ViewRequest, timelines: dict[str, dict[str, Timeline]], elements: list[str], at: Micros,

@@ -57,7 +57,8 @@ _loads = msgspec.json.Decoder().decode
 _point = itemgetter(0)     # Assertion.point, as a key for bisect
 _LIMIT = 2 ** 53             # points as layout 1 keeps them (a namespace can move between layouts)
 
-__all__ = ["DELTA", "RESTATEMENT", "ROLL_BYTES", "Fold", "StepBlocks", "decode", "encode_step", "restate"]
+__all__ = ["DELTA", "RESTATEMENT", "ROLL_BYTES", "Fold", "StepBlocks", "decode", "encode_step", "recorded_range",
+           "restate"]
 
 
 class StepBlocks:
@@ -283,6 +284,14 @@ def delta_ranges(blocks: Iterable[list[Any]]) -> dict[str, tuple[Micros, Micros,
             got = out.get(p)
             out[p] = (lo, hi, ends) if got is None else (min(lo, got[0]), max(hi, got[1]), ends or got[2])
     return out
+
+
+def recorded_range(blocks: Iterable[list[Any]]) -> tuple[Micros, Micros] | None:
+    """The least and greatest recorded_at of a segment's deltas (restatements skipped), None without deltas: what
+    the recorded-time index keeps of a closed segment, so that a read with known_at finds the segment standing
+    for what was known then."""
+    times = [prov[2] for block in blocks if block[0] == DELTA for prov in block[1]]
+    return (min(times), max(times)) if times else None
 
 
 def past_timelines(segments: Iterable[str], wanted: Iterable[str]) -> dict[str, Timeline] | None:
