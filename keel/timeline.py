@@ -176,6 +176,28 @@ class Timeline:
         end, winner, seen = found
         return version_at(winner, seen, self._next_point(end, known_at), t)
 
+    def reach(self, t: Micros, known_at: Micros | None, relation: bool) -> tuple[Micros | None, Micros | None]:
+        """The points a read at t (believed at known_at) depends on, as (low, high): assertions at points below
+        low or above high cannot change its answer; None for either side: any assertion there could. A store
+        that holds every assertion at points in [B, U] (and maybe others) answers exactly from what it holds
+        when low is not None and >= B (or it holds everything below) and high <= U (or everything above).
+
+        A fact's read looks at its deciding point and the next visible point (its valid_to); a relation's at
+        the run covering t (coalesced versions), from the visible point before the run starts (which ends the
+        run before it) to where the run ends."""
+        if relation:
+            run = covering(self.runs(known_at), t)
+            if run is not None:
+                before = self._deciding(run.assertion.point - 1, known_at)
+                return (None if before is None else before[1].point), run.valid_to
+        found = self._deciding(t, known_at)
+        if found is None:
+            return None, t
+        end, winner, _ = found
+        if relation:                  # no run covers t: an end, an expired link, or nothing visible yet
+            return winner.point, t
+        return winner.point, self._next_point(end, known_at)
+
     def deciding_point(self, t: Micros) -> Micros | None:
         """The point whose winner decides the version at t, believed now: the greatest point <= t whose winner
         is no void (None when there is none). A read at any time >= it looks at nothing before it."""
