@@ -12,19 +12,20 @@ One table, in the DSN's schema (`?options=-csearch_path%3D<schema>` picks anothe
         primary key (namespace, tenant, generation, entity, seg); entity is escaped as in Redis keys
 
 An upsert keyed by that primary key makes a repeated copy (a mover killed and run again) a no-op, never a
-second row. Errors of psycopg are translated into ColdTierUnavailable (exit 3) naming the operation, never a
-value (bodies hold a tenant's facts).
+second row. The connection (opened at first use, again after a failure) and the translation of psycopg's errors
+into ColdTierUnavailable (exit 3), naming the operation, never a value (bodies hold a tenant's facts), are
+keel/pg.py's.
 """
 from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import psycopg
 
 from .errors import ColdTierUnavailable
+from .pg import Postgres
 
 COLD_DSN_ENV = "KEEL_COLD_DSN"
 TABLE = "keel_cold_segments"
@@ -40,18 +41,6 @@ def content_hash(body: str) -> str:
     return hashlib.sha1(body.encode()).hexdigest()
 
 
-@contextmanager
-def _guard(what: str) -> Iterator[None]:
-    try:
-        yield
-    except psycopg.Error as e:
-        text = str(e).strip().splitlines()
-        raise ColdTierUnavailable(f"cold tier (PostgreSQL) {what} failed: {type(e).__name__}: "
-                                  f"{text[0] if text else 'no detail'}") from e
-    except OSError as e:
-        raise ColdTierUnavailable(f"cold tier (PostgreSQL) {what} failed: {type(e).__name__}: {e}") from e
-
-
 class ColdStore:
     """Closed segments in PostgreSQL, shared by every process of a deployment (workers, tools servers, `keel
     archive`, `keel replay`). One connection per process, opened at first use and opened again after a failure,
@@ -59,26 +48,13 @@ class ColdStore:
     Calls are serialized by a lock (reads of cold history are the rare ones)."""
 
     def __init__(self, dsn: str, *, connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
-        self._dsn = dsn
-        self._timeout = connect_timeout
-        self._conn: psycopg.Connection | None = None
+        self._pg = Postgres(dsn, what="cold tier (PostgreSQL)", error=ColdTierUnavailable,
+                            connect_timeout=connect_timeout, prepare=self._create)
+        self._guard = self._pg.guard
+        self._connection = self._pg.connection
         self._lock = threading.Lock()
 
     # ---- connection --------------------------------------------------------------------------
-
-    def _connection(self) -> psycopg.Connection:
-        conn = self._conn
-        if conn is not None and not conn.closed and not conn.broken:
-            return conn
-        self._conn = None
-        conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=max(1, int(self._timeout)))
-        try:
-            self._create(conn)
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
-        return conn
 
     @staticmethod
     def _create(conn: psycopg.Connection) -> None:
@@ -95,13 +71,11 @@ class ColdStore:
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._pg.close()
 
     def ping(self) -> None:
         """Raise ColdTierUnavailable unless PostgreSQL answers."""
-        with self._lock, _guard("ping"):
+        with self._lock, self._guard("ping"):
             self._connection().execute("SELECT 1")
 
     # ---- segments ----------------------------------------------------------------------------
@@ -111,7 +85,7 @@ class ColdStore:
         already stored is overwritten by the same content (segments are immutable), never doubled."""
         if not pieces:
             return
-        with self._lock, _guard("copy of closed segments"):
+        with self._lock, self._guard("copy of closed segments"):
             conn = self._connection()
             with conn.transaction(), conn.cursor() as cur:
                 cur.executemany(
@@ -127,7 +101,7 @@ class ColdStore:
         wanted = list(dict.fromkeys((e, int(n)) for e, n in pieces))
         if not wanted:
             return {}
-        with self._lock, _guard("read of cold history"):
+        with self._lock, self._guard("read of cold history"):
             rows = self._connection().execute(
                 f"SELECT entity, seg, sha1, body FROM {TABLE} WHERE namespace = %s AND tenant = %s AND "
                 "generation = %s AND (entity, seg) IN (SELECT * FROM unnest(%s::text[], %s::integer[]))",
@@ -149,7 +123,7 @@ class ColdStore:
         """Delete some pieces (a copy whose Redis step found the generation gone); returns rows deleted."""
         if not pieces:
             return 0
-        with self._lock, _guard("delete of closed segments"):
+        with self._lock, self._guard("delete of closed segments"):
             cur = self._connection().execute(
                 f"DELETE FROM {TABLE} WHERE namespace = %s AND tenant = %s AND generation = %s AND "
                 "(entity, seg) IN (SELECT * FROM unnest(%s::text[], %s::integer[]))",
@@ -160,32 +134,32 @@ class ColdStore:
 
     def drop_generation(self, namespace: str, tenant: str, gen: int) -> int:
         """Delete a generation's rows (its Redis keys are dropped next); returns rows deleted."""
-        with self._lock, _guard("drop of a generation"):
+        with self._lock, self._guard("drop of a generation"):
             return self._connection().execute(
                 f"DELETE FROM {TABLE} WHERE namespace = %s AND tenant = %s AND generation = %s",
                 (namespace, tenant, int(gen))).rowcount
 
     def drop_tenant(self, namespace: str, tenant: str) -> int:
         """Delete every row of a tenant (offboarding, a tenant dropped)."""
-        with self._lock, _guard("drop of a tenant"):
+        with self._lock, self._guard("drop of a tenant"):
             return self._connection().execute(f"DELETE FROM {TABLE} WHERE namespace = %s AND tenant = %s",
                                               (namespace, tenant)).rowcount
 
     def drop_namespace(self, namespace: str) -> int:
-        with self._lock, _guard("drop of a namespace"):
+        with self._lock, self._guard("drop of a namespace"):
             return self._connection().execute(f"DELETE FROM {TABLE} WHERE namespace = %s",
                                               (namespace,)).rowcount
 
     def generations(self, namespace: str) -> list[tuple[str, int]]:
         """(tenant, generation) pairs holding rows: what the mover checks against Redis for orphans."""
-        with self._lock, _guard("list of generations"):
+        with self._lock, self._guard("list of generations"):
             return [(t, int(g)) for t, g in self._connection().execute(
                 f"SELECT DISTINCT tenant, generation FROM {TABLE} WHERE namespace = %s ORDER BY 1, 2",
                 (namespace,)).fetchall()]
 
     def sizes(self, namespace: str) -> tuple[int, int, int]:
         """(rows, bytes of the bodies as text, bytes on disk after PostgreSQL's compression) of a namespace."""
-        with self._lock, _guard("size query"):
+        with self._lock, self._guard("size query"):
             row = self._connection().execute(
                 f"SELECT count(*), coalesce(sum(octet_length(body)), 0), coalesce(sum(pg_column_size(body)), 0) "
                 f"FROM {TABLE} WHERE namespace = %s", (namespace,)).fetchone()
@@ -194,7 +168,7 @@ class ColdStore:
 
     def values_like(self, namespace: str, text: str) -> int:
         """How many rows of a namespace hold `text` (an erasure check: the count, never the rows)."""
-        with self._lock, _guard("scan"):
+        with self._lock, self._guard("scan"):
             row = self._connection().execute(
                 f"SELECT count(*) FROM {TABLE} WHERE namespace = %s AND strpos(body, %s) > 0",
                 (namespace, text)).fetchone()

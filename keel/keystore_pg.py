@@ -15,8 +15,9 @@ Tables (in an optional schema, created when missing):
   is refused.
 
 Erasure deletes the key rows in one transaction; what that means for PostgreSQL's own copies (dead tuples
-until VACUUM, the WAL, backups) is in docs/privacy.md. Errors of psycopg are translated into
-`KeyStoreUnavailable` (exit 3) naming the operation, never a key or a personal value.
+until VACUUM, the WAL, backups) is in docs/privacy.md. The connection (opened when the store is, again after a
+failure) and the translation of psycopg's errors into `KeyStoreUnavailable` (exit 3), naming the operation,
+never a key or a personal value, are keel/pg.py's.
 """
 from __future__ import annotations
 
@@ -37,30 +38,20 @@ from psycopg import sql
 from .cartridge import Cartridge
 from .config import Settings
 from .errors import StoreUnavailable, UsageError
+from .pg import Postgres
 from .privacy import FileKeyStore, KeyStore, Privacy, master_key, open_key_file, refuse_offboarded
 from .times import format_time, now_micros
 
 KEYS_DSN_ENV = "KEEL_KEYS_DSN"
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,55}$")
 CACHE_SECONDS = 5.0         # how long a process reuses an unwrapped key before asking the store again
+CONNECT_TIMEOUT_S = 10
 
 
 class KeyStoreUnavailable(StoreUnavailable):
     """The key store's database (PostgreSQL) could not be reached or refused a statement (exit 3). A
     StoreUnavailable, like the outbox's: a worker waits and retries it as an outage."""
     service = "PostgreSQL"
-
-
-@contextmanager
-def _guard(what: str) -> Iterator[None]:
-    try:
-        yield
-    except psycopg.Error as e:
-        text = str(e).strip().splitlines()
-        raise KeyStoreUnavailable(f"key store (PostgreSQL) {what} failed: {type(e).__name__}: "
-                                  f"{text[0] if text else 'no detail'}") from e
-    except OSError as e:
-        raise KeyStoreUnavailable(f"key store (PostgreSQL) {what} failed: {type(e).__name__}: {e}") from e
 
 
 class PostgresKeyStore:
@@ -80,41 +71,50 @@ class PostgresKeyStore:
         self._unwrapped: dict[str, tuple[bytes, float]] = {}     # key id -> (data key, until when it is reused)
         self._current: dict[tuple[str, str], str] = {}            # (tenant, subject) -> its key id
         self.where = "the key store (PostgreSQL)"
-        with _guard("connect"):
-            self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-        self._create()
+        self._pg = Postgres(dsn, what="key store (PostgreSQL)", error=KeyStoreUnavailable,
+                            connect_timeout=CONNECT_TIMEOUT_S, prepare=self._create)
+        self._guard = self._pg.guard
+        with self._guard("connect"):        # at once: a wrong DSN or master key is refused when the store opens
+            self._pg.connection()
 
     def _t(self, name: str) -> sql.Composable:
         return sql.Identifier(self._schema, name) if self._schema else sql.Identifier(name)
 
-    def _create(self) -> None:
+    def _create(self, conn: psycopg.Connection) -> None:
+        """Create the tables when missing and check the master key's fingerprint (on each new connection)."""
         keys, erased, erasures, meta = (self._t(n) for n in ("keel_keys", "keel_keys_erased", "keel_keys_erasures",
                                                               "keel_keys_meta"))
-        with _guard("create its tables"), self._conn.transaction():
+        with self._guard("create its tables"), conn.transaction():
             if self._schema:
-                self._conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self._schema)))
-            self._conn.execute(sql.SQL(
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self._schema)))
+            conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (kid text PRIMARY KEY, tenant text NOT NULL, subject text NOT NULL, "
                 "wrapped bytea NOT NULL, created_at text NOT NULL, UNIQUE (tenant, subject))").format(keys))
-            self._conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (kid text PRIMARY KEY, erased_at text NOT NULL)"
+            conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (kid text PRIMARY KEY, erased_at text NOT NULL)"
                                        ).format(erased))
-            self._conn.execute(sql.SQL(
+            conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (n bigserial PRIMARY KEY, tenant text NOT NULL, subject text NOT NULL, "
                 "at text NOT NULL, keys integer NOT NULL)").format(erasures))
-            self._conn.execute(sql.SQL(
+            conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (tenant text PRIMARY KEY, at text NOT NULL, keys integer NOT NULL)"
             ).format(self._t("keel_keys_offboarded")))
-            self._conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (one boolean PRIMARY KEY DEFAULT true "
+            conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (one boolean PRIMARY KEY DEFAULT true "
                                        "CHECK (one), fingerprint text NOT NULL)").format(meta))
-            self._conn.execute(sql.SQL("INSERT INTO {} (fingerprint) VALUES (%s) ON CONFLICT DO NOTHING"
+            conn.execute(sql.SQL("INSERT INTO {} (fingerprint) VALUES (%s) ON CONFLICT DO NOTHING"
                                        ).format(meta), (self._fingerprint,))
-            row = self._conn.execute(sql.SQL("SELECT fingerprint FROM {}").format(meta)).fetchone()
+            row = conn.execute(sql.SQL("SELECT fingerprint FROM {}").format(meta)).fetchone()
         if row is None or row[0] != self._fingerprint:
             raise UsageError(f"{self.where} was written under another master key (check KEEL_MASTER_KEY / "
                              f"KEEL_MASTER_KEY_FILE)")
 
+    @property
+    def _conn(self) -> psycopg.Connection:
+        """The open connection, reopened after a failure (call it inside `_guard`). A failed statement raises at
+        once, so the statements of one method (one transaction) all run on one connection."""
+        return self._pg.connection()
+
     def close(self) -> None:
-        self._conn.close()
+        self._pg.close()
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -140,7 +140,7 @@ class PostgresKeyStore:
             if known is not None and known[1] > time.monotonic():
                 return kid, known[0]
         keys = self._t("keel_keys")
-        with _guard("key lookup"):
+        with self._guard("key lookup"):
             row = self._conn.execute(sql.SQL("SELECT kid, wrapped FROM {} WHERE tenant = %s AND subject = %s"
                                              ).format(keys), (tenant, subject)).fetchone()
             if row is None:
@@ -162,7 +162,7 @@ class PostgresKeyStore:
         known = self._unwrapped.get(kid)
         if known is not None and known[1] > time.monotonic():
             return known[0]
-        with _guard("key lookup"):
+        with self._guard("key lookup"):
             row = self._conn.execute(sql.SQL("SELECT tenant, subject, wrapped FROM {} WHERE kid = %s"
                                              ).format(self._t("keel_keys")), (kid,)).fetchone()
             if row is None:
@@ -179,7 +179,7 @@ class PostgresKeyStore:
         wanted = [k for k in kids if (known := self._unwrapped.get(k)) is None or known[1] <= now]
         if not wanted:
             return
-        with _guard("key lookup"):
+        with self._guard("key lookup"):
             rows = self._conn.execute(sql.SQL("SELECT kid, tenant, subject, wrapped FROM {} WHERE kid = ANY(%s)"
                                               ).format(self._t("keel_keys")), (wanted,)).fetchall()
         for kid, tenant, subject, wrapped in rows:
@@ -187,7 +187,7 @@ class PostgresKeyStore:
 
     def erase(self, tenant: str, subject: str, *, reason: str | None = None) -> int:
         at = format_time(now_micros())
-        with _guard("erasure"), self._conn.transaction():
+        with self._guard("erasure"), self._conn.transaction():
             kids = [r[0] for r in self._conn.execute(sql.SQL(
                 "DELETE FROM {} WHERE tenant = %s AND subject = %s RETURNING kid").format(self._t("keel_keys")),
                 (tenant, subject)).fetchall()]
@@ -203,7 +203,7 @@ class PostgresKeyStore:
         return len(kids)
 
     def erasure(self, tenant: str, subject: str) -> dict[str, Any] | None:
-        with _guard("erasure lookup"):
+        with self._guard("erasure lookup"):
             row = self._conn.execute(sql.SQL("SELECT at, keys FROM {} WHERE tenant = %s AND subject = %s "
                                              "ORDER BY n DESC LIMIT 1").format(self._t("keel_keys_erasures")),
                                      (tenant, subject)).fetchone()
@@ -211,7 +211,7 @@ class PostgresKeyStore:
 
     def offboard(self, tenant: str, *, reason: str | None = None) -> dict[str, Any]:
         at = format_time(now_micros())
-        with _guard("offboarding"), self._conn.transaction():
+        with self._guard("offboarding"), self._conn.transaction():
             known = self._offboarding(tenant, lock=True)
             if known is not None:
                 return known
@@ -229,7 +229,7 @@ class PostgresKeyStore:
         return {"tenant": tenant, "at": at, "keys": len(kids)}
 
     def offboarding(self, tenant: str) -> dict[str, Any] | None:
-        with _guard("offboarding lookup"):
+        with self._guard("offboarding lookup"):
             return self._offboarding(tenant)
 
     def _offboarding(self, tenant: str, *, lock: bool = False) -> dict[str, Any] | None:

@@ -124,18 +124,20 @@ def pg_keys() -> Iterator[tuple[str, str]]:
 @services
 def test_a_key_store_outage_is_a_503_and_nothing_is_produced(tmp_path: Path, pg_keys: tuple[str, str]) -> None:
     """The key store's connection is cut (pg_terminate_backend): the webhook answers 503 with Retry-After and
-    produces nothing in clear; the relay's step stops the same way (KeyStoreUnavailable), to be retried."""
+    produces nothing in clear; the relay's step stops the same way (KeyStoreUnavailable), and its retry seals on
+    a new connection (keel/pg.py)."""
     import psycopg
 
     from keel.keystore_pg import KeyStoreUnavailable, PostgresKeyStore
     dsn, schema = pg_keys
     folder = write_cartridge(tmp_path / "clinic")
-    named = f"{dsn}{'&' if '?' in dsn else '?'}application_name={schema}"     # to find its connection
+    named = f"{dsn}{'&' if '?' in dsn else '?'}application_name={schema}"     # to find its connections
     privacy = Privacy(load_cartridge(folder), PostgresKeyStore(named, MASTER, schema=schema))
+    relayed = Privacy(privacy.cartridge, PostgresKeyStore(named, MASTER, schema=schema))     # the relay's
     with psycopg.connect(dsn, autocommit=True) as conn:
         cut = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
                            (schema,)).fetchone()
-    assert cut == (1,)
+    assert cut == (2,)
     sink = RecordingSink()
     limits = Limits(max_body=64 * 1024, max_batch=50)
     handler = WebhookHandler([privacy.cartridge], secrets, sink, limits,
@@ -151,9 +153,12 @@ def test_a_key_store_outage_is_a_503_and_nothing_is_produced(tmp_path: Path, pg_
     assert status == 503 and headers.get("Retry-After") == "5", answer
     assert "key store" in answer["error"] and sink.records == []
     assert_no_plaintext(json.dumps(answer, ensure_ascii=False).encode())
-    encoder = RowEncoder(privacy.cartridge, Sink(), "outbox", IngressSealing(privacy))  # type: ignore[arg-type]
+    encoder = RowEncoder(relayed.cartridge, Sink(), "outbox", IngressSealing(relayed))  # type: ignore[arg-type]
     with pytest.raises(KeyStoreUnavailable):
         encoder.encode([row(STREAM[1], 1)])
+    retried = encoder.encode([row(STREAM[1], 1)])
+    assert (retried.relayed, retried.dead) == (1, 0)
+    assert_no_plaintext(b"\n".join(r.value or b"" for r in retried.records))
 
 
 @services

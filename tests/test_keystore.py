@@ -122,6 +122,27 @@ def test_an_unreachable_postgres_is_an_outage_not_a_crash() -> None:
     assert base64.b64encode(MASTER).decode() not in str(e.value)
 
 
+@pytest.mark.services
+def test_the_key_store_reconnects_once_postgres_is_back() -> None:
+    """A key store whose PostgreSQL went down refuses as an outage, then serves again on a new connection once
+    the server is back (keel/pg.py), without being opened again."""
+    from support.private_pg import private_postgres
+
+    from keel.keystore_pg import KeyStoreUnavailable, PostgresKeyStore
+    with private_postgres() as pg:
+        keys = PostgresKeyStore(pg.dsn, MASTER, cache_seconds=0)
+        try:
+            kid, key = keys.key_for("t1", "client:c1")
+            pg.stop()
+            with pytest.raises(KeyStoreUnavailable, match="key store .PostgreSQL. key lookup failed"):
+                keys.key(kid)
+            pg.start()
+            assert keys.key(kid) == key
+            assert keys.key_for("t1", "client:c1") == (kid, key)
+        finally:
+            keys.close()
+
+
 def test_one_key_store_at_a_time(tmp_path: Path) -> None:
     from keel.keystore_pg import open_key_store
     with pytest.raises(UsageError, match="not both"):
