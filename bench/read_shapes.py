@@ -44,6 +44,7 @@ from common import percentiles
 from peers.compare import private_redis
 from redis_memory import Recorder
 
+from keel import reading
 from keel.cartridge import load_cartridge
 from keel.projector import Projector
 from keel.store.base import Store
@@ -158,11 +159,11 @@ def main() -> None:
                     built[family(shape)] = (tenant, recorder, entity)
                 tenant, recorder, entity = built[family(shape)]
                 read = read_args(shape, n)
-                answers = [store.view(tenant, entity, **read) for store in stores.values()]
-                if answers[0] != answers[1] or answers[0] != recorder.view(tenant, entity, **read):
+                answers = [reading.view(store, tenant, entity, **read) for store in stores.values()]
+                if answers[0] != answers[1] or answers[0] != reading.view(recorder, tenant, entity, **read):
                     raise SystemExit(f"the layouts answer {shape} at {n:,} versions differently")
                 for name, store in stores.items():
-                    calls[(n, shape, name)] = lambda store=store, t=tenant, e=entity, r=read: store.view(t, e, **r)
+                    calls[(n, shape, name)] = lambda store=store, t=tenant, e=entity, r=read: reading.view(store, t, e, **r)
                 print(f"{shape} at {n:,} versions: written, same answer in both layouts and in memory", flush=True)
         rounds: dict[tuple[int, str, str], list[tuple[float, float]]] = {}
         for _ in range(args.rounds):

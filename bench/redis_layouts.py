@@ -55,6 +55,7 @@ from ingest import write_events
 from peers.compare import private_redis
 from redis_memory import Recorder
 
+from keel import reading
 from keel.cartridge import load_cartridge
 from keel.digest import digest
 from keel.projector import Projector
@@ -294,7 +295,7 @@ def check_sample(one: RedisStore, two: RedisStore, log: list[tuple[str, list[Wri
     past = parse_time("2000-06-15")
     for tenant, entity in pairs:
         for at in (None, past):
-            a, b = one.view(tenant, entity, at=at), two.view(tenant, entity, at=at)
+            a, b = reading.view(one, tenant, entity, at=at), reading.view(two, tenant, entity, at=at)
             if a != b:
                 raise AssertionError(f"layouts differ on {tenant} {entity} at {at}: {a} vs {b}")
     tenants = sorted({t for t, _, _ in sample})[:10]
@@ -319,7 +320,7 @@ def reads(args: argparse.Namespace, cartridge: Any, client: redis.Redis, text_cl
             for store in stores.values():
                 store.commit_many(step)
         subjects[versions] = (tenant, entity, mid)
-        same = all(stores["layout 1"].view(tenant, entity, at=at) == stores["layout 2"].view(tenant, entity, at=at)
+        same = all(reading.view(stores["layout 1"], tenant, entity, at=at) == reading.view(stores["layout 2"], tenant, entity, at=at)
                    for at in (None, mid))
         fv = sum(1 for w, _ in evs for k, _ in w if k[0] == "f")
         b1, b2 = (namespace_bytes(client, st.namespace)[0] / fv for st in stores.values())

@@ -1,6 +1,6 @@
 """What changed since: a tenant's change log read as change rows (docs/semantics.md, "What changed since").
 
-Every store keeps, per tenant, the assertions it applied in apply order (`Store.changes`): one entry per
+Every store keeps, per tenant, the assertions it applied in apply order (`StoreReads.changes`): one entry per
 write, numbered from 0. Because a tenant's recorded_at never goes backwards in its log (keel.envelope clamps
 it), that order is also recorded order. A page is a run of that log read in one atomic step with the tenant's
 known_through; its cursor names the generation and the next position, so paging never misses nor repeats an
@@ -17,7 +17,8 @@ from typing import Any, NamedTuple, cast
 from .envelope import ERASED
 from .errors import UsageError
 from .notes import withdrawal_of
-from .store.base import ChangeEntry, Store, Window, scope_of
+from .store.roles import ChangeEntry, StoreReads, Window
+from .store.shapes import scope_of
 from .store.writes import Key
 from .timeline import Assertion, is_retraction_void, is_void
 from .times import Micros, format_time
@@ -25,7 +26,7 @@ from .times import Micros, format_time
 DEFAULT_CHANGES = 100          # changes per answer when `limit` is not given
 MAX_CHANGES = 500              # the most one answer holds
 SCAN_FACTOR = 4                # a page reads at most limit * SCAN_FACTOR entries (some may be filtered out)
-WINDOW = 4                     # assertions read of the point before a change's (Store.windows_many)
+WINDOW = 4                     # assertions read of the point before a change's (StoreReads.windows_many)
 
 _WHAT = {"l": "label", "r": "relation", "e": "entity"}
 _CURSOR = re.compile(r"c([1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,14})\.(-?[0-9]{1,17})")
@@ -61,7 +62,7 @@ def parse_cursor(value: object) -> Cursor | None:
     return Cursor(int(m.group(1)), int(m.group(2)), int(m.group(3)))
 
 
-def read_changes(store: Store, tenant: str, *, since: Micros | None, after: Cursor | None, limit: int,
+def read_changes(store: StoreReads, tenant: str, *, since: Micros | None, after: Cursor | None, limit: int,
                  type: str | None, scopes: set[str]) -> ChangesPage:
     """Up to `limit` changes the caller sees (of entities of `type`) after `after` (else recorded after `since`):
     reads of the log (limit + 1 entries, then more while some were filtered out, at most limit * SCAN_FACTOR in
@@ -137,11 +138,11 @@ def visible(key: Key, scopes: set[str]) -> bool:
     return key[0] != "f" or key[3] == "" or key[3] in scopes
 
 
-def change_rows(store: Store, tenant: str, entries: list[ChangeEntry],
+def change_rows(store: StoreReads, tenant: str, entries: list[ChangeEntry],
                 read: dict[int, Window] | None = None) -> list[dict[str, Any]]:
     """The rows of entries: each from a window of its timeline around its point (those `read` with the page by
-    Store.change_page, by position, else Store.windows_many's), or from the whole timeline when the window does
-    not decide it."""
+    StoreReads.change_page, by position, else StoreReads.windows_many's), or from the whole timeline when the
+    window does not decide it."""
     missing = [e for e in entries if read is None or e.position not in read]
     got = iter(store.windows_many(tenant, [(e.key, e.assertion.point) for e in missing], WINDOW) if missing else ())
     windows = [read[e.position] if read is not None and e.position in read else next(got) for e in entries]
@@ -157,7 +158,7 @@ def change_rows(store: Store, tenant: str, entries: list[ChangeEntry],
 def change_row(key: Key, a: Assertion, window: Window) -> dict[str, Any] | None:
     """One change: which timeline, what happened (`change`), the value at the change's point just before and
     just after the change was recorded (`old`, `new`), the valid times of the version it concerns (`valid_to`
-    as known now) and its provenance. None when the window (Store.Window) does not decide the row."""
+    as known now) and its provenance. None when the window (keel.store.roles.Window) does not decide the row."""
     before, met = _before(window.assertions, a)
     if not met and not window.whole:
         return None             # the window does not hold the change itself: it cannot tell what came before it

@@ -16,7 +16,7 @@ from .config import Settings
 from .envelope import Catalog
 from .errors import WriteTimeout
 from .kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_producer
-from .store.base import Store
+from .store.roles import StoreReads
 from .wire import canonical_bytes, dlq_topic, events_topic, record_key
 
 T = TypeVar("T")
@@ -78,8 +78,9 @@ class _KafkaSender:
 class KafkaLog:
     """EventLog (keel.eventlog) over Kafka: append = produce (key tenant, acks=all) + wait until applied."""
 
-    def __init__(self, cartridge: Cartridge, store: Store, settings: Settings, *, sender: Sender | None = None,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cartridge: Cartridge, store: StoreReads, settings: Settings, *,
+                 sender: Sender | None = None, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cartridge = cartridge
         self.store = store
         self.settings = settings

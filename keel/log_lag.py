@@ -21,7 +21,7 @@ from aiokafka.errors import KafkaError
 
 from .errors import KafkaUnavailable, StoreUnavailable
 from .kafka import admin_client, bootstrap_list
-from .store.base import Store
+from .store.roles import BatchWrites
 from .times import Micros, now_micros
 from .wire import partition_for
 
@@ -32,7 +32,7 @@ RETRY_AFTER_S = 10.0     # after a failed read the last ends are used for this l
 class LogLag:
     """`measure(tenant)` -> (records of the tenant's partition Redis does not hold, when the log end was read)."""
 
-    def __init__(self, bootstrap: str, topic: str, store: Store, *, ttl_s: float = 1.0) -> None:
+    def __init__(self, bootstrap: str, topic: str, store: BatchWrites, *, ttl_s: float = 1.0) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.store = store

@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Callable
 
+from . import reading
 from .cartridge import Cartridge
 from .envelope import ENTITY
 from .errors import NoteRefused, UsageError
@@ -60,7 +61,7 @@ class NotePolicy:
                          "this caller is bound to no task")
         elif scope == "agent" and not agent:
             raise refuse("an agent-scope note needs an agent binding (--agent, or the token's agent)")
-        elif not self.store.exists(tenant, entity):
+        elif not reading.exists(self.store, tenant, entity):
             raise refuse("unknown entity; notes attach to entities of the graph (try search)")
         if scope in self.cartridge.spec.memory.requires_evidence:
             self._check_evidence(tenant, entity, evidence, refuse)

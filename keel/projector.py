@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from . import reading
 from .cartridge import Cartridge
 from .envelope import ANNOTATED, ENTITY, ERASED, OFFBOARDED, RETRACTED, Catalog, Event, Instant
 from .errors import EnvelopeRejected, HandlerFailed, KeelError
@@ -148,13 +149,13 @@ class EventStore:
     def relations(self, tenant: str, entity: str, *, rel: str | None = None, at: object | None = None
                   ) -> list[dict[str, Any]]:
         """Relations valid at `at` (default: the event's occurred_at), as before this event."""
-        return self._store.relations(self._tenant(tenant), entity, rel=rel,
-                                     at=self._event.occurred_at if at is None else at)
+        return reading.relations(self._store, self._tenant(tenant), entity, rel=rel,
+                                 at=self._event.occurred_at if at is None else at)
 
     def facts(self, tenant: str, entity: str, *, at: object | None = None) -> list[dict[str, Any]]:
         """Domain facts valid at `at` (default: the event's occurred_at), as before this event."""
-        return self._store.facts(self._tenant(tenant), entity, scopes=("",),
-                                 at=self._event.occurred_at if at is None else at)
+        return reading.facts(self._store, self._tenant(tenant), entity, scopes=("",),
+                             at=self._event.occurred_at if at is None else at)
 
 
 class CatalogChecks:
@@ -281,7 +282,7 @@ class Projector:
     def _erasure_writes(self, event: Event) -> list[Write]:
         """A keel.erased receipt on an entity of the graph: the fact `keel.erased` (the receipt's id and key
         count) from the erasure's time, so that context and history say when its data subject was erased."""
-        if not self.store.exists(event.tenant, event.subject):
+        if not reading.exists(self.store, event.tenant, event.subject):
             return []
         return [fact_write(event.subject, ERASED, {"receipt": event.id, "keys": event.payload.get("keys")},
                            event.occurred_at, False, source=event.source, evidence=event.id,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from . import reading
 from .cartridge import Cartridge
 from .rules import check_names, verdict
 from .store.base import REF_LABEL, Key, Store, entities_of
@@ -62,7 +63,7 @@ def stream_problems(cartridge: Cartridge, store: Store, at: Micros) -> list[str]
             of_type = [e for e in entities if e.partition(":")[0] == rule.applies_to][:MAX_ENTITIES]
             declared = cartridge.relations_of(rule.applies_to)
             for entity in of_type:
-                view = store.view(tenant, entity, at=at)
+                view = reading.view(store, tenant, entity, at=at)
                 if view is None:
                     continue
                 reason = verdict(rule, view.facts, view.info.labels, view.relations, entity, at,

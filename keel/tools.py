@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager, nullcontext
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from . import reading
 from .cartridge import Cartridge
 from .changes import DEFAULT_CHANGES, MAX_CHANGES, parse_cursor, read_changes
 from .envelope import ANNOTATED, MAX_REASON
@@ -107,9 +108,9 @@ class Tools:
         rules = self.cartridge.rules_of(entity_type)
         scopes = self.policy.visible_scopes(task=self.task, agent=self.agent)
         when = t if t is not None else self.clock()
-        view, *notes = self.store.views([ViewRequest(self.tenant, entity, scopes),   # one request with the notes
-                                         *self.policy.global_note_views(entity_type, [r.name for r in rules])],
-                                        at=when, known_at=k)
+        requests = [ViewRequest(self.tenant, entity, scopes),           # one request with the notes
+                    *self.policy.global_note_views(entity_type, [r.name for r in rules])]
+        view, *notes = reading.views(self.store, requests, at=when, known_at=k)
         if view is None:
             raise self._unknown(entity)
         info = view.info
@@ -174,8 +175,8 @@ class Tools:
         predicate = _opt_text(predicate, "predicate")
         self._require(entity, k)
         scopes = self.policy.visible_scopes(task=self.task, agent=self.agent)
-        versions = self._with_withdrawals(
-            entity, self.store.history(self.tenant, entity, predicate=predicate, known_at=k, scopes=scopes), k)
+        versions = self._with_withdrawals(entity, reading.history(self.store, self.tenant, entity, predicate=predicate,
+                                                                  known_at=k, scopes=scopes), k)
         keys = self.store.keys(self.tenant, entity)
         labels = sorted(key for key in keys if key[0] == "l" and predicate in (None, key[2]))
         relations = sorted((key for key in keys if key[0] == "r" and predicate in (None, key[2])),
@@ -186,7 +187,8 @@ class Tools:
         relation_versions = [{"subject": key[1], "relation": key[2], "object": key[3], **_version(v, by)}
                              for key, recorded in zip(relations, found[len(labels):]) for v, by in recorded]
         if predicate is not None and not (versions or label_versions or relation_versions):
-            facts = {v["predicate"] for v in self.store.history(self.tenant, entity, known_at=k, scopes=scopes)}
+            facts = {v["predicate"]
+                     for v in reading.history(self.store, self.tenant, entity, known_at=k, scopes=scopes)}
             names = sorted(facts | {key[2] for key in keys if key[0] in "lr"})
             raise UsageError(f"predicate: {_clip(predicate)} is not a fact, label or relation of {entity}; use one "
                              f"of {', '.join(names) or '(none)'}")
@@ -241,7 +243,8 @@ class Tools:
         if relation is not None:
             self._name_arg("relation", "a relation", relation, self.cartridge.spec.relations)
         t, k = time_arg(at, "at"), time_arg(known_at, "known_at")
-        view = self.store.view(self.tenant, entity, at=t if t is not None else self.clock(), known_at=k, parts="r")
+        view = reading.view(self.store, self.tenant, entity, at=t if t is not None else self.clock(), known_at=k,
+                            parts="r")
         if view is None:                    # the view tells an unknown entity: no existence check first
             raise self._unknown(entity)
         result: RelatedResult = {"entity": entity, "relations": cast(list[Relation], of_relation(view.relations,
@@ -308,7 +311,8 @@ class Tools:
             return self._fresh(pending)
         owner = task if scope == "task" else self.agent if scope == "agent" else None
         where = GLOBAL_TENANT if scope == "global" else self.tenant
-        mine = [f for f in self.store.history(where, entity, predicate=predicate, scopes=[scope_key(scope, owner)])
+        mine = [f for f in reading.history(self.store, where, entity, predicate=predicate,
+                                           scopes=[scope_key(scope, owner)])
                 if f["value"] == value and f.get("evidence") == (evidence or event_id)]    # a retry: the first call's
         if not mine:
             raise UsageError(f"note {event_id} was logged but is not in the graph")
@@ -363,7 +367,7 @@ class Tools:
                     f"will be applied; calling again with the same arguments does not write it twice.",
                     "known_through": None}
                 return self._fresh(pending)
-        rows = [r for r in self.store.history(self.tenant, entity, predicate=predicate, scopes=[key[3]])
+        rows = [r for r in reading.history(self.store, self.tenant, entity, predicate=predicate, scopes=[key[3]])
                 if r["valid_from"] == format_time(target.assertion.point)
                 and r["recorded_at"] == format_time(target.assertion.recorded_at)]
         closed = self._with_withdrawals(entity, rows, None)
@@ -433,7 +437,7 @@ class Tools:
         return result
 
     def _require(self, entity: str, known_at: Micros | None) -> None:
-        if not self.store.exists(self.tenant, entity, known_at=known_at):
+        if not reading.exists(self.store, self.tenant, entity, known_at=known_at):
             raise self._unknown(entity)
 
     def _require_tenant(self) -> None:

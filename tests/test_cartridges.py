@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from keel import MemoryStore, Projector, load_cartridge
+from keel import MemoryStore, Projector, load_cartridge, reading
 from keel.digest import digest
 from keel.embedded import build_embedded
 from keel.rule_checks import stream_problems
@@ -92,12 +92,12 @@ def test_known_at_equals_a_rebuild_from_the_events_recorded_by_then(folder: Path
                 partial.apply(e)
         when = format_time(k)
         for entity in entities:
-            assert full.store.exists(tenant, entity, known_at=when) == partial.store.exists(tenant, entity)
-            if not partial.store.exists(tenant, entity):
+            assert reading.exists(full.store, tenant, entity, known_at=when) == reading.exists(partial.store, tenant, entity)
+            if not reading.exists(partial.store, tenant, entity):
                 continue
             for at in (when, format_time(k - 86_400_000_000)):
-                assert full.store.facts(tenant, entity, at=at, known_at=when) == partial.store.facts(tenant, entity, at=at)
-                assert (full.store.relations(tenant, entity, at=at, known_at=when)
-                        == partial.store.relations(tenant, entity, at=at))
-                assert full.store.entity(tenant, entity, at=at, known_at=when) == partial.store.entity(tenant, entity, at=at)
-            assert full.store.history(tenant, entity, known_at=when) == partial.store.history(tenant, entity)
+                assert reading.facts(full.store, tenant, entity, at=at, known_at=when) == reading.facts(partial.store, tenant, entity, at=at)
+                assert (reading.relations(full.store, tenant, entity, at=at, known_at=when)
+                        == reading.relations(partial.store, tenant, entity, at=at))
+                assert reading.entity_info(full.store, tenant, entity, at=at, known_at=when) == reading.entity_info(partial.store, tenant, entity, at=at)
+            assert reading.history(full.store, tenant, entity, known_at=when) == reading.history(partial.store, tenant, entity)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.integrity import acct_set, correction_log, ledger_cartridge, odd, retracted, write_events
 
-from keel import render
+from keel import reading, render
 from keel.cartridge import load_cartridge
 from keel.cli import main
 from keel.commandline import emit
@@ -74,7 +74,7 @@ def test_future_tolerance_is_configurable(tmp_path: Path) -> None:
     projector, report = build_embedded(cartridge, events)
     assert report.applied == 1 and not report.rejected
     # accepted within the tolerance, but taken as recorded when Keel read it: never after "now"
-    (version,) = projector.store.history("t1", "acct:a1")
+    (version,) = reading.history(projector.store, "t1", "acct:a1")
     assert version["recorded_at"] < "2099"
 
 
@@ -161,8 +161,8 @@ def test_known_at_is_the_log_prefix_keel_had_then(ledger: Path, tmp_path: Path, 
     projector, _ = build_embedded(cartridge, full)
     whole = Tools(cartridge, projector.store, "t1")
     entities = ["acct:a1", "acct:a2", "owner:h1", "owner:h2"]
-    learned = [v["recorded_at"] for v in projector.store.history("t1", "acct:a1")
-               + projector.store.history("t1", "acct:a2")]
+    learned = [v["recorded_at"] for v in reading.history(projector.store, "t1", "acct:a1")
+               + reading.history(projector.store, "t1", "acct:a2")]
     for day in DAYS[::3] + [r[:10] for r in learned]:
         known_at = f"{day}T12:00:00Z"
         # the prefix Keel had at known_at: the events read until the first one learned later
@@ -328,7 +328,7 @@ def test_a_retraction_restores_what_was_believed_at_that_point(ledger: Path, tmp
     cartridge = load_cartridge(ledger)
     projector, report = build_embedded(cartridge, write_events(tmp_path / "e.jsonl", log))
     assert not report.rejected
-    [fact] = projector.store.facts("t1", "acct:a1", at="2026-06-01")
+    [fact] = reading.facts(projector.store, "t1", "acct:a1", at="2026-06-01")
     assert (fact["value"], fact["valid_from"], fact["valid_to"]) == (100, "2026-01-01T00:00:00Z", None)
     assert fact["evidence"] == "e4"          # the restoring assertion is the retraction's
 
@@ -343,7 +343,7 @@ def test_a_mirror_keeps_marks_of_waiting_writes_and_still_applies_them_on_read()
     mirror.apply_writes("t1", [write], event_key("e1", "abc at line 1", 5))
     mirror.recording = False
     assert mirror.event_mark("t1", "e1") == "abc at line 1" and mirror.latest_recorded("t1") == 5
-    assert [f["value"] for f in mirror.facts("t1", "acct:a1", at="2026-02-01")] == [1]
+    assert [f["value"] for f in reading.facts(mirror, "t1", "acct:a1", at="2026-02-01")] == [1]
 
 
 def test_declarative_projections_write_within_the_same_limits(tmp_path: Path, capsys) -> None:

@@ -22,6 +22,7 @@ from support.workers import (
     wait_applied,
 )
 
+from keel import reading
 from keel.cartridge import load_cartridge
 from keel.store.redis import RedisStore
 
@@ -83,9 +84,9 @@ def test_integrity_through_workers_and_replay(tmp_path: Path) -> None:
 
     store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=cartridge.name)
     try:
-        [a2] = store.history("t1", "acct:a2", predicate="balance")
+        [a2] = reading.history(store, "t1", "acct:a2", predicate="balance")
         assert a2["recorded_at"] == "2026-01-10T00:00:00Z"      # the refused e2 moved nothing
-        balances = [(v["value"], v["recorded_at"]) for v in store.history("t1", "acct:a1", predicate="balance")]
+        balances = [(v["value"], v["recorded_at"]) for v in reading.history(store, "t1", "acct:a1", predicate="balance")]
         assert balances == [(100, "2026-01-10T00:00:00Z"), (200, "2026-01-10T00:00:00Z")]
     finally:
         store.close()
@@ -117,9 +118,9 @@ def test_corrections_and_retractions_through_workers_and_replay(tmp_path: Path) 
     assert redis_digests(folder, env, expected) == expected
     store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=cartridge.name)
     try:
-        assert [f["value"] for f in store.facts("t1", "acct:a1", at="2026-01-15")] == []
-        assert [f["value"] for f in store.facts("t1", "acct:a1", at="2026-02-15")] == [200]
-        assert store.relations("t1", "acct:a1", at="2026-01-15") == []
+        assert [f["value"] for f in reading.facts(store, "t1", "acct:a1", at="2026-01-15")] == []
+        assert [f["value"] for f in reading.facts(store, "t1", "acct:a1", at="2026-02-15")] == [200]
+        assert reading.relations(store, "t1", "acct:a1", at="2026-01-15") == []
     finally:
         store.close()
     keel("replay", str(folder), "--tenant", "t1", env=env)

@@ -13,7 +13,7 @@ import yaml
 from support.twins import python_twin
 from support.workers import WorkerProcess, keel, redis_digests, services_env, unique_cartridge, wait_applied
 
-from keel import CartridgeInvalid, HandlerFailed, MemoryStore, Projector, load_cartridge
+from keel import CartridgeInvalid, HandlerFailed, MemoryStore, Projector, load_cartridge, reading
 from keel.digest import digest
 from keel.embedded import build_embedded
 
@@ -170,13 +170,13 @@ def test_values_never_become_code(tmp_path: Path) -> None:
     for i, payload in enumerate(({"said": "x'}{y"}, {})):
         projector.apply_raw({"id": f"e{i}", "tenant": "t", "type": "thing.seen", "subject": f"thing:a{i}",
                              "occurred_at": "2026-01-01", "payload": payload})
-    shown = projector.store.entity("t", "thing:a0")
+    shown = reading.entity_info(projector.store, "t", "thing:a0")
     assert shown.labels == {"fixed": "'\"); import os  # {not a placeholder} \\n", "said": "x'}{y"}
-    facts = {f["predicate"]: f["value"] for f in projector.store.facts("t", "thing:a0")}
+    facts = {f["predicate"]: f["value"] for f in reading.facts(projector.store, "t", "thing:a0")}
     assert facts == {"echo": "<x'}{y>", "word": "'\"); import os  # {not a placeholder} \\n"}
     # an absent optional field leaves out the label and the fact that use it, and nothing else
-    assert projector.store.entity("t", "thing:a1").labels == {"fixed": "'\"); import os  # {not a placeholder} \\n"}
-    assert [f["predicate"] for f in projector.store.facts("t", "thing:a1")] == ["word"]
+    assert reading.entity_info(projector.store, "t", "thing:a1").labels == {"fixed": "'\"); import os  # {not a placeholder} \\n"}
+    assert [f["predicate"] for f in reading.facts(projector.store, "t", "thing:a1")] == ["word"]
 
 
 @pytest.mark.services
@@ -217,4 +217,4 @@ def test_the_date_format_is_the_utc_calendar_day(tmp_path: Path) -> None:
     projector = Projector(load_cartridge(folder), MemoryStore())
     projector.apply_raw({"id": "e1", "tenant": "t", "type": "thing.seen", "subject": "thing:a",
                          "occurred_at": "2026-03-01T23:30:00-05:00", "payload": {"at": "2026-02-28T21:00:00-05:00"}})
-    assert projector.store.entity("t", "thing:a").labels == {"day": "2026-03-01", "seen": "on 2026-03-02"}
+    assert reading.entity_info(projector.store, "t", "thing:a").labels == {"day": "2026-03-01", "seen": "on 2026-03-02"}

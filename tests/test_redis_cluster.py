@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 from redis.cluster import RedisCluster
-from support.batch_contract import BatchContract, StateBehindContract
+from support.admin_contract import StoreAdminContract
+from support.batch_contract import BatchWritesContract
+from support.reads_contract import StoreReadsContract
 from support.redis_checks import RedisChecks, d
-from support.store_contract import StoreContract
 
+from keel import reading
 from keel.store.base import Store, ViewRequest
 from keel.store.redis import RedisStore
 from keel.store.redis.segment_store import SegmentStore
@@ -83,7 +85,7 @@ def cluster_node(request: pytest.FixtureRequest, redis_cluster_url: str) -> Iter
 
 
 @pytest.mark.usefixtures("cluster_node")
-class TestRedisClusterStore(RedisChecks, StoreContract, BatchContract, StateBehindContract):
+class TestRedisClusterStore(RedisChecks, StoreReadsContract, BatchWritesContract, StoreAdminContract):
     """The contract suite and the Redis checks on Redis Cluster."""
 
     def make_store(self) -> Store:
@@ -110,7 +112,7 @@ class TestRedisClusterStore(RedisChecks, StoreContract, BatchContract, StateBehi
         assert len(nodes) == 3
         assert s.tenants() == sorted(tenants)
         for t in tenants:
-            assert s.facts(t, "thing:x", at=d(2))[0]["value"] == t
+            assert reading.facts(s, t, "thing:x", at=d(2))[0]["value"] == t
             assert s.applied_offset(t, "topic", 0) == 5
 
     def test_commit_many_reloads_scripts_flushed_from_the_nodes(self) -> None:
@@ -123,7 +125,7 @@ class TestRedisClusterStore(RedisChecks, StoreContract, BatchContract, StateBehi
         for i in range(12):
             s.open_fact(f"tenant-{i}", "thing:x", "p", i, valid_from=d(1))
         self.client.execute_command("SCRIPT FLUSH", target_nodes=RedisCluster.PRIMARIES)
-        views = s.views([ViewRequest(f"tenant-{i}", "thing:x") for i in range(12)], at=d(2))
+        views = reading.views(s, [ViewRequest(f"tenant-{i}", "thing:x") for i in range(12)], at=d(2))
         assert [v.facts[0]["value"] for v in views if v] == list(range(12))
 
 
@@ -132,7 +134,7 @@ class _RollingSegmentStore(SegmentStore):
 
 
 @pytest.mark.usefixtures("cluster_node")
-class TestRedisClusterSegmentStore(RedisChecks, StoreContract, BatchContract, StateBehindContract):
+class TestRedisClusterSegmentStore(RedisChecks, StoreReadsContract, BatchWritesContract, StoreAdminContract):
     """The contract suites and the Redis checks on layout 2 on a 3-master Cluster, a segment closed after every
     step (so ROLL's RENAME, the valid-time index and the reads of subjects' and closed segments, keys built in
     the scripts, run on every node)."""

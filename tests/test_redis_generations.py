@@ -5,6 +5,7 @@ import uuid
 
 import pytest
 
+from keel import reading
 from keel.store.base import fact_write
 from keel.store.redis import GenerationChanged, RedisStore
 
@@ -41,7 +42,7 @@ def test_switch_waits_until_the_shadow_caught_up(stores) -> None:
     assert admin.switch_when_caught_up(T, 2, gen, [("topic", 0)]) is False      # expected generation wrong
     assert admin.switch_when_caught_up(T, 1, gen, [("topic", 0)]) is True
     assert admin.current_generation(T) == gen
-    assert [f["value"] for f in admin.history(T, "thing:one")] == [1, 2]
+    assert [f["value"] for f in reading.history(admin, T, "thing:one")] == [1, 2]
 
 
 def test_a_strict_writer_learns_of_the_cutover_instead_of_writing_into_it(stores) -> None:

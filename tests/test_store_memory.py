@@ -1,13 +1,14 @@
-"""The store and batch contracts against the embedded MemoryStore and the worker's RecordingStore."""
-from support.batch_contract import BatchContract, StateBehindContract
-from support.store_contract import StoreContract
+"""The store contract's role suites against the embedded MemoryStore and the worker's RecordingStore."""
+from support.admin_contract import StoreAdminContract
+from support.batch_contract import BatchWritesContract
+from support.reads_contract import StoreReadsContract
 
 from keel.store.base import Store
 from keel.store.memory import MemoryStore
 from workers.mirror import RecordingStore
 
 
-class TestMemoryStore(StoreContract, BatchContract, StateBehindContract):
+class TestMemoryStore(StoreReadsContract, BatchWritesContract, StoreAdminContract):
     def make_store(self) -> Store:
         return MemoryStore()
 
@@ -15,7 +16,7 @@ class TestMemoryStore(StoreContract, BatchContract, StateBehindContract):
         return MemoryStore()
 
 
-class TestRecordingStore(StoreContract, BatchContract):
+class TestRecordingStore(StoreReadsContract, BatchWritesContract):
     """The mirror while a batch is planned: every write is recorded and waits; reads materialize it first."""
 
     def make_store(self) -> Store:

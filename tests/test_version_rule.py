@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.services import service_env
 
+from keel import reading
 from keel.store.base import fact_result
 from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
@@ -64,7 +65,7 @@ def test_lua_and_python_agree_on_the_version_at_every_time(redis_store: RedisSto
         for at in (T0 + d * DAY - 1, T0 + d * DAY, T0 + d * DAY + 1):
             version = tl.as_of(at)
             expected = [] if version is None else [fact_result(KEY, version)]
-            assert redis_store.facts(TENANT, ENTITY, at=at) == expected, (d, at)
+            assert reading.facts(redis_store, TENANT, ENTITY, at=at) == expected, (d, at)
 
 
 # ---- the differential test: both Redis layouts against the Python rule, voids and relations included ----
@@ -142,12 +143,12 @@ def test_both_layouts_agree_with_python_on_voids_relations_and_known_at(
                 for at in (T0 + d * DAY - 1, T0 + d * DAY):
                     assert store.as_of_many(TENANT, keys, at, known_at) == \
                         memory.as_of_many(TENANT, keys, at, known_at), (where, d, at, known_at)
-                    assert store.facts(TENANT, ENTITY, at=at, known_at=known_at) == \
-                        memory.facts(TENANT, ENTITY, at=at, known_at=known_at), (where, at, known_at)
-                    assert store.relations(TENANT, ENTITY, at=at, known_at=known_at) == \
-                        memory.relations(TENANT, ENTITY, at=at, known_at=known_at), (where, at, known_at)
-        assert store.facts(TENANT, ENTITY) == memory.facts(TENANT, ENTITY), where
-        assert store.relations(TENANT, ENTITY) == memory.relations(TENANT, ENTITY), where
+                    assert reading.facts(store, TENANT, ENTITY, at=at, known_at=known_at) == \
+                        reading.facts(memory, TENANT, ENTITY, at=at, known_at=known_at), (where, at, known_at)
+                    assert reading.relations(store, TENANT, ENTITY, at=at, known_at=known_at) == \
+                        reading.relations(memory, TENANT, ENTITY, at=at, known_at=known_at), (where, at, known_at)
+        assert reading.facts(store, TENANT, ENTITY) == reading.facts(memory, TENANT, ENTITY), where
+        assert reading.relations(store, TENANT, ENTITY) == reading.relations(memory, TENANT, ENTITY), where
 
 
 RELINKED_AT_ITS_END = [("r", 0, "v", 0, None, None, 0),    # link at day 0
@@ -164,6 +165,6 @@ def test_a_relation_relinked_at_its_end_keeps_its_start_after_a_restatement(layo
     for i, w in enumerate(writes):
         memory.apply_writes(TENANT, [w], f"e{i}")
         rolling.apply_writes(TENANT, [w], f"e{i}")
-    assert memory.relations(TENANT, ENTITY)[0]["valid_from"] == "2026-09-01T00:00:00Z"
+    assert reading.relations(memory, TENANT, ENTITY)[0]["valid_from"] == "2026-09-01T00:00:00Z"
     for at in (None, T0 + DAY, T0 + 3 * DAY):
-        assert rolling.relations(TENANT, ENTITY, at=at) == memory.relations(TENANT, ENTITY, at=at), at
+        assert reading.relations(rolling, TENANT, ENTITY, at=at) == reading.relations(memory, TENANT, ENTITY, at=at), at

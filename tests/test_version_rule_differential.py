@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.services import service_env
 
+from keel import reading
 from keel.envelope import RETRACTED, Event
 from keel.errors import EnvelopeRejected
 from keel.projector import Projector
@@ -133,20 +134,20 @@ def compare(memory: MemoryStore, store: RedisStore, events: list[tuple[list[Writ
         assert store.recorded_versions_many(TENANT, keys, known_at) == \
             memory.recorded_versions_many(TENANT, keys, known_at), (where, known_at)
         for e in ENTITIES:
-            assert store.exists(TENANT, e, known_at=known_at) == memory.exists(TENANT, e, known_at=known_at), \
+            assert reading.exists(store, TENANT, e, known_at=known_at) == reading.exists(memory, TENANT, e, known_at=known_at), \
                 (where, e, known_at)
-            assert store.history(TENANT, e, known_at=known_at) == memory.history(TENANT, e, known_at=known_at), \
+            assert reading.history(store, TENANT, e, known_at=known_at) == reading.history(memory, TENANT, e, known_at=known_at), \
                 (where, e, known_at)
-            assert store.facts(TENANT, e, known_at=known_at) == memory.facts(TENANT, e, known_at=known_at), \
+            assert reading.facts(store, TENANT, e, known_at=known_at) == reading.facts(memory, TENANT, e, known_at=known_at), \
                 (where, e, known_at)
-            assert store.relations(TENANT, e, known_at=known_at) == \
-                memory.relations(TENANT, e, known_at=known_at), (where, e, known_at)
+            assert reading.relations(store, TENANT, e, known_at=known_at) == \
+                reading.relations(memory, TENANT, e, known_at=known_at), (where, e, known_at)
         for at in (None, *(T0 + d * DAY for d in range(-1, 10))):
             if at is not None:
                 assert store.as_of_many(TENANT, keys, at, known_at) == \
                     memory.as_of_many(TENANT, keys, at, known_at), (where, at, known_at)
-            assert store.views(requests, at=at, known_at=known_at) == \
-                memory.views(requests, at=at, known_at=known_at), (where, at, known_at)
+            assert reading.views(store, requests, at=at, known_at=known_at) == \
+                reading.views(memory, requests, at=at, known_at=known_at), (where, at, known_at)
 
 
 def check(client: redis.Redis, ops: list[tuple[Any, ...]], sizes: list[int]) -> None:

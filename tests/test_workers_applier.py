@@ -18,6 +18,7 @@ from support.workers import (
     write_jsonl,
 )
 
+from keel import reading
 from keel.cartridge import load_cartridge
 from keel.digest import digest
 from keel.errors import StoreUnavailable
@@ -192,15 +193,15 @@ def test_recorded_at_is_the_record_timestamp_when_the_envelope_has_none() -> Non
     cartridge = load_cartridge(ROOT / "cartridges" / "finance")
     durable = FailingStore()
     run(BatchApplier(cartridge, durable), [topic_records([raw(good(1, recorded_at=None))], timestamp_ms=T0_MS)])
-    [fact] = durable.history("acme", "debt:d1", predicate="balance_cop")
+    [fact] = reading.history(durable, "acme", "debt:d1", predicate="balance_cop")
     assert fact["recorded_at"] == format_time(T0_MS * 1000)
     kept = good(2, tenant="other", recorded_at="2026-10-01T00:00:00Z")
     run(BatchApplier(cartridge, durable), [topic_records([raw(kept)], topic="other")])
-    [fact] = durable.history("other", "debt:d2", predicate="balance_cop")
+    [fact] = reading.history(durable, "other", "debt:d2", predicate="balance_cop")
     assert fact["recorded_at"] == "2026-10-01T00:00:00Z"
     late = good(4, recorded_at="2026-10-01T00:00:00Z")     # earlier than acme's latest: taken as that latest
     run(BatchApplier(cartridge, durable), [topic_records([raw(late)], topic="other")])
-    versions = durable.history("acme", "debt:d1", predicate="balance_cop", known_at=format_time(T0_MS * 1000))
+    versions = reading.history(durable, "acme", "debt:d1", predicate="balance_cop", known_at=format_time(T0_MS * 1000))
     assert [(v["value"], v["recorded_at"]) for v in versions] == [(1000, format_time(T0_MS * 1000)),
                                                                    (4000, format_time(T0_MS * 1000))]
 
@@ -218,8 +219,8 @@ def test_notes_apply_in_order_and_a_refused_note_is_a_dead_letter() -> None:
     [plan] = run(applier, [records])
     assert [d.event_id for d in plan.dead_letters] == ["note-2"]
     assert "evidence 'nope' is not an event of this tenant" in plan.dead_letters[0].reason
-    assert [f["value"] for f in durable.history("acme", "debt:d1", predicate="next_step", scopes=["tenant"])] == \
+    assert [f["value"] for f in reading.history(durable, "acme", "debt:d1", predicate="next_step", scopes=["tenant"])] == \
         ["call"]
     assert durable.event_ids("_global") == ["acme/note-3"]
     run(BatchApplier(cartridge, durable, allow_global_notes=True), [records])      # redelivered: no twin
-    assert len(durable.history("_global", "type:debt", scopes=["global"])) == 1
+    assert len(reading.history(durable, "_global", "type:debt", scopes=["global"])) == 1

@@ -20,6 +20,7 @@ from keel.envelope import TENANT
 from keel.errors import StateBehind
 from keel.projector import Projector
 from keel.store.base import GLOBAL_TENANT, BatchStep, EventWrites, Position, Store, went_back
+from keel.store.roles import BatchWrites
 
 from .judge import PrefetchKeys, Reveal, judge
 from .mirror import Mirrors, TopicPartition
@@ -95,7 +96,7 @@ class BatchPlan:
 class BatchApplier:
     """Plans and commits batches of one cartridge's records against a durable store, through mirrors."""
 
-    def __init__(self, cartridge: Cartridge, durable: Store, *, writer: Store | None = None,
+    def __init__(self, cartridge: Cartridge, durable: Store, *, writer: BatchWrites | None = None,
                  allow_global_notes: bool = False, max_mirrored_tenants: int = 100_000,
                  reveal: Reveal | None = None, prefetch_keys: PrefetchKeys | None = None) -> None:
         self.cartridge = cartridge
@@ -103,7 +104,7 @@ class BatchApplier:
         self.prefetch_keys = prefetch_keys              # asks the key store once for a batch's keys
         self.offboarded = OffboardedCheck(cartridge, durable)
         self.durable = durable                          # mirrors load from it (the planning thread)
-        self.writer = writer if writer is not None else durable     # commits go through it (maybe another thread)
+        self.writer: BatchWrites = writer if writer is not None else durable     # commits go through it (maybe another thread)
         self.mirrors = Mirrors(durable, max_tenants=max_mirrored_tenants)
         self.recorder = self.mirrors.memory
         self.projector = Projector(cartridge, self.recorder, allow_global_notes=allow_global_notes)

@@ -23,6 +23,7 @@ from keel.envelope import OFFBOARDED
 from keel.privacy import masked_line
 from keel.store.base import Store
 from keel.store.redis import RedisStore, dead_letter_keys, guard
+from keel.store.roles import BatchWrites
 
 from .records import Record
 
@@ -133,7 +134,7 @@ class OffboardedCheck:
             return b"", ""
         return masked_line(self.cartridge, record.value), refusal_reason(tenant, done)
 
-    def written(self, writer: Store) -> None:
+    def written(self, writer: BatchWrites) -> None:
         """After a batch is written (the writer thread): drop every key of the tenants to forget; batches are
         written in order and every later one refuses them, so nothing of them is written again."""
         if not self.forget or self.set is None or not isinstance(writer, RedisStore):

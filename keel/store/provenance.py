@@ -8,10 +8,11 @@ from collections.abc import Iterable
 
 from ..timeline import VOID, Assertion, is_retraction_void, is_void
 from ..times import Micros
-from .base import Key, Store
+from .roles import StoreReads
+from .writes import Key
 
 
-def evidence_standing(store: Store, tenant: str, event_id: str, *, entity: str | None = None,
+def evidence_standing(store: StoreReads, tenant: str, event_id: str, *, entity: str | None = None,
                       type: str | None = None) -> str | None:
     """What the domain timelines of `entity` (or of every entity of `type`) say of `event_id`, read from
     the provenance (evidence) their assertions carry and the voids corrections and retractions wrote:

@@ -1,9 +1,11 @@
-"""The batch contract of keel.store.base.Store (commit_batch, commit_many, applied_offset, has_event), written
-once; the memory store, the Redis store (single node and Cluster), the worker's RecordingStore and the
-generation loader subclass BatchContract.
+"""The batch-writes role of the store contract (keel.store.roles.BatchWrites: apply_writes, commit_batch and
+commit_many with offsets, applied ids and offsets, the partitions' watermarks and the `held` check), written
+once; the memory store, both Redis layouts (single node and Cluster), the worker's RecordingStore and both
+layouts' generation loaders subclass BatchWritesContract.
 
-    class TestMyBatches(BatchContract):
+    class TestMyBatches(BatchWritesContract):
         def make_batch_store(self) -> Store: ...   # a fresh, empty store
+        checks_held = False       # only when its writes keep no watermark and refuse no `held` (StateBehind)
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from keel.errors import StateBehind
 from keel.store.base import EventWrites, Store, Write, fact_write, relation_write
 from keel.store.memory import MemoryStore
 
-from .store_contract import day
+from .reads_contract import day
 
 T = "acme"
 TOPIC = "keel.t.events"
@@ -33,11 +35,28 @@ def event(n: int, value: Any = None, event_id: str | None = None) -> EventWrites
     return writes, eid
 
 
-class BatchContract:
-    """Subclasses provide make_batch_store(); every test starts from an empty store."""
+class BatchWritesContract:
+    """Subclasses provide make_batch_store(); every test starts from an empty store. Then where a worker resumes,
+    and how a store that lost acknowledged writes is noticed (keel.errors.StateBehind): the partitions' applied
+    watermarks and the `held` check of a commit step, for the stores that keep them (`checks_held`)."""
+    checks_held = True
 
     def make_batch_store(self) -> Store:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def held_store(self) -> Store:
+        if not self.checks_held:
+            pytest.skip(f"{type(self).__name__}: writes without watermarks or the `held` check")
+        return self.make_batch_store()
+
+    def test_event_ids_are_recorded_with_the_writes(self) -> None:
+        s = self.make_batch_store()
+        assert not s.has_event(T, "e1")
+        s.apply_writes(T, [fact_write("thing:one", "p", 1, day(1), False, source=None, evidence="e1",
+                                      recorded_at=None, by=None)], "e1")
+        s.apply_writes(T, [], "e0")
+        assert s.has_event(T, "e1") and s.event_ids(T) == ["e0", "e1"]
+        assert not s.has_event("other", "e1")
 
     def test_a_batch_applies_its_events_and_stores_the_offset(self) -> None:
         s = self.make_batch_store()
@@ -102,23 +121,8 @@ class BatchContract:
             assert digest(s, tenant) == digest(one, tenant)
         assert (s.applied_offset(T, TOPIC, 0), s.applied_offset("beta", TOPIC, 1)) == (4, 9)
 
-
-class StateBehindContract:
-    """Where a worker resumes, and how a store that lost acknowledged writes is noticed (keel.errors.StateBehind):
-    the partitions' applied watermarks and the `held` check of a commit step. Subclasses provide
-    make_batch_store()."""
-
-    def make_batch_store(self) -> Store:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    def test_a_new_store_holds_nothing_and_no_watermark(self) -> None:
-        s = self.make_batch_store()
-        assert not s.holds_data()
-        assert not s.predates_watermarks()
-        assert s.partitions_applied(TOPIC, [0, 3]) == {0: None, 3: None}
-
     def test_watermarks_only_move_forward(self) -> None:
-        s = self.make_batch_store()
+        s = self.held_store()
         s.advance_partitions({(TOPIC, 0): 41, (TOPIC, 3): 7}, {})
         s.advance_partitions({(TOPIC, 0): 12}, {})          # a late writer's older batch: no step back
         assert s.partitions_applied(TOPIC, [0, 1, 3]) == {0: 41, 1: None, 3: 7}
@@ -126,7 +130,7 @@ class StateBehindContract:
         assert s.holds_data()
 
     def test_a_watermark_below_what_the_writer_saw_is_refused_whole(self) -> None:
-        s = self.make_batch_store()
+        s = self.held_store()
         s.advance_partitions({(TOPIC, 0): 41, (TOPIC, 1): 5}, {})
         with pytest.raises(StateBehind) as caught:
             s.advance_partitions({(TOPIC, 0): 60, (TOPIC, 1): 9}, {(TOPIC, 0): 41, (TOPIC, 1): 8})
@@ -139,7 +143,7 @@ class StateBehindContract:
         assert s.partitions_applied(TOPIC, [0, 1]) == {0: 60, 1: 9}
 
     def test_a_step_whose_tenant_went_back_is_refused_whole(self) -> None:
-        s = self.make_batch_store()
+        s = self.held_store()
         s.commit_batch(T, [event(1)], (TOPIC, 0, 10, None, None))
         before = digest(s, T)
         with pytest.raises(StateBehind) as caught:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 
+from keel import reading
 from keel.digest import digest
 from keel.errors import StoreUnavailable, UsageError
 from keel.store.base import (
@@ -129,10 +130,10 @@ def assert_same_graph(m: MemoryStore, s: Store, tenant: str) -> None:
                     assert s.as_of_many(tenant, keys, at, known_at) == m.as_of_many(tenant, keys, at, known_at), \
                         (e, format_time(at), known_at)
         for at in (d(2), d(30)):
-            assert s.facts(tenant, e, at=at) == m.facts(tenant, e, at=at)
-            assert s.relations(tenant, e, at=at) == m.relations(tenant, e, at=at)
-            assert s.entity(tenant, e, at=at) == m.entity(tenant, e, at=at)
-        assert s.history(tenant, e) == m.history(tenant, e)
+            assert reading.facts(s, tenant, e, at=at) == reading.facts(m, tenant, e, at=at)
+            assert reading.relations(s, tenant, e, at=at) == reading.relations(m, tenant, e, at=at)
+            assert reading.entity_info(s, tenant, e, at=at) == reading.entity_info(m, tenant, e, at=at)
+        assert reading.history(s, tenant, e) == reading.history(m, tenant, e)
     assert_same_views(m, s, tenant, entities)
 
 
@@ -142,7 +143,7 @@ def assert_same_views(m: MemoryStore, s: Store, tenant: str, entities: list[str]
                 for scopes, parts in ((None, "lfr"), (["", "task:t|1", "agent:a%2"], "lfr"), (None, "r"))]
     for known_at in (None, d(0), d(3.5), d(12), d(40)):
         for at in (d(-1), d(2), d(7.5) + 1, d(30)):
-            assert s.views(requests, at=at, known_at=known_at) == m.views(requests, at=at, known_at=known_at), \
+            assert reading.views(s, requests, at=at, known_at=known_at) == reading.views(m, requests, at=at, known_at=known_at), \
                 (format_time(at), known_at)
 
 
@@ -192,7 +193,7 @@ class RedisChecks(RedisCase):
         names = s.tenant_keys("acme")
         ends = sorted(self.client.smembers(names.data(s.current_generation("acme")) + "re"))
         assert ends == ["acct:1|r|rel|due:q|", "debt:b.x@y-z|r|r%7C2|debt:a|"], ends
-        view = s.views([ViewRequest("acme", "debt:a", None, "r")], at=d(30))[0]
+        view = reading.views(s, [ViewRequest("acme", "debt:a", None, "r")], at=d(30))[0]
         linked = [r for r in view.relations if r["relation"] == "owed_by"]
         assert len(linked) == 1 and linked[0]["valid_to"] is None
         self.client.hdel(names.data(s.current_generation("acme")) + "m", "re")   # as a generation of before
@@ -216,8 +217,8 @@ class RedisChecks(RedisCase):
             store.apply_writes("acme", [fact_write("thing:x", "p", v, d(1), False, source="s", evidence="same",
                                                    recorded_at=d(30), by=None) for v in ("a", "b", "c")], "one")
         assert_same_graph(m, s, "acme")
-        assert s.facts("acme", "thing:x", at=d(2))[0]["value"] == "c"
-        assert s.facts("acme", "thing:x", at=d(2), known_at=d(10))[0]["value"] == 9
+        assert reading.facts(s, "acme", "thing:x", at=d(2))[0]["value"] == "c"
+        assert reading.facts(s, "acme", "thing:x", at=d(2), known_at=d(10))[0]["value"] == 9
 
     # ---- batches, idempotency, offsets ----------------------------------------------------------
 
@@ -303,7 +304,7 @@ class RedisChecks(RedisCase):
             m.apply_writes("acme", writes, event_id)
         assert len(s.event_ids("acme")) == 9000 and s.applied_offset("acme", "topic", 0) == 8999
         assert digest(s, "acme") == digest(m, "acme")
-        assert len(s.relations("acme", "box:1", at=d(2))) == 9000
+        assert len(reading.relations(s, "acme", "box:1", at=d(2))) == 9000
 
     def test_an_empty_batch_only_moves_the_offset(self) -> None:
         s = self.redis_store()
@@ -357,14 +358,14 @@ class RedisChecks(RedisCase):
         with pytest.raises(UsageError):
             RedisStore(self.client, namespace="bad{ns}", owns_client=False)
         s.open_fact(GLOBAL_TENANT, "type:debt", "n", "x", valid_from=d(1), scope="global")
-        assert s.facts(GLOBAL_TENANT, "type:debt", at=d(2))[0]["value"] == "x"
+        assert reading.facts(s, GLOBAL_TENANT, "type:debt", at=d(2))[0]["value"] == "x"
         assert GLOBAL_TENANT in s.tenants()
 
     def test_times_outside_the_exact_range_are_refused(self) -> None:
         s = self.redis_store()
         with pytest.raises(UsageError):
             s.open_fact("acme", "thing:x", "p", 1, valid_from=2 ** 53 + 5)
-        assert s.facts("acme", "thing:x", at=2 ** 62) == []
+        assert reading.facts(s, "acme", "thing:x", at=2 ** 62) == []
 
     # ---- tenants, search -----------------------------------------------------------------------
 
@@ -376,7 +377,7 @@ class RedisChecks(RedisCase):
         assert s.tenants() == ["a", "b"]
         assert s.drop_tenant("b") > 0
         assert s.tenants() == ["a"] and s.keys("b", "thing:x") == []
-        assert not s.exists("b", "thing:x")
+        assert not reading.exists(s, "b", "thing:x")
 
     def test_search_version_and_entities(self) -> None:
         s, m = self.redis_store(), MemoryStore()
@@ -401,7 +402,7 @@ class RedisChecks(RedisCase):
         s, reader = self.redis_store(ns), self.redis_store(ns)     # two clients: one caches generation 1
         s.open_fact("acme", "thing:x", "p", "old", valid_from=d(1), evidence="e1")
         s.apply_writes("acme", [], "e1")
-        assert reader.facts("acme", "thing:x", at=d(2))[0]["value"] == "old"
+        assert reading.facts(reader, "acme", "thing:x", at=d(2))[0]["value"] == "old"
         assert s.current_generation("acme") == 1
         old_digest = digest(s, "acme")
 
@@ -411,26 +412,26 @@ class RedisChecks(RedisCase):
         rebuild.open_fact("acme", "thing:x", "p", "new", valid_from=d(1), evidence="e1")
         rebuild.commit_batch("acme", [([], "e1")], ("topic", 0, 7))
         # nothing visible until the switch
-        assert reader.facts("acme", "thing:x", at=d(2))[0]["value"] == "old"
+        assert reading.facts(reader, "acme", "thing:x", at=d(2))[0]["value"] == "old"
         assert digest(s, "acme") == old_digest
         assert reader.applied_offset("acme", "topic", 0) is None
 
         s.switch_generation("acme", gen)
-        views = reader.views([ViewRequest("acme", "thing:x"), ViewRequest("acme", "thing:x", parts="f")], at=d(2))
+        views = reading.views(reader, [ViewRequest("acme", "thing:x"), ViewRequest("acme", "thing:x", parts="f")], at=d(2))
         assert [v.facts[0]["value"] for v in views if v] == ["new", "new"]            # cached gen 1 is noticed
-        assert reader.facts("acme", "thing:x", at=d(2))[0]["value"] == "new"
+        assert reading.facts(reader, "acme", "thing:x", at=d(2))[0]["value"] == "new"
         assert reader.applied_offset("acme", "topic", 0) == 7
         assert reader.search_version("acme")[0] == gen
         assert s.current_generation("acme") == gen
         reader.open_fact("acme", "thing:x", "q", 1, valid_from=d(1))                # writes follow the switch
-        assert [f["predicate"] for f in s.facts("acme", "thing:x", at=d(2))] == ["p", "q"]
+        assert [f["predicate"] for f in reading.facts(s, "acme", "thing:x", at=d(2))] == ["p", "q"]
 
         old_keys = s.key_names("acme", 1)
         with pytest.raises(UsageError):
             s.drop_generation("acme", gen)
         assert s.drop_generation("acme", 1) > 0
         assert self.client.exists(*old_keys) == 0
-        assert s.facts("acme", "thing:x", at=d(2))[0]["value"] == "new"
+        assert reading.facts(s, "acme", "thing:x", at=d(2))[0]["value"] == "new"
         assert s.tenants() == ["acme"]
         assert s.new_generation("acme") == 4                                         # numbers are never reused
 

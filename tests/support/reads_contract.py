@@ -1,6 +1,8 @@
-"""The bitemporal store contract (docs/semantics.md, docs/contracts.md), written once; every backend subclasses StoreContract.
+"""The reads role of the store contract (keel.store.roles.StoreReads; docs/semantics.md, docs/contracts.md), written
+once; every backend subclasses StoreReadsContract. The graph is written with the handler-style writers of
+keel.store.base.Store and read through keel.reading (the tool-result reads, built on StoreReads alone).
 
-    class TestMyStore(StoreContract):
+    class TestMyStore(StoreReadsContract):
         def make_store(self) -> Store: ...   # a fresh, empty store
 
 Includes hypothesis properties: the timeline rules against a brute-force model of the definition, and
@@ -15,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from keel import reading
 from keel.digest import digest
 from keel.envelope import Instant
 from keel.store.base import EntityInfo, Store, ViewRequest
@@ -34,7 +37,7 @@ def values(facts: list[dict[str, Any]], predicate: str = "p") -> list[Any]:
     return [f["value"] for f in facts if f["predicate"] == predicate]
 
 
-class StoreContract:
+class StoreReadsContract:
     """Subclasses provide make_store(); every test starts from an empty store."""
 
     def make_store(self) -> Store:  # pragma: no cover - overridden
@@ -45,9 +48,9 @@ class StoreContract:
     def test_open_fact_is_valid_from_its_start(self) -> None:
         s = self.make_store()
         s.open_fact(T, E, "p", 10, valid_from=day(5), source="src", evidence="e1")
-        assert values(s.facts(T, E, at=day(4))) == []
-        assert values(s.facts(T, E, at=day(5))) == [10]
-        [f] = s.facts(T, E, at=day(40))
+        assert values(reading.facts(s, T, E, at=day(4))) == []
+        assert values(reading.facts(s, T, E, at=day(5))) == [10]
+        [f] = reading.facts(s, T, E, at=day(40))
         assert f == {"predicate": "p", "value": 10, "valid_from": day(5), "valid_to": None,
                      "recorded_at": day(5), "source": "src", "evidence": "e1", "scope": None, "by": None,
                      "expires_at": None, "corrected_by": None}
@@ -58,7 +61,7 @@ class StoreContract:
         s.open_fact(T, E, "p", 1, valid_from=day(1), recorded_at=day(3), evidence="e1")
         s.open_fact(T, E, "p", 0, valid_from=day(1), recorded_at=day(2), evidence="e0")   # recorded earlier
         assert s.freshness(T).known_through == parse_time(day(3))
-        assert s.view(T, E).freshness == s.freshness(T)                  # a view carries it, same request
+        assert reading.view(s, T, E).freshness == s.freshness(T)                  # a view carries it, same request
         s.open_fact(T, E, "q", 1, valid_from=day(1), recorded_at=Instant(parse_time(day(4))), evidence="e2")
         assert s.freshness(T).known_through == parse_time(day(4))        # an event's time (an int subclass)
         assert s.freshness("other").known_through is None
@@ -67,9 +70,9 @@ class StoreContract:
         s = self.make_store()
         s.open_fact(T, E, "p", 1, valid_from=day(1), evidence="e1")
         s.open_fact(T, E, "p", 2, valid_from=day(10), evidence="e2")
-        assert values(s.facts(T, E, at=day(9))) == [1]
-        assert values(s.facts(T, E, at=day(10))) == [2]
-        h = s.history(T, E)
+        assert values(reading.facts(s, T, E, at=day(9))) == [1]
+        assert values(reading.facts(s, T, E, at=day(10))) == [2]
+        h = reading.history(s, T, E)
         assert [(v["value"], v["valid_from"], v["valid_to"], v["evidence"]) for v in h] == [
             (1, day(1), day(10), "e1"), (2, day(10), None, "e2")]
 
@@ -78,20 +81,20 @@ class StoreContract:
         s.open_fact(T, E, "p", 3, valid_from=day(20), recorded_at=day(20))
         s.open_fact(T, E, "p", 1, valid_from=day(1), recorded_at=day(21))
         s.open_fact(T, E, "p", 2, valid_from=day(10), recorded_at=day(22))
-        h = s.history(T, E)
+        h = reading.history(s, T, E)
         assert [(v["value"], v["valid_from"], v["valid_to"]) for v in h] == [
             (1, day(1), day(10)), (2, day(10), day(20)), (3, day(20), None)]
-        assert values(s.facts(T, E, at=day(15))) == [2]
+        assert values(reading.facts(s, T, E, at=day(15))) == [2]
 
     def test_same_valid_from_is_a_correction(self) -> None:
         s = self.make_store()
         s.open_fact(T, E, "p", 100, valid_from=day(1), evidence="e1", recorded_at=day(1), source="sys")
         s.open_fact(T, E, "p", 90, valid_from=day(1), evidence="e2", recorded_at=day(3), by="human:ana")
-        [was, v] = s.history(T, E)
+        [was, v] = reading.history(s, T, E)
         assert (v["value"], v["evidence"], v["corrected_by"], v["by"]) == (90, "e2", "human:ana", "human:ana")
         assert (v["superseded_at"], v["superseded_by"]) == (None, None)
         assert (was["value"], was["superseded_at"], was["superseded_by"]) == (100, day(3), "e2")
-        [old] = s.history(T, E, known_at=day(2))
+        [old] = reading.history(s, T, E, known_at=day(2))
         assert (old["value"], old["evidence"], old["corrected_by"]) == (100, "e1", None)
         assert (old["superseded_at"], old["superseded_by"]) == (None, None)     # still believed then
 
@@ -99,25 +102,25 @@ class StoreContract:
         s = self.make_store()
         s.open_fact(T, E, "p", 1, valid_from=day(1), source="a", evidence="e1")
         s.open_fact(T, E, "p", 2, valid_from=day(1), source="b", evidence="e2")
-        assert s.history(T, E)[-1]["corrected_by"] == "b"
+        assert reading.history(s, T, E)[-1]["corrected_by"] == "b"
 
     def test_close_fact_ends_the_covering_version(self) -> None:
         s = self.make_store()
         s.open_fact(T, E, "p", 1, valid_from=day(1))
         s.close_fact(T, E, "p", valid_to=day(5))
-        assert values(s.facts(T, E, at=day(4))) == [1]
-        assert values(s.facts(T, E, at=day(5))) == []
-        assert [(v["valid_from"], v["valid_to"]) for v in s.history(T, E)] == [(day(1), day(5))]
+        assert values(reading.facts(s, T, E, at=day(4))) == [1]
+        assert values(reading.facts(s, T, E, at=day(5))) == []
+        assert [(v["valid_from"], v["valid_to"]) for v in reading.history(s, T, E)] == [(day(1), day(5))]
         s.open_fact(T, E, "p", 2, valid_from=day(8))
-        assert values(s.facts(T, E, at=day(6))) == []
-        assert s.history(T, E)[-1]["valid_to"] is None
+        assert values(reading.facts(s, T, E, at=day(6))) == []
+        assert reading.history(s, T, E)[-1]["valid_to"] is None
 
     def test_late_version_inside_a_closed_one_keeps_the_close(self) -> None:
         s = self.make_store()
         s.open_fact(T, E, "p", 1, valid_from=day(1))
         s.close_fact(T, E, "p", valid_to=day(10))
         s.open_fact(T, E, "p", 2, valid_from=day(5))
-        assert [(v["value"], v["valid_from"], v["valid_to"]) for v in s.history(T, E)] == [
+        assert [(v["value"], v["valid_from"], v["valid_to"]) for v in reading.history(s, T, E)] == [
             (1, day(1), day(5)), (2, day(5), day(10))]
 
     def test_history_orders_by_predicate_then_valid_from(self) -> None:
@@ -125,15 +128,15 @@ class StoreContract:
         s.open_fact(T, E, "b", 1, valid_from=day(2))
         s.open_fact(T, E, "a", 1, valid_from=day(3))
         s.open_fact(T, E, "a", 0, valid_from=day(1))
-        assert [(v["predicate"], v["valid_from"]) for v in s.history(T, E)] == [
+        assert [(v["predicate"], v["valid_from"]) for v in reading.history(s, T, E)] == [
             ("a", day(1)), ("a", day(3)), ("b", day(2))]
-        assert [v["predicate"] for v in s.history(T, E, predicate="b")] == ["b"]
+        assert [v["predicate"] for v in reading.history(s, T, E, predicate="b")] == ["b"]
 
     def test_values_keep_their_json_types(self) -> None:
         s = self.make_store()
         for i, v in enumerate([29.22, 4200000, "text", True, None, {"k": [1, 2]}, [1, "x"]]):
             s.open_fact(T, E, f"p{i}", v, valid_from=day(1))
-        got = {f["predicate"]: f["value"] for f in s.facts(T, E, at=day(2))}
+        got = {f["predicate"]: f["value"] for f in reading.facts(s, T, E, at=day(2))}
         assert got == {"p0": 29.22, "p1": 4200000, "p2": "text", "p3": True, "p4": None, "p5": {"k": [1, 2]},
                        "p6": [1, "x"]}
         assert isinstance(got["p1"], int) and isinstance(got["p0"], float)
@@ -145,9 +148,9 @@ class StoreContract:
         at, rec, exp = (Instant(parse_time(day(n))) for n in (1, 2, 9))
         s.open_fact(T, E, "p", 5, valid_from=at, recorded_at=rec, evidence="e1", expires_at=exp)
         s.link(T, E, "r", "thing:o", Instant(parse_time(day(1))), recorded_at=rec, evidence="e1")
-        [f] = s.facts(T, E, at=day(3))
+        [f] = reading.facts(s, T, E, at=day(3))
         assert (f["value"], f["valid_from"], f["valid_to"]) == (5, day(1), day(9))
-        assert [r["object"] for r in s.relations(T, E, at=day(3))] == ["thing:o"]
+        assert [r["object"] for r in reading.relations(s, T, E, at=day(3))] == ["thing:o"]
 
     # ---- entities and labels ---------------------------------------------------------------
 
@@ -155,8 +158,8 @@ class StoreContract:
         s = self.make_store()
         s.upsert_entity(T, "thing", "one", ref="db#1", name="Old", valid_from=day(1))
         s.upsert_entity(T, "thing", "one", ref="db#1", name="New", valid_from=day(10))
-        old = s.entity(T, E, at=day(5))
-        new = s.entity(T, E, at=day(11))
+        old = reading.entity_info(s, T, E, at=day(5))
+        new = reading.entity_info(s, T, E, at=day(11))
         assert old is not None and new is not None
         assert (old.type, old.ref, old.labels) == ("thing", "db#1", {"name": "Old"})
         assert new.labels == {"name": "New"}
@@ -164,17 +167,17 @@ class StoreContract:
     def test_an_entity_only_referenced_by_a_relation_exists(self) -> None:
         s = self.make_store()
         s.link(T, "thing:one", "part_of", "group:g", day(1))
-        assert s.exists(T, "group:g")
-        info = s.entity(T, "group:g", at=day(2))
+        assert reading.exists(s, T, "group:g")
+        info = reading.entity_info(s, T, "group:g", at=day(2))
         assert info is not None and (info.type, info.ref, info.labels) == ("group", None, {})
-        assert s.entity(T, "group:zzz", at=day(2)) is None
+        assert reading.entity_info(s, T, "group:zzz", at=day(2)) is None
 
     def test_entity_is_unknown_before_it_was_recorded(self) -> None:
         s = self.make_store()
         s.upsert_entity(T, "thing", "one", valid_from=day(1), recorded_at=day(3))
-        assert s.exists(T, E) and s.exists(T, E, known_at=day(3))
-        assert not s.exists(T, E, known_at=day(2))
-        assert s.entity(T, E, at=day(5), known_at=day(2)) is None
+        assert reading.exists(s, T, E) and reading.exists(s, T, E, known_at=day(3))
+        assert not reading.exists(s, T, E, known_at=day(2))
+        assert reading.entity_info(s, T, E, at=day(5), known_at=day(2)) is None
 
     def test_recorded_many_matches_one_by_one(self) -> None:
         s = self.make_store()
@@ -197,7 +200,7 @@ class StoreContract:
         reqs = [ViewRequest(T, E, ["", "agent:a|1"]), ViewRequest(T, "thing:none"),
                 ViewRequest("other", "type:thing", ["global"], "f"), ViewRequest("nobody", E),
                 ViewRequest(T, E, None, "r"), ViewRequest(T, "thing:two"), ViewRequest(T, E, [], "lf")]
-        one, none, tip, nobody, rels, two, no_notes = s.views(reqs, at=day(5))
+        one, none, tip, nobody, rels, two, no_notes = reading.views(s, reqs, at=day(5))
         assert none is None and nobody is None
         assert one is not None and one.info == EntityInfo(E, "thing", "r1", {"name": "One"})
         assert [(f["predicate"], f["value"], f["scope"]) for f in one.facts] == [("n", "mine", "agent"), ("p", 1, None)]
@@ -207,12 +210,12 @@ class StoreContract:
         assert two is not None and (two.info.labels, two.facts, two.relations) == ({"name": "Two"}, [], [])
         assert no_notes is not None and (no_notes.facts, no_notes.relations) == ([], [])
         for k in (None, day(1), day(2), day(3)):
-            assert s.views(reqs, at=day(5), known_at=k) == [
-                s.view(r.tenant, r.entity, at=day(5), known_at=k, scopes=r.scopes, parts=r.parts) for r in reqs]
-        assert s.views(reqs, at=day(5), known_at=day(1))[0] is None           # not yet recorded
-        before_link = s.view(T, E, at=day(5), known_at=day(2))
+            assert reading.views(s, reqs, at=day(5), known_at=k) == [
+                reading.view(s, r.tenant, r.entity, at=day(5), known_at=k, scopes=r.scopes, parts=r.parts) for r in reqs]
+        assert reading.views(s, reqs, at=day(5), known_at=day(1))[0] is None           # not yet recorded
+        before_link = reading.view(s, T, E, at=day(5), known_at=day(2))
         assert before_link is not None and before_link.relations == [] and len(before_link.facts) == 3
-        assert s.views([], at=day(5)) == []
+        assert reading.views(s, [], at=day(5)) == []
 
     # ---- relations -------------------------------------------------------------------------
 
@@ -221,10 +224,10 @@ class StoreContract:
         s.link(T, "thing:a", "part_of", "group:g", day(1), source="x", evidence="e1")
         s.link(T, "thing:b", "part_of", "group:g", day(2))
         s.link(T, "group:g", "owned_by", "person:p", day(1))
-        rels = s.relations(T, "group:g", at=day(3))
+        rels = reading.relations(s, T, "group:g", at=day(3))
         assert [(r["subject"], r["relation"], r["object"]) for r in rels] == [
             ("group:g", "owned_by", "person:p"), ("thing:a", "part_of", "group:g"), ("thing:b", "part_of", "group:g")]
-        assert [r["subject"] for r in s.relations(T, "group:g", rel="part_of", at=day(3))] == ["thing:a", "thing:b"]
+        assert [r["subject"] for r in reading.relations(s, T, "group:g", rel="part_of", at=day(3))] == ["thing:a", "thing:b"]
         assert rels[1] == {"subject": "thing:a", "relation": "part_of", "object": "group:g",
                            "valid_from": day(1), "valid_to": None}
 
@@ -232,11 +235,11 @@ class StoreContract:
         s = self.make_store()
         s.link(T, "thing:a", "part_of", "group:g", day(1))
         s.link(T, "thing:a", "part_of", "group:g", day(3))
-        [r] = s.relations(T, "thing:a", at=day(4))
+        [r] = reading.relations(s, T, "thing:a", at=day(4))
         assert (r["valid_from"], r["valid_to"]) == (day(1), None)
         s.unlink(T, "thing:a", "part_of", "group:g", day(5))
-        assert s.relations(T, "thing:a", at=day(6)) == []
-        [r] = s.relations(T, "thing:a", at=day(4))
+        assert reading.relations(s, T, "thing:a", at=day(6)) == []
+        [r] = reading.relations(s, T, "thing:a", at=day(4))
         assert (r["valid_from"], r["valid_to"]) == (day(1), day(5))
 
     # ---- knowledge time --------------------------------------------------------------------
@@ -245,16 +248,16 @@ class StoreContract:
         s = self.make_store()
         s.open_fact(T, E, "p", 1, valid_from=day(1), recorded_at=day(1))
         s.open_fact(T, E, "p", 2, valid_from=day(5), recorded_at=day(8))
-        assert values(s.facts(T, E, at=day(6), known_at=day(7))) == [1]
-        assert values(s.facts(T, E, at=day(6), known_at=day(8))) == [2]
-        [v] = s.history(T, E, known_at=day(7))
+        assert values(reading.facts(s, T, E, at=day(6), known_at=day(7))) == [1]
+        assert values(reading.facts(s, T, E, at=day(6), known_at=day(8))) == [2]
+        [v] = reading.history(s, T, E, known_at=day(7))
         assert v["valid_to"] is None
 
     def test_relations_respect_known_at(self) -> None:
         s = self.make_store()
         s.link(T, "thing:a", "part_of", "group:g", day(1), recorded_at=day(4))
-        assert s.relations(T, "thing:a", at=day(2), known_at=day(3)) == []
-        assert len(s.relations(T, "thing:a", at=day(2), known_at=day(4))) == 1
+        assert reading.relations(s, T, "thing:a", at=day(2), known_at=day(3)) == []
+        assert len(reading.relations(s, T, "thing:a", at=day(2), known_at=day(4))) == 1
 
     # ---- notes, scopes, expiry -------------------------------------------------------------
 
@@ -264,29 +267,19 @@ class StoreContract:
         s.open_fact(T, E, "p", "mine", valid_from=day(2), scope="agent", owner="a1")
         s.open_fact(T, E, "p", "theirs", valid_from=day(2), scope="agent", owner="a2")
         s.open_fact(T, E, "p", "team", valid_from=day(2), scope="task", owner="t1")
-        mine = s.facts(T, E, at=day(3), scopes=["", "agent:a1"])
+        mine = reading.facts(s, T, E, at=day(3), scopes=["", "agent:a1"])
         assert [(f["value"], f["scope"]) for f in mine] == [("domain", None), ("mine", "agent")]
-        assert [f["value"] for f in s.facts(T, E, at=day(3), scopes=["", "task:t1"])] == ["domain", "team"]
+        assert [f["value"] for f in reading.facts(s, T, E, at=day(3), scopes=["", "task:t1"])] == ["domain", "team"]
 
     def test_expiry_ends_a_note(self) -> None:
         s = self.make_store()
         s.open_fact(T, E, "n", "x", valid_from=day(1), scope="tenant", expires_at=day(3))
-        assert values(s.facts(T, E, at=day(2)), "n") == ["x"]
-        assert values(s.facts(T, E, at=day(3)), "n") == []
-        [v] = s.history(T, E)
+        assert values(reading.facts(s, T, E, at=day(2)), "n") == ["x"]
+        assert values(reading.facts(s, T, E, at=day(3)), "n") == []
+        [v] = reading.history(s, T, E)
         assert (v["valid_to"], v["expires_at"], v["scope"]) == (day(3), day(3), "tenant")
 
-    # ---- events, tenants, digest -----------------------------------------------------------
-
-    def test_event_ids_are_recorded_with_the_writes(self) -> None:
-        s = self.make_store()
-        assert not s.has_event(T, "e1")
-        from keel.store.base import fact_write
-        s.apply_writes(T, [fact_write(E, "p", 1, day(1), False, source=None, evidence="e1", recorded_at=None,
-                                      by=None)], "e1")
-        s.apply_writes(T, [], "e0")
-        assert s.has_event(T, "e1") and s.event_ids(T) == ["e0", "e1"]
-        assert not s.has_event("other", "e1")
+    # ---- evidence, the change log, tenants, digest -------------------------------------------
 
     def test_evidence_standing_reads_provenance_and_retraction_voids(self) -> None:
         from keel.store.base import fact_write, new_write
@@ -375,10 +368,10 @@ class StoreContract:
         s = self.make_store()
         s.open_fact("a", E, "p", 1, valid_from=day(1))
         s.open_fact("b", E, "p", 2, valid_from=day(1))
-        assert values(s.facts("a", E, at=day(2))) == [1]
-        assert values(s.facts("b", E, at=day(2))) == [2]
-        assert not s.exists("c", E)
-        assert {"a", "b"} <= set(s.tenants())
+        assert values(reading.facts(s, "a", E, at=day(2))) == [1]
+        assert values(reading.facts(s, "b", E, at=day(2))) == [2]
+        assert not reading.exists(s, "c", E)
+        assert s.has_tenant("a") and not s.has_tenant("c")
 
     def test_digest_equals_the_memory_store_for_the_same_writes(self) -> None:
         s, m = self.make_store(), MemoryStore()
@@ -414,9 +407,9 @@ class StoreContract:
                 if at_or_before:
                     _, i, (_, closed, value, _) = max(at_or_before)
                     expected = [] if closed else [(value, f"e{i}")]
-                got = s.facts(T, E, at=day(t), known_at=None if k is None else day(k))
+                got = reading.facts(s, T, E, at=day(t), known_at=None if k is None else day(k))
                 assert [(f["value"], f["evidence"]) for f in got] == expected, (k, t)
-            history = s.history(T, E, known_at=None if k is None else day(k))
+            history = reading.history(s, T, E, known_at=None if k is None else day(k))
             believed = [h for h in history if h["superseded_at"] is None]
             for a, b in pairwise(believed):
                 assert a["valid_to"] is not None and a["valid_to"] <= b["valid_from"]
@@ -437,10 +430,10 @@ class StoreContract:
             if op[3] <= k:
                 _write(partial, i, op)
         for t in (1, 4, 7, 11):
-            assert full.facts(T, E, at=day(t), known_at=day(k)) == partial.facts(T, E, at=day(t))
-            assert full.relations(T, E, at=day(t), known_at=day(k)) == partial.relations(T, E, at=day(t))
-            assert full.entity(T, E, at=day(t), known_at=day(k)) == partial.entity(T, E, at=day(t))
-        assert full.history(T, E, known_at=day(k)) == partial.history(T, E)
+            assert reading.facts(full, T, E, at=day(t), known_at=day(k)) == reading.facts(partial, T, E, at=day(t))
+            assert reading.relations(full, T, E, at=day(t), known_at=day(k)) == reading.relations(partial, T, E, at=day(t))
+            assert reading.entity_info(full, T, E, at=day(t), known_at=day(k)) == reading.entity_info(partial, T, E, at=day(t))
+        assert reading.history(full, T, E, known_at=day(k)) == reading.history(partial, T, E)
 
 
 def _write(s: Store, i: int, op: tuple[str, int, int, int]) -> None:
