@@ -99,6 +99,17 @@ class TestGenerationLoaderBatches(RedisCase, BatchWritesContract):
             s.close()
 
 
+@pytest.mark.usefixtures("single_node")
+class TestSegmentLoaderBatches(RedisCase, BatchWritesContract):
+    """The batch contract against layout 2's loader (segment_loader.SegmentLoader), through the same BulkLoader
+    interface `load_generation` gives in either layout."""
+    store_class = SegmentStore
+    checks_held = False
+
+    def make_batch_store(self) -> Store:
+        return LoaderStore(self.redis_store())  # type: ignore[return-value]
+
+
 def test_an_unreachable_server_is_store_unavailable() -> None:
     with pytest.raises(StoreUnavailable):
         RedisStore.from_url("redis://127.0.0.1:1/0", namespace="x", socket_connect_timeout=0.5)

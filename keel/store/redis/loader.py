@@ -80,7 +80,7 @@ class _LoadStep:
         self.bump = bump              # 1 when the step moves the write counter `sv` (as APPLY would)
 
 
-class GenerationLoader:
+class GenerationLoader(BulkLoader):
     """Bulk writes into a generation nobody reads yet (a replay's shadow): the steps `commit_batch` would
     apply, as plain commands (ZADD, RPUSH, SADD, LSET, HSET, HINCRBY) instead of the APPLY script.
 

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 from ...errors import UsageError
 from ..base import BatchStep, EventWrites, Position
 from .keys import LAYOUT2_DATA_KEYS, MARKS
+from .loader import BulkLoader
 from .transport import guard
 
 if TYPE_CHECKING:
@@ -24,8 +25,8 @@ if TYPE_CHECKING:
 
 
 
-class SegmentLoader:
-    """A BulkLoader (loader.py: add, flush, pending, abort, close) over layout 2's commits."""
+class SegmentLoader(BulkLoader):
+    """The BulkLoader (loader.py: add, flush, pending, abort, close) of layout 2's commits."""
 
     def __init__(self, store: RedisStore, tenant: str, gen: int) -> None:
         self.tenant = tenant
