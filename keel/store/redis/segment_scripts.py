@@ -84,7 +84,8 @@ return big
 # Closes the open segment (renamed `<open segment>|<n>`) and opens one holding the restatement: {1}; {2} when
 # the segment changed since it was read (another writer appended: the next step reports it again). Indexes the
 # closed segment's delta rows: member `<P><least><greatest><n>` per timeline; `<P>!` once a timeline's ranges
-# overlap (its past reads then decode every segment), `<P>#` once it has an end or an expiry; and in the
+# overlap (its past reads then decode every segment), `<P>#` once it has an end or an expiry (a void is
+# neither); and in the
 # recorded-time index, member n scored by the greatest recorded_at, `!` once a segment's least one is below an
 # earlier segment's greatest.
 ROLL = _GEN_CHECK + """
@@ -287,4 +288,37 @@ for i = 6 + nO, #ARGV, 3 do
   end
 end
 return {1, out, wanted_segments(wanted, nO)}
+"""
+
+# KEYS: 1 gen. ARGV: 1 expected gen, 2 the prefix of index keys ("<data prefix>v:"), 3 entries each side at most,
+#       4 entries at most of a timeline whose ranges overlap, then triples (escaped entity, P, t as point9).
+# The valid-time index entries of each timeline around t (segment_past.py): {"w", up to ARGV[3] entries with the
+# least point <= t (greatest first), up to ARGV[3] with it > t (least first), {its first entry}, ends}; for a
+# timeline whose ranges overlap (`<P>!`) {"a", all its entries, {}, {}, ends}, or "*" when they are more than
+# ARGV[4]. `ends`: "1" when a row of it is an end or expires (`<P>#`).
+INDEX = _GEN_CHECK + """
+local k, scan = tonumber(ARGV[3]), tonumber(ARGV[4])
+local out = {}
+for i = 5, #ARGV, 3 do
+  local v, P, t = ARGV[2] .. ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local ends = redis.call('ZSCORE', v, P .. '#') and '1' or ''
+  if redis.call('ZSCORE', v, P .. '!') then
+    local all = redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, scan + 1)
+    if #all > scan then out[#out + 1] = '*' else out[#out + 1] = {'a', all, {}, {}, ends} end
+  else
+    out[#out + 1] = {'w', redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, k),
+                     redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, k),
+                     redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, 1), ends}
+  end
+end
+return {1, out}
+"""
+
+# KEYS: 1 gen. ARGV: 1 expected gen, 2 the prefix of segment keys ("<data prefix>s:"), 3 an escaped entity,
+#       4.. closed segment numbers.
+# Answers {1, {each closed segment, "" when it is in the cold tier (cold.py)}}.
+SEGMENTS = _GEN_CHECK + """
+local out = {}
+for i = 4, #ARGV do out[#out + 1] = redis.call('GET', ARGV[2] .. ARGV[3] .. '|' .. ARGV[i]) or '' end
+return {1, out}
 """

@@ -3,8 +3,10 @@
 Same Store contract, generations, hash tags and meta hash as layout 1 (store.py); what differs is where an
 entity's assertions live. A commit step is one APPLY script per tenant: the applied-ids check, one APPEND of a
 JSON delta per entity, the first-recorded and entity sets, ids, marks and offsets. When an open segment grows
-past segments.ROLL_BYTES the writer closes it (ROLL) with a restatement it computes from that segment, so a
-read now decodes one bounded segment per entity. Reads at other times or with known_at decode every segment.
+past segments.ROLL_BYTES the writer closes it (ROLL) with a restatement it computes from that segment, and
+indexes it by valid time and by recorded time, so a read now decodes one bounded segment per entity and reads
+at other times or as known then decode the few segments the indexes name (segment_views.py). History, dumps
+and walks decode every segment.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...errors import ColdTierUnavailable
-from ...timeline import Assertion, Timeline, covering, insert, is_void
+from ...timeline import Assertion, Timeline, insert, is_void
 from ...times import Micros, now_micros
 from ..base import (
     BatchStep,
@@ -23,18 +25,17 @@ from ..base import (
     Store,
     ViewRequest,
     Window,
-    entity_view,
-    select_keys,
 )
 from . import cold as cold_tier
 from . import segment_scripts
 from .batch import PendingStep, latest_of, state_behind
 from .changelog import CHANGES, encode_copies
-from .codec import clamped_point, decode_point, freshness_of
-from .keys import LAYOUT2_DATA_KEYS, MARKS, escape, index_key, key_of, prefix_of, unescape
+from .codec import clamped_point, decode_point
+from .keys import LAYOUT2_DATA_KEYS, MARKS, escape, index_key, key_of, prefix_of
 from .loader import BulkLoader
 from .retries import KEPT_CONFLICTING, in_current, until_done
 from .segment_loader import SegmentLoader
+from .segment_views import ViewReader
 from .segments import (
     DELTA,
     ROLL_BYTES,
@@ -46,7 +47,6 @@ from .segments import (
     decode,
     delta_ranges,
     encode_step,
-    past_timelines,
     recorded_range,
     restate,
 )
@@ -79,12 +79,10 @@ class SegmentStore(RedisStore):
         client = self._client
         self._seg_apply = client.register_script(segment_scripts.APPLY)
         self._seg_roll = client.register_script(segment_scripts.ROLL)
-        self._seg_view = client.register_script(segment_scripts.VIEW)
         self._seg_full = client.register_script(segment_scripts.FULL)
-        self._seg_past = client.register_script(segment_scripts.PAST)
         self._seg_around = client.register_script(segment_scripts.AROUND)
-        self._seg_known = client.register_script(segment_scripts.KNOWN)
         self._cold_move = client.register_script(cold_tier.MOVE)
+        self._views = ViewReader(self)
 
     # ---- writes --------------------------------------------------------------------------------
 
@@ -239,147 +237,8 @@ class SegmentStore(RedisStore):
         return own + [index_key(entity, el) for el in sorted(incoming)]
 
     def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
-        """Each view from one VIEW call (the entity's open segment and those of the subjects of relations naming
-        it), all in one round trip. A view those segments do not serve (an earlier `at`, a restatement made
-        inexact) reads the closed segments the valid-time index names (PAST), and whole folds where the index
-        cannot bound the read (overlapping ranges, voids, relations with ends). A read with `known_at` first asks
-        the recorded-time index which segment of each entity stands for what was known then
-        (`_known_segments`), and reads it as if it were the open one."""
-        if not requests:
-            return []
+        return self._views.read_views(requests, at, known_at)
 
-        def build(r: ViewRequest) -> Any:
-            e = escape(r.entity)
-            return lambda d: ([d + "s:" + e, d + "i:" + e, d + "m", d + "fr"],
-                              [d + "s:", r.entity, "1" if "r" in r.parts else ""])
-        with self._guard("view", requests[0].tenant if len(requests) == 1 else None):
-            results = self._script_many(self._seg_view, [(r.tenant, build(r)) for r in requests])
-        known = self._known_segments(requests, results, known_at) if known_at is not None else {}
-        out: list[EntityView | None] = []
-        for i, (r, result) in enumerate(zip(requests, results)):
-            if len(result) == 1 or (known_at is not None and int(result[1]) > known_at):
-                out.append(None)
-                continue
-            _, _, seg, elements, segs, meta = result
-            subs = known.get(i, {})
-            opens = {r.entity: seg, **{_owner(el): s for el, s in zip(elements, segs)}}
-            if any(sub is None or not _known_after(opens[e], known_at) for e, sub in subs.items()):
-                # no usable recorded-time index, or an open segment holding writes known then: every segment
-                timelines = self._whole(r.tenant, [r.entity, *(_owner(el) for el in elements)])
-                out.append(_view(r, timelines, elements, at, known_at)._replace(freshness=freshness_of(meta)))
-                continue
-            own = Fold(decode(subs[r.entity][1] if r.entity in subs else seg), whole=False)
-            subjects: dict[str, Fold] = {}
-            for el, s in zip(elements, segs):
-                owner = _owner(el)
-                if owner not in subjects:
-                    subjects[owner] = Fold(decode(subs[owner][1] if owner in subs else s), whole=False)
-            timelines = {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}}
-            if not own.serves(at) or not all(f.serves(at) for f in subjects.values()):
-                timelines = self._past(r, own, elements, at, subs)
-            view = _view(r, timelines, elements, at, known_at)
-            out.append(view._replace(freshness=freshness_of(meta)))
-        return out
-
-    def _whole(self, tenant: str, entities: list[str]) -> dict[str, dict[str, Timeline]]:
-        return {e: f.timelines for e, f in self._folds(tenant, entities).items()}
-
-    def _known_segments(self, requests: list[ViewRequest], results: list[list[Any]], known_at: Micros,
-                        ) -> dict[int, dict[str, tuple[int, str] | None]]:
-        """For reads with `known_at`: per request (by index), the entities (the viewed one, the subjects of
-        relations naming it) whose open segment holds writes recorded after `known_at`, each mapped to the closed
-        segment that then stands in for the open one, (its number, its body), or None when the index cannot tell
-        (a namespace written before it existed, or writes whose recorded_at went back).
-
-        A tenant's recorded_at never goes back (docs/envelope.md), so an entity's segments hold ever later writes:
-        with m the first closed segment holding a write recorded after `known_at`, every earlier segment is known
-        then, every later one is not, and segment m (its restatement of the earlier ones, its own deltas cut by
-        `known_at` when folded) answers exactly what the whole history cut by `known_at` answers, at the times
-        its restatement serves; otherwise `_past` reads the earlier closed segments the valid-time index names."""
-        asked: list[tuple[int, list[str]]] = []
-        for i, (r, result) in enumerate(zip(requests, results)):
-            if len(result) > 1 and int(result[1]) <= known_at:
-                asked.append((i, list(dict.fromkeys([r.entity, *(_owner(el) for el in result[3]), ]))))
-        if not asked:
-            return {}
-        used: list[str] = []
-
-        def build(entities: list[str]) -> Any:
-            return lambda d: (used.append(d), [d + "sg"], [d + "s:", d + "k:", known_at, *map(escape, entities)])[1:]
-        with self._guard("view", requests[0].tenant if len(requests) == 1 else None):
-            answers = self._script_many(self._seg_known, [(requests[i].tenant, build(es)) for i, es in asked])
-        out: dict[int, dict[str, tuple[int, str] | None]] = {}
-        for (i, entities), answer, d in zip(asked, answers, used[-len(asked):]):
-            subs: dict[str, tuple[int, str] | None] = {}
-            for e, got in zip(entities, answer[1]):
-                if got == "*":
-                    subs[e] = None
-                elif got:
-                    n, body = int(got[0]), got[1]
-                    if not body:                # moved to the cold tier (cold.py)
-                        tenant, g = requests[i].tenant, cold_tier.generation_of(d)
-                        found = cold_tier.fill_current(self, tenant, g, [(escape(e), n)])
-                        if found is None:       # a cut-over dropped it meanwhile: whole folds of the new generation
-                            subs[e] = None
-                            continue
-                        body = found[(escape(e), n)]
-                    subs[e] = (n, body)
-            out[i] = subs
-        return out
-
-    def _past(self, r: ViewRequest, own: Fold, elements: list[str], at: Micros,
-              subs: dict[str, tuple[int, str] | None] | None = None) -> dict[str, dict[str, Timeline]]:
-        """The timelines a view at a past `at` reads: per entity (the viewed one, the subjects of relations naming
-        it), from the closed segments the valid-time index names and the open segment, all read in one PAST call;
-        an entity the index cannot bound for one of them is folded whole. `subs` (`_known_segments`): entities
-        whose closed segment m stands in for the open one; their segments from m on are not read, and an entity
-        for which the index names a later one is folded whole."""
-        wanted: dict[str, list[str]] = {}
-        point_keys, rel_keys = select_keys((key_of(r.entity, p)[0] for p in own.timelines), r.scopes, r.parts)
-        wanted[r.entity] = [prefix_of(k) for k in (*point_keys, *rel_keys)]
-        if "r" in r.parts:
-            for el in elements:
-                wanted.setdefault(_owner(el), []).append(el[el.index("|") + 1:])
-        entities = list(wanted)
-        triples = [x for i, (e, ps) in enumerate(wanted.items(), 1) for p in ps for x in (i, p, "r" if p[0] == "r" else "")]
-        opens = [escape(e) for e in entities]
-        t9 = clamped_point(at)
-        used: list[str] = []
-        with self._guard("view", r.tenant):
-            [result] = self._script_many(self._seg_past, [(r.tenant, lambda d: (
-                used.append(d), [], [d + "s:", d + "v:", t9, len(opens), *opens, *triples])[1:])])
-        _, verdicts, segments = result
-        missing = [(x, int(n)) for x, got in zip(opens, segments) for n, seg in zip(got[1::2], got[2::2]) if not seg]
-        if missing:                         # closed segments in the cold tier (cold.py)
-            g = cold_tier.generation_of(used[-1])
-            found = (cold_tier.fill(self, r.tenant, g, missing) if r.tenant in self._pins
-                     else cold_tier.fill_current(self, r.tenant, g, missing))
-            if found is None:               # a cut-over dropped them meanwhile: whole folds of the new generation
-                return self._whole(r.tenant, entities)
-            segments = [[got[0], *(x for n, seg in zip(got[1::2], got[2::2])
-                                   for x in (n, seg or found[(e, int(n))]))] for e, got in zip(opens, segments)]
-        out: dict[str, dict[str, Timeline]] = {}
-        whole: list[str] = []
-        verdict = iter(verdicts)
-        for e, got in zip(entities, segments):
-            ps = wanted[e]
-            flagged = [bool(next(verdict)) for _ in ps]
-            sub = (subs or {}).get(e)
-            if sub is None:
-                chosen = [*got[2::2], got[0]]
-            else:
-                m, body = sub
-                chosen = [seg for n, seg in zip(got[1::2], got[2::2]) if int(n) < m] + [body]
-                if any(int(n) > m for n in got[1::2]):
-                    flagged.append(True)
-            tls = None if any(flagged) else past_timelines(chosen, ps)
-            if tls is None:
-                whole.append(e)
-            else:
-                out[e] = tls
-        if whole:
-            out.update(self._whole(r.tenant, whole))
-        return out
 
     # ---- what changed since: windows ----------------------------------------------------------------
 
@@ -522,33 +381,6 @@ class SegmentStore(RedisStore):
         view = super().for_generation(tenant, gen)
         assert isinstance(view, SegmentStore)
         return view        # type(self): a subclass's settings stay
-
-
-def _known_after(open_segment: str, known_at: Micros | None) -> bool:
-    """Whether every delta of an open segment was recorded after `known_at`: then a closed segment can stand in
-    for what was known (`SegmentStore._known_segments`), which the closed ones' index alone cannot promise."""
-    got = recorded_range(decode(open_segment))
-    return known_at is not None and (got is None or got[0] > known_at)
-
-
-def _owner(element: str) -> str:
-    """The subject named by an element `>` + escaped subject + `|` + P of an entity's incoming relations."""
-    return unescape(element[1:element.index("|")])
-
-
-def _view(r: ViewRequest, timelines: dict[str, dict[str, Timeline]], elements: list[str], at: Micros,
-          known_at: Micros | None) -> EntityView:
-    """The view of one entity from its timelines and those of the subjects of relations naming it (by entity,
-    then P)."""
-    keyed: dict[Key, Timeline] = {key_of(r.entity, p)[0]: tl for p, tl in timelines[r.entity].items()}
-    for el in elements:
-        key = index_key(r.entity, el)
-        tl = timelines.get(key[1], {}).get(el[el.index("|") + 1:])
-        if tl is not None:
-            keyed[key] = tl
-    point_keys, rel_keys = select_keys(keyed, r.scopes, r.parts)
-    return entity_view(r.entity, ((k, keyed[k].as_of(at, known_at)) for k in point_keys),
-                       ((k, covering(keyed[k].runs(known_at), at)) for k in rel_keys))
 
 
 __all__ = ["CHUNK", "LAYOUT", "SegmentStore"]

@@ -272,7 +272,8 @@ def restate(timelines: dict[str, Timeline], now: Micros, cuts: dict[str, Micros]
 
 def delta_ranges(blocks: Iterable[list[Any]]) -> dict[str, tuple[Micros, Micros, bool]]:
     """Per timeline of a segment's deltas (restatements skipped): its least and greatest point and whether a
-    row is an end or expires; what the valid-time index keeps of a closed segment."""
+    row is an end or expires (a void is neither: it never breaks a relation's run); what the valid-time index
+    keeps of a closed segment."""
     out: dict[str, tuple[Micros, Micros, bool]] = {}
     for block in blocks:
         if block[0] != DELTA:
@@ -280,7 +281,8 @@ def delta_ranges(blocks: Iterable[list[Any]]) -> dict[str, tuple[Micros, Micros,
         for p, rows in block[2].items():
             lo = min(row[0] for row in rows)
             hi = max(row[0] for row in rows)
-            ends = any(len(row) > 3 and (row[3] or row[4] is not None) for row in rows)
+            ends = any(len(row) > 3 and ((row[3] and not is_void_value(row[3], row[2])) or row[4] is not None)
+                       for row in rows)
             got = out.get(p)
             out[p] = (lo, hi, ends) if got is None else (min(lo, got[0]), max(hi, got[1]), ends or got[2])
     return out

@@ -1,0 +1,184 @@
+"""Layout 2's past reads the valid-time index cannot bound by itself: read around t until the answer is exact.
+
+The PAST script (segment_scripts.py) serves a read at a past t from the closed segments holding the point that
+decides it and the next one, exact while the timeline's segments hold disjoint ranges, no void and no end. Late
+data (ranges that overlap), a void (a retraction or correction: the version before runs on) or a relation's end
+(its run starts after the last end) can make the answer depend on points further away. Rather than decoding the
+entity's whole history, this reads the index entries of each such timeline around t (INDEX: a window of them,
+or all of them when ranges overlap), holds the closed segments whose ranges meet [B, U], folds them with the open
+segment (which holds every point) and asks `Timeline.reach` which points the answer depends on. Inside [B, U]:
+exact. Otherwise [B, U] widens by the next entries below or above, twice as many each round, and the missing
+segments are fetched (SEGMENTS), until the reach fits, every entry is held on that side, or the rounds run out
+(then the caller decodes the whole history, as before).
+
+Why holding the segments that meet [B, U] is enough: every assertion of the timeline at a point in [B, U] is a
+row of a closed segment whose range contains that point, or of the open segment.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...timeline import Timeline, covering, insert
+from ...times import Micros
+from .codec import decode_point
+from .segments import DELTA, _assertions, decode
+
+WINDOW = 8        # index entries read each side of t for a timeline whose ranges do not overlap
+SCAN = 4000       # index entries read at most for one whose ranges overlap (more: the whole history)
+ROUNDS = 8        # widenings before giving up
+
+Entry = tuple[Micros, Micros, int]       # (least point, greatest point, segment number) of one index entry
+
+
+class Span:
+    """One timeline's index entries (by least point) and the held range [B, U] of entries low..high.
+    `bottom`/`top`: the entries reach the timeline's first/last closed segment; then B/U are unbounded when
+    the first/last entry is held.
+
+    `first`: for a relation none of whose closed rows is an end or expires (voids never break a run), its first
+    entry, always held: the run covering t then starts at its first visible link, whatever lies between that
+    and the entries around t (links and voids only), so the run's start needs only the first segment."""
+    __slots__ = ("bottom", "complete", "entries", "first", "high", "low", "step_down", "step_up", "top")
+
+    def __init__(self, entries: list[Entry], bottom: bool, top: bool, t: Micros, first: Entry | None = None,
+                 complete: bool = False) -> None:
+        self.entries = sorted(set(entries))
+        self.bottom, self.top, self.complete = bottom, top, complete
+        self.first = first
+        below = [i for i, e in enumerate(self.entries) if e[0] <= t]
+        self.low = below[-1] if below else 0
+        self.high = min(self.low + 1, len(self.entries) - 1) if below else 0
+        self.step_down = self.step_up = 1
+
+    @property
+    def floor(self) -> Micros | None:
+        """B: None when everything below is held."""
+        if not self.entries or (self.low == 0 and self.bottom):
+            return None
+        return self.entries[self.low][0]
+
+    @property
+    def ceiling(self) -> Micros | None:
+        """U: None when everything above is held."""
+        if not self.entries or (self.high == len(self.entries) - 1 and self.top):
+            return None
+        return self.entries[self.high][1]
+
+    def held(self) -> set[int]:
+        """The segments whose ranges meet [B, U], and the first one when kept."""
+        b, u = self.floor, self.ceiling
+        out = {n for lo, hi, n in self.entries if (b is None or hi >= b) and (u is None or lo <= u)}
+        if self.first is not None:
+            out.add(self.first[2])
+        return out
+
+    def _first_cover(self) -> Micros | None:
+        """The greatest point up to which every row is held from the first entry down (None: every point)."""
+        assert self.first is not None
+        if not self.complete:
+            return self.first[1]          # disjoint ranges: later entries start above the first one's end
+        held = self.held()
+        return min((lo - 1 for lo, _, n in self.entries if n not in held), default=None)
+
+    def reach(self, tl: Timeline | None, at: Micros, known_at: Micros | None, relation: bool,
+              ) -> tuple[Micros | None, Micros | None]:
+        """The held timeline's reach at `at`; [B, U] itself when the kept first entry settles the read: a run
+        covering `at` that starts where every row is held, with no end or expiry among the closed rows not
+        held (links and voids neither move its start nor end it; the open segment's rows are all held)."""
+        if tl is None:
+            return None, at
+        if self.first is not None:
+            run = covering(tl.runs(known_at), at)
+            cover = self._first_cover()
+            if run is not None and (cover is None or run.assertion.point <= cover):
+                return self.floor, self.ceiling
+        return tl.reach(at, known_at, relation)
+
+    def fits(self, reach: tuple[Micros | None, Micros | None]) -> bool:
+        low, high = reach
+        b, u = self.floor, self.ceiling
+        return (b is None or (low is not None and low >= b)) and (u is None or (high is not None and high <= u))
+
+    def widen(self, reach: tuple[Micros | None, Micros | None]) -> bool:
+        """Hold more entries on the side(s) the reach leaves; False when there is nothing more to hold."""
+        low, high = reach
+        b, u = self.floor, self.ceiling
+        grew = False
+        if b is not None and (low is None or low < b) and self.low > 0:
+            self.low = max(0, self.low - self.step_down)
+            self.step_down *= 2
+            grew = True
+        if u is not None and (high is None or high > u) and self.high < len(self.entries) - 1:
+            self.high = min(len(self.entries) - 1, self.high + self.step_up)
+            self.step_up *= 2
+            grew = True
+        return grew
+
+
+def parse_entries(members: Sequence[str], prefix: str) -> list[Entry]:
+    """Index members `<P><least point9><greatest point9><n>` of one timeline as entries."""
+    k = len(prefix)
+    return [(decode_point(m[k:k + 9]), decode_point(m[k + 9:k + 18]), int(m[k + 18:])) for m in members]
+
+
+def spans_of(answer: Any, prefix: str, t: Micros, before: int | None) -> Span | None:
+    """A Span from INDEX's answer for one timeline (None: too many entries); `before`: only segments numbered
+    below it count (a read with known_at whose closed segment `before` stands in for the open one)."""
+    if answer == "*":
+        return None
+    kind, below, above, first, ends = answer
+    entries = parse_entries([*below, *above], prefix)
+    firsts = parse_entries(first, prefix)
+    if before is not None:
+        entries = [e for e in entries if e[2] < before]
+        firsts = [e for e in firsts if e[2] < before]
+    unbroken = prefix[0] == "r" and not ends
+    if kind == "a":
+        entries.sort()
+        return Span(entries, True, True, t, entries[0] if unbroken and entries else None, complete=True)
+    bottom = len(below) < WINDOW
+    keep = (min(entries) if bottom and entries else firsts[0] if firsts else None) if unbroken else None
+    return Span(entries, bottom, len(above) < WINDOW, t, keep)
+
+
+def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], wanted: Sequence[str]) -> dict[str, Timeline]:
+    """The wanted timelines from the deltas of some closed segments (by number) and then of `last` (the open
+    segment, or the closed one standing in for it), restatements skipped."""
+    keep = set(wanted)
+    tls: dict[str, Timeline] = {p: Timeline() for p in wanted}
+    for blocks in [*(segments[n] for n in sorted(segments)), last]:
+        for block in blocks:
+            if block[0] != DELTA:
+                continue
+            provs = block[1]
+            for p, rows in block[2].items():
+                if p in keep:
+                    entries = tls[p].entries
+                    for a in _assertions(provs, rows):
+                        insert(entries, a)
+    return {p: tl for p, tl in tls.items() if tl.entries}
+
+
+def widened(spans: dict[str, Span], last: str, at: Micros, known_at: Micros | None,
+            fetch: Callable[[list[int]], dict[int, str] | None]) -> dict[str, Timeline] | None:
+    """One entity's wanted timelines (P -> its Span) at `at` as believed at `known_at`, exactly, from the closed
+    segments `fetch` returns by number (None: they could not be read as one generation) and `last`; None when
+    the rounds run out or a fetch fails (the caller reads the whole history)."""
+    decoded: dict[int, list[list[Any]]] = {}
+    tail = decode(last)
+    for _ in range(ROUNDS):
+        need = sorted(set().union(*(s.held() for s in spans.values())) - set(decoded))
+        if need:
+            got = fetch(need)
+            if got is None:
+                return None
+            decoded.update((n, decode(body)) for n, body in got.items())
+        tls = fold(decoded, tail, list(spans))
+        short = {p: reach for p, s in spans.items()
+                 if not s.fits(reach := s.reach(tls.get(p), at, known_at, p[0] == "r"))}
+        if not short:
+            return tls
+        if not all(spans[p].widen(reach) for p, reach in short.items()):
+            return None
+    return None

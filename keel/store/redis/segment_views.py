@@ -1,0 +1,267 @@
+"""Layout 2's views: what `context` reads of an entity, now, at a past time and as known at a past time.
+
+A view reads the entity's open segment and those of the subjects of relations naming it (VIEW, one round
+trip); those serve reads at or after their restatements' anchors. A read with `known_at` first asks the
+recorded-time index which closed segment of each entity stands for what was known then (KNOWN). A read at an
+earlier time reads the closed segments the valid-time index names (PAST), and, where those do not answer
+exactly, reads around the time until they do (INDEX and SEGMENTS, segment_past.py); whole histories only as the
+last resort. The scripts are in segment_scripts.py; the store (segment_store.py) owns the connection, the
+generation checks and the cold tier.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ...timeline import Timeline, covering
+from ...times import Micros
+from ..base import EntityView, Key, ViewRequest, entity_view, select_keys
+from . import cold as cold_tier
+from . import segment_past, segment_scripts
+from .codec import clamped_point, freshness_of
+from .keys import escape, index_key, key_of, prefix_of, unescape
+from .segments import Fold, decode, past_timelines, recorded_range
+
+
+class SegmentStore(cold_tier.SegmentStore, Protocol):
+    """What the view reads use of segment_store.SegmentStore (named here, not imported: that module imports
+    this one): its generation-checked script calls, whole folds and pinned generations."""
+    _pins: Any
+
+    def _script_many(self, script: Any, calls: Sequence[tuple[str, Any]]) -> list[list[Any]]: ...
+    def _folds(self, tenant: str, entities: list[str], gen: int | None = None) -> dict[str, Fold]: ...
+
+
+class ViewReader:
+    """The view reads of one SegmentStore (its `read_views`), with the scripts they run."""
+
+    def __init__(self, store: SegmentStore) -> None:
+        self.store = store
+        client = store.client
+        self._view_script = client.register_script(segment_scripts.VIEW)
+        self._known_script = client.register_script(segment_scripts.KNOWN)
+        self._past_script = client.register_script(segment_scripts.PAST)
+        self._index_script = client.register_script(segment_scripts.INDEX)
+        self._segments_script = client.register_script(segment_scripts.SEGMENTS)
+
+    def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
+        """Each view from one VIEW call (the entity's open segment and those of the subjects of relations naming
+        it), all in one round trip. A view those segments do not serve (an earlier `at`, a restatement made
+        inexact) reads the closed segments the valid-time index names (PAST), and whole folds where the index
+        cannot bound the read (overlapping ranges, voids, relations with ends). A read with `known_at` first asks
+        the recorded-time index which segment of each entity stands for what was known then
+        (`_known_segments`), and reads it as if it were the open one."""
+        if not requests:
+            return []
+
+        def build(r: ViewRequest) -> Any:
+            e = escape(r.entity)
+            return lambda d: ([d + "s:" + e, d + "i:" + e, d + "m", d + "fr"],
+                              [d + "s:", r.entity, "1" if "r" in r.parts else ""])
+        with self.store._guard("view", requests[0].tenant if len(requests) == 1 else None):
+            results = self.store._script_many(self._view_script, [(r.tenant, build(r)) for r in requests])
+        known = self._known_segments(requests, results, known_at) if known_at is not None else {}
+        out: list[EntityView | None] = []
+        for i, (r, result) in enumerate(zip(requests, results)):
+            if len(result) == 1 or (known_at is not None and int(result[1]) > known_at):
+                out.append(None)
+                continue
+            _, _, seg, elements, segs, meta = result
+            subs = known.get(i, {})
+            opens = {r.entity: seg, **{_owner(el): s for el, s in zip(elements, segs)}}
+            if any(sub is None or not _known_after(opens[e], known_at) for e, sub in subs.items()):
+                # no usable recorded-time index, or an open segment holding writes known then: every segment
+                timelines = self._whole(r.tenant, [r.entity, *(_owner(el) for el in elements)])
+                out.append(_view(r, timelines, elements, at, known_at)._replace(freshness=freshness_of(meta)))
+                continue
+            own = Fold(decode(subs[r.entity][1] if r.entity in subs else seg), whole=False)
+            subjects: dict[str, Fold] = {}
+            for el, s in zip(elements, segs):
+                owner = _owner(el)
+                if owner not in subjects:
+                    subjects[owner] = Fold(decode(subs[owner][1] if owner in subs else s), whole=False)
+            timelines = {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}}
+            if not own.serves(at) or not all(f.serves(at) for f in subjects.values()):
+                timelines = self._past(r, own, elements, at, known_at, subs)
+            view = _view(r, timelines, elements, at, known_at)
+            out.append(view._replace(freshness=freshness_of(meta)))
+        return out
+
+    def _whole(self, tenant: str, entities: list[str]) -> dict[str, dict[str, Timeline]]:
+        return {e: f.timelines for e, f in self.store._folds(tenant, entities).items()}
+
+    def _known_segments(self, requests: list[ViewRequest], results: list[list[Any]], known_at: Micros,
+                        ) -> dict[int, dict[str, tuple[int, str] | None]]:
+        """For reads with `known_at`: per request (by index), the entities (the viewed one, the subjects of
+        relations naming it) whose open segment holds writes recorded after `known_at`, each mapped to the closed
+        segment that then stands in for the open one, (its number, its body), or None when the index cannot tell
+        (a namespace written before it existed, or writes whose recorded_at went back).
+
+        A tenant's recorded_at never goes back (docs/envelope.md), so an entity's segments hold ever later writes:
+        with m the first closed segment holding a write recorded after `known_at`, every earlier segment is known
+        then, every later one is not, and segment m (its restatement of the earlier ones, its own deltas cut by
+        `known_at` when folded) answers exactly what the whole history cut by `known_at` answers, at the times
+        its restatement serves; otherwise `_past` reads the earlier closed segments the valid-time index names."""
+        asked: list[tuple[int, list[str]]] = []
+        for i, (r, result) in enumerate(zip(requests, results)):
+            if len(result) > 1 and int(result[1]) <= known_at:
+                asked.append((i, list(dict.fromkeys([r.entity, *(_owner(el) for el in result[3]), ]))))
+        if not asked:
+            return {}
+        used: list[str] = []
+
+        def build(entities: list[str]) -> Any:
+            return lambda d: (used.append(d), [d + "sg"], [d + "s:", d + "k:", known_at, *map(escape, entities)])[1:]
+        with self.store._guard("view", requests[0].tenant if len(requests) == 1 else None):
+            answers = self.store._script_many(self._known_script, [(requests[i].tenant, build(es)) for i, es in asked])
+        out: dict[int, dict[str, tuple[int, str] | None]] = {}
+        for (i, entities), answer, d in zip(asked, answers, used[-len(asked):]):
+            subs: dict[str, tuple[int, str] | None] = {}
+            for e, got in zip(entities, answer[1]):
+                if got == "*":
+                    subs[e] = None
+                elif got:
+                    n, body = int(got[0]), got[1]
+                    if not body:                # moved to the cold tier (cold.py)
+                        tenant, g = requests[i].tenant, cold_tier.generation_of(d)
+                        found = cold_tier.fill_current(self.store, tenant, g, [(escape(e), n)])
+                        if found is None:       # a cut-over dropped it meanwhile: whole folds of the new generation
+                            subs[e] = None
+                            continue
+                        body = found[(escape(e), n)]
+                    subs[e] = (n, body)
+            out[i] = subs
+        return out
+
+    def _past(self, r: ViewRequest, own: Fold, elements: list[str], at: Micros, known_at: Micros | None,
+              subs: dict[str, tuple[int, str] | None] | None = None) -> dict[str, dict[str, Timeline]]:
+        """The timelines a view at a past `at` reads: per entity (the viewed one, the subjects of relations naming
+        it), from the closed segments the valid-time index names and the open segment, all read in one PAST call.
+        An entity for which those do not answer exactly (overlapping ranges, a void, a relation's end among
+        them) is read around `at` until its answer is (`_widened`), or else folded whole. `subs`
+        (`_known_segments`): entities whose closed segment m stands in for the open one; their segments from m
+        on are not read."""
+        wanted: dict[str, list[str]] = {}
+        point_keys, rel_keys = select_keys((key_of(r.entity, p)[0] for p in own.timelines), r.scopes, r.parts)
+        wanted[r.entity] = [prefix_of(k) for k in (*point_keys, *rel_keys)]
+        if "r" in r.parts:
+            for el in elements:
+                wanted.setdefault(_owner(el), []).append(el[el.index("|") + 1:])
+        entities = list(wanted)
+        triples = [x for i, (e, ps) in enumerate(wanted.items(), 1) for p in ps for x in (i, p, "r" if p[0] == "r" else "")]
+        opens = [escape(e) for e in entities]
+        t9 = clamped_point(at)
+        used: list[str] = []
+        with self.store._guard("view", r.tenant):
+            [result] = self.store._script_many(self._past_script, [(r.tenant, lambda d: (
+                used.append(d), [], [d + "s:", d + "v:", t9, len(opens), *opens, *triples])[1:])])
+        _, verdicts, segments = result
+        missing = [(x, int(n)) for x, got in zip(opens, segments) for n, seg in zip(got[1::2], got[2::2]) if not seg]
+        if missing:                         # closed segments in the cold tier (cold.py)
+            g = cold_tier.generation_of(used[-1])
+            found = (cold_tier.fill(self.store, r.tenant, g, missing) if r.tenant in self.store._pins
+                     else cold_tier.fill_current(self.store, r.tenant, g, missing))
+            if found is None:               # a cut-over dropped them meanwhile: whole folds of the new generation
+                return self._whole(r.tenant, entities)
+            segments = [[got[0], *(x for n, seg in zip(got[1::2], got[2::2])
+                                   for x in (n, seg or found[(e, int(n))]))] for e, got in zip(opens, segments)]
+        out: dict[str, dict[str, Timeline]] = {}
+        whole: list[str] = []
+        lasts: dict[str, str] = {}
+        verdict = iter(verdicts)
+        for e, got in zip(entities, segments):
+            ps = wanted[e]
+            flagged = [bool(next(verdict)) for _ in ps]
+            sub = (subs or {}).get(e)
+            if sub is None:
+                chosen = [*got[2::2], got[0]]
+            else:       # the index's choice counts writes not known then: read around `at` (_widened)
+                chosen = [sub[1]]
+                flagged.append(True)
+            tls = None if any(flagged) else past_timelines(chosen, ps)
+            if tls is None:
+                whole.append(e)
+                lasts[e] = chosen[-1]
+            else:
+                out[e] = tls
+        if whole:
+            near = self._widened(r.tenant, {e: wanted[e] for e in whole}, lasts, at, known_at, subs or {})
+            out.update(near)
+            if len(near) < len(whole):
+                out.update(self._whole(r.tenant, [e for e in whole if e not in near]))
+        return out
+
+    def _widened(self, tenant: str, wanted: dict[str, list[str]], lasts: dict[str, str], at: Micros,
+                 known_at: Micros | None, subs: dict[str, tuple[int, str] | None]) -> dict[str, dict[str, Timeline]]:
+        """The wanted timelines of entities (P by entity) at `at`, read around it from the index entries INDEX
+        returns and the closed segments SEGMENTS fetches, until exact (segment_past.py); `lasts`: each entity's
+        open segment or the closed one standing in for it. The entities it cannot serve are left out."""
+        t9 = clamped_point(at)
+        triples = [x for e, ps in wanted.items() for p in ps for x in (escape(e), p, t9)]
+        used: list[str] = []
+        with self.store._guard("view", tenant):
+            [result] = self.store._script_many(self._index_script, [(tenant, lambda d: (
+                used.append(d), [], [d + "v:", segment_past.WINDOW, segment_past.SCAN, *triples])[1:])])
+        d = used[-1]
+        answers = iter(result[1])
+        out: dict[str, dict[str, Timeline]] = {}
+        for e, ps in wanted.items():
+            sub = subs.get(e)
+            spans = {p: segment_past.spans_of(next(answers), p, at, None if sub is None else sub[0]) for p in ps}
+            if any(span is None for span in spans.values()):
+                continue
+
+            def fetch(numbers: list[int], e: str = e) -> dict[int, str] | None:
+                return self._closed_segments(tenant, d, e, numbers)
+            tls = segment_past.widened(spans, lasts[e], at, known_at, fetch)  # type: ignore[arg-type]
+            if tls is not None:
+                out[e] = tls
+        return out
+
+    def _closed_segments(self, tenant: str, d: str, entity: str, numbers: list[int]) -> dict[int, str] | None:
+        """Closed segments of an entity by number, of the generation whose data prefix is `d` (from Redis or the
+        cold tier); None when the tenant switched generation meanwhile."""
+        x = escape(entity)
+        used: list[str] = []
+        with self.store._guard("view", tenant):
+            [result] = self.store._script_many(self._segments_script, [(tenant, lambda d: (
+                used.append(d), [], [d + "s:", x, *numbers])[1:])])
+        if used[-1] != d:
+            return None
+        bodies = dict(zip(numbers, result[1]))
+        missing = [(x, n) for n, body in bodies.items() if not body]
+        if missing:                         # closed segments in the cold tier (cold.py)
+            g = cold_tier.generation_of(d)
+            found = (cold_tier.fill(self.store, tenant, g, missing) if tenant in self.store._pins
+                     else cold_tier.fill_current(self.store, tenant, g, missing))
+            if found is None:
+                return None
+            bodies.update((n, found[(x, n)]) for _, n in missing)
+        return bodies
+
+
+def _known_after(open_segment: str, known_at: Micros | None) -> bool:
+    """Whether every delta of an open segment was recorded after `known_at`: then a closed segment can stand in
+    for what was known (`SegmentStore._known_segments`), which the closed ones' index alone cannot promise."""
+    got = recorded_range(decode(open_segment))
+    return known_at is not None and (got is None or got[0] > known_at)
+
+
+def _owner(element: str) -> str:
+    """The subject named by an element `>` + escaped subject + `|` + P of an entity's incoming relations."""
+    return unescape(element[1:element.index("|")])
+
+
+def _view(r: ViewRequest, timelines: dict[str, dict[str, Timeline]], elements: list[str], at: Micros,
+          known_at: Micros | None) -> EntityView:
+    """The view of one entity from its timelines and those of the subjects of relations naming it (by entity,
+    then P)."""
+    keyed: dict[Key, Timeline] = {key_of(r.entity, p)[0]: tl for p, tl in timelines[r.entity].items()}
+    for el in elements:
+        key = index_key(r.entity, el)
+        tl = timelines.get(key[1], {}).get(el[el.index("|") + 1:])
+        if tl is not None:
+            keyed[key] = tl
+    point_keys, rel_keys = select_keys(keyed, r.scopes, r.parts)
+    return entity_view(r.entity, ((k, keyed[k].as_of(at, known_at)) for k in point_keys),
+                       ((k, covering(keyed[k].runs(known_at), at)) for k in rel_keys))
