@@ -24,9 +24,9 @@ from ...times import Micros
 from .codec import decode_point
 from .segments import DELTA, _assertions, decode
 
-WINDOW = 8        # index entries read each side of t for a timeline whose ranges do not overlap
-SCAN = 4000       # index entries read at most for one whose ranges overlap (more: the whole history)
-ROUNDS = 8        # widenings before giving up
+WINDOWS = (8, 256, 4000)  # index entries read each side of t for a timeline whose ranges do not overlap, in turn
+SCAN = 4000               # index entries read at most for one whose ranges overlap (more: the whole history)
+ROUNDS = 12               # widenings within one window before giving up
 
 Entry = tuple[Micros, Micros, int]       # (least point, greatest point, segment number) of one index entry
 
@@ -122,9 +122,10 @@ def parse_entries(members: Sequence[str], prefix: str) -> list[Entry]:
     return [(decode_point(m[k:k + 9]), decode_point(m[k + 9:k + 18]), int(m[k + 18:])) for m in members]
 
 
-def spans_of(answer: Any, prefix: str, t: Micros, before: int | None) -> Span | None:
-    """A Span from INDEX's answer for one timeline (None: too many entries); `before`: only segments numbered
-    below it count (a read with known_at whose closed segment `before` stands in for the open one)."""
+def spans_of(answer: Any, prefix: str, t: Micros, before: int | None, window: int) -> Span | None:
+    """A Span from INDEX's answer for one timeline, asked for `window` entries each side (None: too many
+    entries); `before`: only segments numbered below it count (a read with known_at whose closed segment
+    `before` stands in for the open one)."""
     if answer == "*":
         return None
     kind, below, above, first, ends = answer
@@ -137,9 +138,9 @@ def spans_of(answer: Any, prefix: str, t: Micros, before: int | None) -> Span | 
     if kind == "a":
         entries.sort()
         return Span(entries, True, True, t, entries[0] if unbroken and entries else None, complete=True)
-    bottom = len(below) < WINDOW
+    bottom = len(below) < window
     keep = (min(entries) if bottom and entries else firsts[0] if firsts else None) if unbroken else None
-    return Span(entries, bottom, len(above) < WINDOW, t, keep)
+    return Span(entries, bottom, len(above) < window, t, keep)
 
 
 def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], wanted: Sequence[str]) -> dict[str, Timeline]:

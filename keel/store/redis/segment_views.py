@@ -195,27 +195,34 @@ class ViewReader:
                  known_at: Micros | None, subs: dict[str, tuple[int, str] | None]) -> dict[str, dict[str, Timeline]]:
         """The wanted timelines of entities (P by entity) at `at`, read around it from the index entries INDEX
         returns and the closed segments SEGMENTS fetches, until exact (segment_past.py); `lasts`: each entity's
-        open segment or the closed one standing in for it. The entities it cannot serve are left out."""
-        t9 = clamped_point(at)
-        triples = [x for e, ps in wanted.items() for p in ps for x in (escape(e), p, t9)]
-        used: list[str] = []
-        with self.store._guard("view", tenant):
-            [result] = self.store._script_many(self._index_script, [(tenant, lambda d: (
-                used.append(d), [], [d + "v:", segment_past.WINDOW, segment_past.SCAN, *triples])[1:])])
-        d = used[-1]
-        answers = iter(result[1])
+        open segment or the closed one standing in for it. A window of index entries that runs out is asked
+        again wider (segment_past.WINDOWS); the entities still not served are left out."""
         out: dict[str, dict[str, Timeline]] = {}
-        for e, ps in wanted.items():
-            sub = subs.get(e)
-            spans = {p: segment_past.spans_of(next(answers), p, at, None if sub is None else sub[0]) for p in ps}
-            if any(span is None for span in spans.values()):
-                continue
+        t9 = clamped_point(at)
+        for window in segment_past.WINDOWS:
+            todo = {e: ps for e, ps in wanted.items() if e not in out}
+            if not todo:
+                break
+            triples = [x for e, ps in todo.items() for p in ps for x in (escape(e), p, t9)]
+            used: list[str] = []
+            with self.store._guard("view", tenant):
+                [result] = self.store._script_many(self._index_script, [(tenant, lambda d, used=used, k=window,
+                                                                          triples=triples: (
+                    used.append(d), [], [d + "v:", k, segment_past.SCAN, *triples])[1:])])
+            d = used[-1]
+            answers = iter(result[1])
+            for e, ps in todo.items():
+                sub = subs.get(e)
+                spans = {p: segment_past.spans_of(next(answers), p, at, None if sub is None else sub[0], window)
+                         for p in ps}
+                if any(span is None for span in spans.values()):
+                    continue
 
-            def fetch(numbers: list[int], e: str = e) -> dict[int, str] | None:
-                return self._closed_segments(tenant, d, e, numbers)
-            tls = segment_past.widened(spans, lasts[e], at, known_at, fetch)  # type: ignore[arg-type]
-            if tls is not None:
-                out[e] = tls
+                def fetch(numbers: list[int], e: str = e, d: str = d) -> dict[int, str] | None:
+                    return self._closed_segments(tenant, d, e, numbers)
+                tls = segment_past.widened(spans, lasts[e], at, known_at, fetch)  # type: ignore[arg-type]
+                if tls is not None:
+                    out[e] = tls
         return out
 
     def _closed_segments(self, tenant: str, d: str, entity: str, numbers: list[int]) -> dict[int, str] | None:

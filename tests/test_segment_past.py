@@ -1,0 +1,135 @@
+"""Layout 2's past views on long histories: exact, and never from the entity's whole history.
+
+Debts with a few hundred daily snapshots written through the finance cartridge's projector, in six shapes (in
+order; every 10th snapshot 40 days late; linked to and unlinked from the household by turns; every 7th snapshot
+corrected and every 13th retracted; 150 snapshots in a row retracted; linked again every day and unlinked on
+two days), in small segments. Views at many past days, believed now and at recorded
+times through the history, equal the memory store's, and none decodes an entity's whole history
+(segment_views.ViewReader._whole): the recorded-time index, PAST and reading around t (segment_past.py) serve
+them all.
+"""
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from support.services import service_env
+
+from keel import reading
+from keel.cartridge import load_cartridge
+from keel.projector import Projector
+from keel.store.memory import MemoryStore
+from keel.store.redis.segment_store import SegmentStore
+from keel.store.redis.segment_views import ViewReader
+from keel.store.writes import event_key, relation_write
+from keel.times import parse_time
+
+pytestmark = pytest.mark.services
+
+ROOT = Path(__file__).resolve().parents[1]
+START = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+N = 400
+
+
+def stamp(i: int) -> str:
+    return (START + datetime.timedelta(hours=i)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def day(i: int) -> str:
+    return (datetime.date(2000, 1, 1) + datetime.timedelta(days=i)).isoformat()
+
+
+def envelopes(tenant: str, shape: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    debt = f"debt:{shape}"
+    i = 0
+    while len(out) < N:
+        point = i - 40 if shape == "late" and i % 10 == 9 else i
+        env = {"id": f"{shape}-{i}", "tenant": tenant, "type": "debt.snapshot", "subject": debt,
+               "occurred_at": day(point), "recorded_at": stamp(len(out)),
+               "payload": {"creditor": "Banco Andino", "product": "Visa", "balance_cop": 1000 + i, "rate_ea_pct": 20.5,
+                           "installment_cop": 100, "month": day(point)[:7]}}
+        out.append(env)
+        if shape == "voids" and i % 7 == 6:
+            out.append({**env, "id": f"{shape}-{i}-fix", "corrects": env["id"], "recorded_at": stamp(len(out)),
+                        "payload": {**env["payload"], "balance_cop": 5 + i}})
+        elif shape == "retracted" and 100 <= i < 250:     # a long stretch withdrawn: the version before runs on
+            out.append({"id": f"{shape}-{i}-x", "tenant": tenant, "type": "keel.retracted", "subject": debt,
+                        "occurred_at": day(point), "recorded_at": stamp(len(out)), "by": "test",
+                        "payload": {"event": env["id"], "reason": "test"}})
+        elif shape == "voids" and i % 13 == 12:
+            out.append({"id": f"{shape}-{i}-x", "tenant": tenant, "type": "keel.retracted", "subject": debt,
+                        "occurred_at": day(point), "recorded_at": stamp(len(out)), "by": "test",
+                        "payload": {"event": env["id"], "reason": "test"}})
+        i += 1
+    return out
+
+
+class Recorder(MemoryStore):
+    """A MemoryStore that keeps every (writes, event id) it applied, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[Any, Any]] = []
+
+    def apply_writes(self, tenant: str, writes: list[Any], event_id: str | None = None) -> None:
+        super().apply_writes(tenant, writes, event_id)
+        self.log.append((list(writes), event_id))
+
+
+@pytest.fixture(scope="module")
+def stores() -> Iterator[tuple[Recorder, SegmentStore, dict[str, str]]]:
+    cartridge = load_cartridge(ROOT / "cartridges" / "finance")
+    memory = Recorder()
+    projector = Projector(cartridge, memory)
+    tenant = "acme"
+    entities = {}
+    for shape in ("plain", "late", "voids", "retracted"):
+        for env in envelopes(tenant, shape):
+            projector.apply_raw(env)
+        entities[shape] = f"debt:{shape}"
+    projector.apply_raw(envelopes(tenant, "ends")[0])
+    for i in range(1, N):
+        write = relation_write("debt:ends", "owed_by", f"household:{tenant}", day(i), i % 2 == 0, source="test",
+                               evidence=f"link-{i}", recorded_at=stamp(N + i), by=None)
+        memory.apply_writes(tenant, [write], event_key(f"link-{i}", None, parse_time(stamp(N + i))))
+    entities["ends"] = "debt:ends"
+    projector.apply_raw(envelopes(tenant, "runs")[0])
+    for i in range(1, N):            # linked again every day, unlinked on two days: long runs with ends
+        write = relation_write("debt:runs", "owed_by", f"household:{tenant}", day(i), i in (150, 300),
+                               source="test", evidence=f"run-{i}", recorded_at=stamp(2 * N + i), by=None)
+        memory.apply_writes(tenant, [write], event_key(f"run-{i}", None, parse_time(stamp(2 * N + i))))
+    entities["runs"] = "debt:runs"
+    client = redis.Redis.from_url(service_env("KEEL_REDIS_URL"), decode_responses=True)
+    store = SegmentStore(client, namespace=f"sp{uuid.uuid4().hex[:12]}", owns_client=False)
+    store.roll_bytes = 1500          # many small segments
+    for i in range(0, len(memory.log), 5):
+        store.commit_batch(tenant, memory.log[i:i + 5], None)
+    yield memory, store, entities
+    store.drop_namespace()
+
+
+@pytest.mark.parametrize("shape", ["plain", "late", "ends", "voids", "retracted", "runs"])
+def test_past_views_are_exact_without_whole_histories(stores: tuple[Recorder, SegmentStore, dict[str, str]],
+                                                      shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    memory, store, entities = stores
+    entity = entities[shape]
+    whole: list[Any] = []
+    real = ViewReader._whole
+    monkeypatch.setattr(ViewReader, "_whole", lambda self, *a: whole.append(a) or real(self, *a))
+    closed = store.client.hget(store.data_prefix("acme", store.current_generation("acme")) + "sg", entity)
+    assert int(closed or 0) >= 10, "the history should span many closed segments"
+    reads = 0
+    for known_at in (None, parse_time(stamp(N // 3)), parse_time(stamp(N + N // 2)), parse_time(stamp(2 * N + 200))):
+        for d in range(-45, N + 5, 17):
+            at = parse_time(day(d))
+            got = reading.view(store, "acme", entity, at=at, known_at=known_at)
+            assert got == reading.view(memory, "acme", entity, at=at, known_at=known_at), (shape, d, known_at)
+            reads += 1
+    assert reads > 50
+    assert whole == []
