@@ -26,7 +26,7 @@ PARALLEL := -n $(TEST_WORKERS)
 test: install  ## the whole suite; starts local Kafka, Redis and PostgreSQL unless KEEL_* point at them, and a container engine for the deploy tier
 	scripts/ensure-promtool  # Debian's prometheus package, for promtool (tests/test_alert_rules.py)
 	scripts/ensure-chromium  # Debian's chromium and chromium-driver, for the inspector's browser test
-	scripts/with-services scripts/with-engine $(BIN)/python -m pytest $(PARALLEL)
+	scripts/with-services scripts/with-engine $(BIN)/python -m pytest $(PARALLEL) --durations=30  # the slowest tests, for the suite-time goal
 
 # the slow tiers' pytest markers (tests/conftest.py TIERS); `make test-fast` leaves them out
 SLOW_TIERS := faults or deploy or rebalance or rolling_segments
