@@ -51,7 +51,7 @@ from ...timeline import Assertion
 from ...times import Micros
 from ..base import ChangeEntry, ChangePage, EventWrites, Key, Store, Window
 from .changelog_scripts import AROUND, READ, WINDOW
-from .codec import _ALPHABET, OFFSET, ProvenanceCache, decode_point, encode_point
+from .codec import ProvenanceCache, decode_point, encode_point
 from .keys import escape, prefix_of
 from .retries import in_current
 
@@ -105,18 +105,11 @@ _BODY = msgspec.json.Encoder(enc_hook=_plain).encode
 _UNSET = object()
 
 
-_TO9 = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", _ALPHABET)
-
-
 def _point9(point: Any) -> str:
-    """codec.encode_point, by base64's C code (a bit shift puts the 54 bits first, a translation maps base64's
-    alphabet onto the point's): half its CPU."""
+    """codec.encode_point of a point, kept in the process-wide cache `_POINTS`."""
     if len(_POINTS) > _CACHE:
         _POINTS.clear()
-    v = int(point) + OFFSET
-    if not 0 < v < 2 * OFFSET:
-        return encode_point(point)          # its error
-    pt = _POINTS[point] = b2a_base64((v << 18).to_bytes(9, "big"), newline=False).decode("ascii")[:9].translate(_TO9)
+    pt = _POINTS[point] = encode_point(point)
     return pt
 
 
