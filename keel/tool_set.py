@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 
 from .cartridge import Cartridge
 from .cartridge_set import CartridgeSet, qualify
-from .changes import DEFAULT_CHANGES, MAX_CHANGES, parse_cursor
+from .changes import parse_cursor
 from .errors import UnknownEntity, UnknownTenant, UsageError
 from .identifiers import ENTITY_ID_PATTERN
 from .results import (
@@ -32,7 +32,7 @@ from .results import (
     SearchResult,
 )
 from .times import Micros, format_time, parse_time
-from .tools import NO_VALUE, Time, Tools, time_arg
+from .tools import NO_VALUE, Time, Tools, changes_limit, of_an_entity, time_arg
 
 _R = TypeVar("_R", bound=Known)
 _OPAQUE = frozenset({"value", "labels", "old", "new", "rules", "evidence", "superseded_by", "corrected_by",
@@ -77,14 +77,9 @@ class ToolSet:
     def history(self, entity: str | None = None, predicate: str | None = None, *, known_at: Time = None,
                 since: Time = None, type: str | None = None, cursor: str | None = None,
                 limit: int | None = None) -> HistoryResult | ChangesResult:
-        if entity is None or entity == "":
-            if predicate is not None or known_at is not None:
-                raise UsageError("predicate and known_at go with an entity; without one, history lists the "
-                                 "changes since `since`")
+        if not of_an_entity(entity, predicate, known_at, since, type, cursor, limit):
             return self._changes(since, type, cursor, limit)
-        if since is not None or type is not None or cursor is not None or limit is not None:
-            raise UsageError("since, type, cursor and limit go without an entity (the tenant's changes); "
-                             "leave entity out to list them")
+        assert entity is not None
         cartridge, local = self._route(entity)
         crossing = self.cartridges.cross_relations(cartridge, local.partition(":")[0])
         own = predicate                              # a fact, label or relation name of the entity's cartridge
@@ -222,10 +217,7 @@ class ToolSet:
         """Every cartridge's changes after its place in the cursor (else after `since`), merged in recorded
         order. A cartridge that gave more than the answer takes is read again for exactly what was taken, so
         its place in the next cursor is right after it; one that gave nothing taken keeps its place."""
-        if limit is None:
-            limit = DEFAULT_CHANGES
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CHANGES:
-            raise UsageError(f"limit: an integer from 1 to {MAX_CHANGES}")
+        limit = changes_limit(limit)
         places = _parse_cursor(cursor, self.cartridges)
         if places is None:
             if since is None or since == "":

@@ -140,14 +140,9 @@ class Tools:
         whether the log held more then, and `cursor` continues exactly after this answer, now or later
         (keel/changes.py; docs/semantics.md, "What changed since")."""
         with self._reading:
-            if entity is None or entity == "":
-                if predicate is not None or known_at is not None:
-                    raise UsageError("predicate and known_at go with an entity; without one, history lists the "
-                                     "changes since `since`")
+            if not of_an_entity(entity, predicate, known_at, since, type, cursor, limit):
                 return self._changes(since, type, cursor, limit)
-            if since is not None or type is not None or cursor is not None or limit is not None:
-                raise UsageError("since, type, cursor and limit go without an entity (the tenant's changes); "
-                                 "leave entity out to list them")
+            assert entity is not None
             return self._history(entity, predicate, known_at)
 
     def _changes(self, since: Time, type: str | None, cursor: str | None, limit: int | None) -> ChangesResult:
@@ -157,10 +152,7 @@ class Tools:
                              "answer; or cursor: a previous changes answer's cursor")
         if type is not None:
             self._name_arg("type", "an entity type", type, self.cartridge.spec.entities)
-        if limit is None:
-            limit = DEFAULT_CHANGES
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CHANGES:
-            raise UsageError(f"limit: an integer from 1 to {MAX_CHANGES}")
+        limit = changes_limit(limit)
         scopes = set(self.policy.visible_scopes(task=self.task, agent=self.agent))
         page = read_changes(self.store, self.tenant, since=s, after=after, limit=limit, type=type, scopes=scopes)
         if not page.rows and page.through is None:      # nothing applied for it: is the tenant known at all?
@@ -553,6 +545,30 @@ def _clip(value: object, limit: int = 60) -> str:
     """A repr short enough for an error message an agent reads."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def of_an_entity(entity: str | None, predicate: str | None, known_at: Time, since: Time, type: str | None,
+                 cursor: str | None, limit: int | None) -> bool:
+    """Which history a call of `history` asks for (Tools and ToolSet): an entity's (True, entity given) or the
+    tenant's changes (False); the arguments of the other one are refused (UsageError)."""
+    if entity is None or entity == "":
+        if predicate is not None or known_at is not None:
+            raise UsageError("predicate and known_at go with an entity; without one, history lists the "
+                             "changes since `since`")
+        return False
+    if since is not None or type is not None or cursor is not None or limit is not None:
+        raise UsageError("since, type, cursor and limit go without an entity (the tenant's changes); "
+                         "leave entity out to list them")
+    return True
+
+
+def changes_limit(limit: object) -> int:
+    """The `limit` of a changes answer: DEFAULT_CHANGES when None, else an integer from 1 to MAX_CHANGES."""
+    if limit is None:
+        return DEFAULT_CHANGES
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CHANGES:
+        raise UsageError(f"limit: an integer from 1 to {MAX_CHANGES}")
+    return limit
 
 
 def time_arg(value: object, name: str) -> Micros | None:
