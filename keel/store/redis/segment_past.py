@@ -21,14 +21,16 @@ from typing import Any
 
 from ...timeline import Timeline, covering, insert
 from ...times import Micros
-from .codec import decode_point
+from .codec import clamped_point
 from .segments import DELTA, _assertions, decode
 
 WINDOWS = (8, 256, 4000)  # index entries read each side of t for a timeline whose ranges do not overlap, in turn
 SCAN = 4000               # index entries read at most for one whose ranges overlap (more: the whole history)
 ROUNDS = 12               # widenings within one window before giving up
 
-Entry = tuple[Micros, Micros, int]       # (least point, greatest point, segment number) of one index entry
+Entry = tuple[str, str, int]      # (least point, greatest point, segment number) of one index entry; points as
+#                                 point9 text (codec.encode_point), whose order is the points': compared undecoded
+Reach = tuple[str | None, str | None]    # Timeline.reach's (low, high) as point9 text
 
 
 class Span:
@@ -41,25 +43,25 @@ class Span:
     and the entries around t (links and voids only), so the run's start needs only the first segment."""
     __slots__ = ("bottom", "complete", "entries", "first", "high", "low", "step_down", "step_up", "top")
 
-    def __init__(self, entries: list[Entry], bottom: bool, top: bool, t: Micros, first: Entry | None = None,
+    def __init__(self, entries: list[Entry], bottom: bool, top: bool, t9: str, first: Entry | None = None,
                  complete: bool = False) -> None:
         self.entries = sorted(set(entries))
         self.bottom, self.top, self.complete = bottom, top, complete
         self.first = first
-        below = [i for i, e in enumerate(self.entries) if e[0] <= t]
+        below = [i for i, e in enumerate(self.entries) if e[0] <= t9]
         self.low = below[-1] if below else 0
         self.high = min(self.low + 1, len(self.entries) - 1) if below else 0
         self.step_down = self.step_up = 1
 
     @property
-    def floor(self) -> Micros | None:
+    def floor(self) -> str | None:
         """B: None when everything below is held."""
         if not self.entries or (self.low == 0 and self.bottom):
             return None
         return self.entries[self.low][0]
 
     @property
-    def ceiling(self) -> Micros | None:
+    def ceiling(self) -> str | None:
         """U: None when everything above is held."""
         if not self.entries or (self.high == len(self.entries) - 1 and self.top):
             return None
@@ -73,34 +75,33 @@ class Span:
             out.add(self.first[2])
         return out
 
-    def _first_cover(self) -> Micros | None:
-        """The greatest point up to which every row is held from the first entry down (None: every point)."""
+    def _covered_from_first(self, point9: str) -> bool:
+        """Whether every row at or below a point is held, the first entry being held."""
         assert self.first is not None
         if not self.complete:
-            return self.first[1]          # disjoint ranges: later entries start above the first one's end
+            return point9 <= self.first[1]      # disjoint ranges: later entries start above the first one's end
         held = self.held()
-        return min((lo - 1 for lo, _, n in self.entries if n not in held), default=None)
+        return all(point9 < lo for lo, _, n in self.entries if n not in held)
 
-    def reach(self, tl: Timeline | None, at: Micros, known_at: Micros | None, relation: bool,
-              ) -> tuple[Micros | None, Micros | None]:
+    def reach(self, tl: Timeline | None, at: Micros, known_at: Micros | None, relation: bool) -> Reach:
         """The held timeline's reach at `at`; [B, U] itself when the kept first entry settles the read: a run
         covering `at` that starts where every row is held, with no end or expiry among the closed rows not
         held (links and voids neither move its start nor end it; the open segment's rows are all held)."""
         if tl is None:
-            return None, at
+            return None, clamped_point(at)
         if self.first is not None:
             run = covering(tl.runs(known_at), at)
-            cover = self._first_cover()
-            if run is not None and (cover is None or run.assertion.point <= cover):
+            if run is not None and self._covered_from_first(clamped_point(run.assertion.point)):
                 return self.floor, self.ceiling
-        return tl.reach(at, known_at, relation)
+        low, high = tl.reach(at, known_at, relation)
+        return (None if low is None else clamped_point(low)), (None if high is None else clamped_point(high))
 
-    def fits(self, reach: tuple[Micros | None, Micros | None]) -> bool:
+    def fits(self, reach: Reach) -> bool:
         low, high = reach
         b, u = self.floor, self.ceiling
         return (b is None or (low is not None and low >= b)) and (u is None or (high is not None and high <= u))
 
-    def widen(self, reach: tuple[Micros | None, Micros | None]) -> bool:
+    def widen(self, reach: Reach) -> bool:
         """Hold more entries on the side(s) the reach leaves; False when there is nothing more to hold."""
         low, high = reach
         b, u = self.floor, self.ceiling
@@ -119,10 +120,10 @@ class Span:
 def parse_entries(members: Sequence[str], prefix: str) -> list[Entry]:
     """Index members `<P><least point9><greatest point9><n>` of one timeline as entries."""
     k = len(prefix)
-    return [(decode_point(m[k:k + 9]), decode_point(m[k + 9:k + 18]), int(m[k + 18:])) for m in members]
+    return [(m[k:k + 9], m[k + 9:k + 18], int(m[k + 18:])) for m in members]
 
 
-def spans_of(answer: Any, prefix: str, t: Micros, before: int | None, window: int) -> Span | None:
+def spans_of(answer: Any, prefix: str, t9: str, before: int | None, window: int) -> Span | None:
     """A Span from INDEX's answer for one timeline, asked for `window` entries each side (None: too many
     entries); `before`: only segments numbered below it count (a read with known_at whose closed segment
     `before` stands in for the open one)."""
@@ -137,10 +138,10 @@ def spans_of(answer: Any, prefix: str, t: Micros, before: int | None, window: in
     unbroken = prefix[0] == "r" and not ends
     if kind == "a":
         entries.sort()
-        return Span(entries, True, True, t, entries[0] if unbroken and entries else None, complete=True)
+        return Span(entries, True, True, t9, entries[0] if unbroken and entries else None, complete=True)
     bottom = len(below) < window
     keep = (min(entries) if bottom and entries else firsts[0] if firsts else None) if unbroken else None
-    return Span(entries, bottom, len(above) < window, t, keep)
+    return Span(entries, bottom, len(above) < window, t9, keep)
 
 
 def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], wanted: Sequence[str]) -> dict[str, Timeline]:

@@ -213,7 +213,7 @@ class ViewReader:
             answers = iter(result[1])
             for e, ps in todo.items():
                 sub = subs.get(e)
-                spans = {p: segment_past.spans_of(next(answers), p, at, None if sub is None else sub[0], window)
+                spans = {p: segment_past.spans_of(next(answers), p, t9, None if sub is None else sub[0], window)
                          for p in ps}
                 if any(span is None for span in spans.values()):
                     continue
