@@ -20,7 +20,7 @@ from .notes import withdrawal_of
 from .store.roles import ChangeEntry, StoreReads, Window
 from .store.shapes import scope_of
 from .store.writes import Key
-from .timeline import Assertion, is_retraction_void, is_void
+from .timeline import Assertion, holding, is_retraction_void, is_void, next_point, valid_until
 from .times import Micros, format_time
 
 DEFAULT_CHANGES = 100          # changes per answer when `limit` is not given
@@ -162,9 +162,9 @@ def change_row(key: Key, a: Assertion, window: Window) -> dict[str, Any] | None:
     before, met = _before(window.assertions, a)
     if not met and not window.whole:
         return None             # the window does not hold the change itself: it cannot tell what came before it
-    old = _held(before, a.point)
+    old = holding(before, a.point)
     if is_void(a):              # the point counts for nothing now: what held before it shows through
-        restored = _held(before, a.point, below=True)
+        restored = holding(before, a.point, below=True)
         new = _value(key, restored)
     else:
         restored = None
@@ -172,7 +172,7 @@ def change_row(key: Key, a: Assertion, window: Window) -> dict[str, Any] | None:
         new = None if ended else True if key[0] in "re" else a.value      # a value wins its own point
     if window.low is not None and (old is None or (restored is None and is_void(a))):
         return None             # what held before may lie below the window
-    following = _next_point(window.assertions, a.point) if window.whole else window.next_point
+    following = next_point(window.assertions, a.point) if window.whole else window.next_point
     change, valid_from, valid_to = _what_happened(a, before, old, following)
     kind = key[0]
     if kind == "f" and key[2] == ERASED and change == "version":
@@ -206,34 +206,6 @@ def _before(timeline: list[Assertion], a: Assertion) -> tuple[list[Assertion], b
     return out, met
 
 
-def _held(entries: list[Assertion], t: Micros, below: bool = False) -> Assertion | None:
-    """The assertion whose version holds at t over `entries` (by point, then log order), believed now: the winner
-    of the greatest point <= t (`below`: < t) whose winner is no void, unless it is an end or expired by t. What
-    `Timeline.over(entries).as_of(t).assertion` gives (keel.timeline; its next point is after t, so only an
-    expiry can end the version by t), without building the timeline."""
-    i = len(entries)
-    while i and (entries[i - 1].point > t or (below and entries[i - 1].point == t)):
-        i -= 1
-    while i:
-        w = entries[i - 1]
-        if is_void(w):
-            point = w.point
-            while i and entries[i - 1].point == point:
-                i -= 1
-            continue
-        return None if w.closed or (w.expires_at is not None and w.expires_at <= t) else w
-    return None
-
-
-def _next_point(timeline: list[Assertion], point: Micros) -> Micros | None:
-    """The first point after `point` whose winner now is no void (keel.timeline's next point)."""
-    last: dict[Micros, Assertion] = {}
-    for x in timeline:
-        if x.point > point:
-            last[x.point] = x           # by point, then log order: the last one of a point wins it
-    return next((p for p, x in last.items() if not is_void(x)), None)
-
-
 def _what_happened(a: Assertion, before: list[Assertion], old: Assertion | None, following: Micros | None
                    ) -> tuple[str, Micros | None, Micros | None]:
     """(change, valid_from, valid_to): a value asserted (`version`, or `corrected` when it replaces an earlier
@@ -246,9 +218,7 @@ def _what_happened(a: Assertion, before: list[Assertion], old: Assertion | None,
         start = old.point if old is not None else None
         return ("withdrawn" if withdrawal_of(a) is not None else "closed"), start, a.point
     shared = any(x.point == a.point for x in before)
-    valid_to = following if a.expires_at is None or (following is not None and following < a.expires_at) \
-        else a.expires_at
-    return ("corrected" if shared else "version"), a.point, valid_to
+    return ("corrected" if shared else "version"), a.point, valid_until(a, following)
 
 
 def _own(value: Any) -> Any:

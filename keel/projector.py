@@ -17,7 +17,7 @@ from .notes import NotePolicy, withdrawal_write
 from .registry import Handler
 from .store.base import EventId, Key, Store, Write
 from .store.writes import checked_label_writes, event_key, fact_write
-from .timeline import VOID, Assertion, is_void, new_assertion, void_of
+from .timeline import VOID, Assertion, is_void, new_assertion, superseded, void_of
 from .times import Micros, format_time, parse_time
 
 Outcome = Literal["applied", "duplicate"]
@@ -304,12 +304,7 @@ class Projector:
             if any(is_void(a) and a.value[VOID] == target for a in assertions):
                 raise EnvelopeRejected(f"cannot {what} event {target!r}: it was already retracted or corrected",
                                        event_id=event.id, tenant=tenant)
-            for point in sorted({a.point for a in assertions if a.evidence == target}):
-                group = [a for a in assertions if a.point == point]
-                if group[-1].evidence != target:
-                    continue                   # superseded at this point already: nothing of it is believed
-                before = [a for a in group if a.evidence != target]
-                again = before[-1] if before else None
+            for point, again in superseded(assertions, target):     # the rule: keel.timeline.superseded
                 writes.append(_tuple_new(Write, (key, new_assertion(
                     point, void_of(target, retraction=event.type == RETRACTED), True, event.source, event.id, int(event.recorded_at), event.by))))
                 if again is not None and not is_void(again):

@@ -286,6 +286,45 @@ def covering(versions: list[Version], t: Micros) -> Version | None:
     return v if v.valid_to is None or t < v.valid_to else None
 
 
+def holding(entries: list[Assertion], t: Micros, *, below: bool = False) -> Assertion | None:
+    """The assertion whose version holds at t over a plain list `entries` (by point, then log order), believed
+    now: the winner of the greatest point <= t (`below`: < t) whose winner is no void, unless it is an end or
+    its expiry is <= t. `Timeline.over(entries).as_of(t).assertion` when not `below` (the next point is after
+    t, so only an expiry can end the version by t)."""
+    found = Timeline.over(entries)._deciding(t - 1 if below else t, None)
+    if found is None:
+        return None
+    w = found[1]
+    return None if w.closed or (w.expires_at is not None and w.expires_at <= t) else w
+
+
+def next_point(entries: list[Assertion], point: Micros) -> Micros | None:
+    """The first point after `point` whose winner now is no void, over a plain list `entries` (by point, then log
+    order): the valid_to a version at `point` gets from the points after it."""
+    return Timeline.over(entries)._next_point(bisect_right(entries, point, key=_point), None)
+
+
+def superseded(assertions: list[Assertion], event_id: str) -> list[tuple[Micros, Assertion | None]]:
+    """What a correction or retraction of the event `event_id` changes, believed now: for each point where an
+    assertion of that event (evidence == event_id) is the last one, in log order, of the assertions at the point,
+    (point, the last assertion there not of that event, or None). Its writes (keel/projector.py) are a void at
+    each point, then that assertion again unless it is None or a void.
+
+    The last assertion of a point, not its winner: a void written by `event_id` (when it is itself a correction)
+    is superseded too, so that correcting a correction brings back what its voids hid."""
+    out: list[tuple[Micros, Assertion | None]] = []
+    by_point: dict[Micros, list[Assertion]] = {}
+    for a in assertions:
+        by_point.setdefault(a.point, []).append(a)
+    for point in sorted(by_point):
+        group = by_point[point]
+        if group[-1].evidence != event_id:
+            continue                    # never its, or superseded at this point already: nothing of it believed
+        before = [a for a in group if a.evidence != event_id]
+        out.append((point, before[-1] if before else None))
+    return out
+
+
 def version_at(winner: Assertion, seen: int, next_point: Micros | None, t: Micros) -> Version | None:
     """THE version rule, as of world time t: the version of the winning assertion at the greatest point <= t,
     or None when that winner is an end or its version ended by t. `seen` counts the assertions visible at
@@ -300,8 +339,13 @@ def version_at(winner: Assertion, seen: int, next_point: Micros | None, t: Micro
 def _version(winner: Assertion, seen: int, next_point: Micros | None) -> Version:
     """The version a winning assertion starts: valid to the next point or its expiry, whichever comes first;
     corrected_by names who corrected it when several assertions share its point."""
-    valid_to = next_point
-    if winner.expires_at is not None and (valid_to is None or winner.expires_at < valid_to):
-        valid_to = winner.expires_at
     corrected_by = (winner.by or winner.source) if seen > 1 else None
-    return Version(winner, valid_to, corrected_by)
+    return Version(winner, valid_until(winner, next_point), corrected_by)
+
+
+def valid_until(a: Assertion, next_point: Micros | None) -> Micros | None:
+    """The valid_to of the version an assertion starts: the next point (None: open) or its expiry, whichever
+    comes first."""
+    if a.expires_at is not None and (next_point is None or a.expires_at < next_point):
+        return a.expires_at
+    return next_point
