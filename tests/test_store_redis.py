@@ -149,19 +149,25 @@ class TestSegmentStore(RedisChecks, StoreReadsContract, BatchWritesContract, Sto
 
 
 class _SpiedSegmentStore(SegmentStore):
-    """Counts the reads that decode every segment of an entity."""
+    """Counts the view reads that decode every segment of an entity (segment_views.ViewReader._whole)."""
     roll_bytes = 700
-    whole_reads = 0
 
-    def _whole(self, tenant: str, entities: list[str]) -> Any:
-        self.whole_reads += 1
-        return super()._whole(tenant, entities)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.whole_reads = 0
+        whole = self._views._whole
+
+        def counted(tenant: str, entities: list[str]) -> Any:
+            self.whole_reads += 1
+            return whole(tenant, entities)
+        self._views._whole = counted  # type: ignore[method-assign]
 
 
 @pytest.mark.usefixtures("single_node")
 class TestSegmentReads(RedisCase):
     """Layout 2's bounded reads: now from the open segment, at a past time from the closed segments its
-    valid-time index names; whole folds only where the index cannot bound a read. Always as the memory store."""
+    valid-time index names, and around that time where those do not answer exactly (segment_past.py); whole
+    folds only where nothing bounds a read. Always as the memory store."""
     store_class = _SpiedSegmentStore
 
     def history(self, s: Any, m: MemoryStore, days: int, late: bool = False) -> None:
@@ -187,7 +193,7 @@ class TestSegmentReads(RedisCase):
         self.views(s, m, 120)
         assert s.whole_reads == 0
 
-    def test_a_late_write_makes_past_reads_of_that_timeline_read_every_segment(self) -> None:
+    def test_a_late_write_makes_past_reads_read_around_their_time_not_every_segment(self) -> None:
         s, m = self.redis_store(), MemoryStore()
         self.history(s, m, 120, late=True)
         s.commit_batch("acme", [], ("topic", 0, 1))
@@ -195,6 +201,13 @@ class TestSegmentReads(RedisCase):
             for i in range(120, 160):
                 store.open_fact("acme", "debt:d1", "balance", 1000 - i, valid_from=d(i), evidence=f"s{i}")
         self.views(s, m, 160)
+        assert s.whole_reads == 0
+
+    def test_the_spy_counts_whole_reads(self) -> None:
+        s, m = self.redis_store(), MemoryStore()
+        self.history(s, m, 40)
+        s.client.delete(*s.client.keys(s.data_prefix("acme", 1) + "k:*"))    # no recorded-time index: whole
+        assert reading.view(s, "acme", "debt:d1", known_at=d(1)) == reading.view(m, "acme", "debt:d1", known_at=d(1))
         assert s.whole_reads > 0
 
 
