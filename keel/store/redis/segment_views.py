@@ -123,12 +123,11 @@ class ViewReader:
                 elif got:
                     n, body = int(got[0]), got[1]
                     if not body:                # moved to the cold tier (cold.py)
-                        tenant, g = requests[i].tenant, cold_tier.generation_of(d)
-                        found = cold_tier.fill_current(self.store, tenant, g, [(escape(e), n)])
-                        if found is None:       # a cut-over dropped it meanwhile: whole folds of the new generation
+                        got = self._cold(requests[i].tenant, d, escape(e), {n: body})
+                        if got is None:         # a cut-over dropped it meanwhile: whole folds of the new generation
                             subs[e] = None
                             continue
-                        body = found[(escape(e), n)]
+                        body = got[n]
                     subs[e] = (n, body)
             out[i] = subs
         return out
@@ -235,16 +234,21 @@ class ViewReader:
                 used.append(d), [], [d + "s:", x, *numbers])[1:])])
         if used[-1] != d:
             return None
-        bodies = dict(zip(numbers, result[1]))
+        return self._cold(tenant, d, x, dict(zip(numbers, result[1])))
+
+    def _cold(self, tenant: str, d: str, x: str, bodies: dict[int, str]) -> dict[int, str] | None:
+        """Closed segments of the escaped entity `x` by number, those read "" (moved to the cold tier, cold.py)
+        filled from it: from the generation `d` names when the store is pinned to it, else only while it is the
+        tenant's current one (None: a cut-over dropped them meanwhile)."""
         missing = [(x, n) for n, body in bodies.items() if not body]
-        if missing:                         # closed segments in the cold tier (cold.py)
-            g = cold_tier.generation_of(d)
-            found = (cold_tier.fill(self.store, tenant, g, missing) if tenant in self.store._pins
-                     else cold_tier.fill_current(self.store, tenant, g, missing))
-            if found is None:
-                return None
-            bodies.update((n, found[(x, n)]) for _, n in missing)
-        return bodies
+        if not missing:
+            return bodies
+        g = cold_tier.generation_of(d)
+        found = (cold_tier.fill(self.store, tenant, g, missing) if tenant in self.store._pins
+                 else cold_tier.fill_current(self.store, tenant, g, missing))
+        if found is None:
+            return None
+        return {**bodies, **{n: found[(x, n)] for _, n in missing}}
 
 
 def _known_after(open_segment: str, known_at: Micros | None) -> bool:
