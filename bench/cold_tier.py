@@ -218,7 +218,7 @@ def main() -> int:
                   f"{b[1] / a[1]:>12.2f}")
         for what, call in (("context now", lambda t: t.context(ent())),
                            ("context at a past day (cold)", lambda t: t.context(ent(), at=past_day())),
-                           ("context at, known_at (whole)", lambda t: t.context(ent(), at=past_day(),
+                           ("context at, known_at", lambda t: t.context(ent(), at=past_day(),
                                                                                known_at=past_day()))):
             got = interleaved({label: (lambda label=label, call=call: call(tools[label])) for label in ("off", "on")},
                               args.reads)
