@@ -47,10 +47,11 @@ class ViewReader:
     def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
         """Each view from one VIEW call (the entity's open segment and those of the subjects of relations naming
         it), all in one round trip. A view those segments do not serve (an earlier `at`, a restatement made
-        inexact) reads the closed segments the valid-time index names (PAST), and whole folds where the index
-        cannot bound the read (overlapping ranges, voids, relations with ends). A read with `known_at` first asks
-        the recorded-time index which segment of each entity stands for what was known then
-        (`_known_segments`), and reads it as if it were the open one."""
+        inexact) reads the closed segments the valid-time index names (PAST) and, where those do not answer
+        exactly (overlapping ranges, voids, relations with ends), around `at` until they do (`_widened`). A read
+        with `known_at` first asks the recorded-time index which segment of each entity stands for what was known
+        then (`_known_segments`), and reads it as if it were the open one. Whole histories only when nothing
+        bounds the read."""
         if not requests:
             return []
 
@@ -101,7 +102,7 @@ class ViewReader:
         with m the first closed segment holding a write recorded after `known_at`, every earlier segment is known
         then, every later one is not, and segment m (its restatement of the earlier ones, its own deltas cut by
         `known_at` when folded) answers exactly what the whole history cut by `known_at` answers, at the times
-        its restatement serves; otherwise `_past` reads the earlier closed segments the valid-time index names."""
+        its restatement serves; at other times `_past` reads the earlier closed segments around `at`."""
         asked: list[tuple[int, list[str]]] = []
         for i, (r, result) in enumerate(zip(requests, results)):
             if len(result) > 1 and int(result[1]) <= known_at:
