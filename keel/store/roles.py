@@ -42,7 +42,7 @@ TenantStart = tuple[list[str], dict[tuple[str, int], "int | None"], dict[str, st
 
 def went_back(stored: int | None, held: int | None) -> bool:
     """Whether a store holding `stored` lost what a writer saw it hold (`held`; None: the writer saw nothing).
-    The rule of StateBehind in Python (the Lua one: keel/store/redis/scripts.py, _STEP_HELD and ADVANCE)."""
+    The rule of StateBehind in Python (the Lua one: keel/store/redis/lua.py, STEP_HELD and ADVANCE)."""
     return held is not None and (stored is None or stored < held)
 
 

@@ -6,6 +6,7 @@
     connection.py      Redis clients from Keel's URLs (a node, a Cluster, Sentinel)
     layout.py          the namespace's layout stamp, checked when a process opens its store
     codec.py           points, assertion bodies and provenance entries as strings, and back
+    lua.py             the Lua every script shares (generation check, commit checks, generation switches)
     scripts.py         layout 1's Lua scripts (each atomic on the tenant's hash slot)
     changelog.py       a tenant's change log (Store.changes), written by both layouts' APPLY scripts
     batch.py           a commit step encoded as the APPLY script's arguments

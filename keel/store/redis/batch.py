@@ -22,7 +22,7 @@ from .keys import MARKS, RELATION_ENDS, ended_member, escape, offset_field, pref
 class PendingStep:
     """One tenant's apply step between tries: its events (repeated ids dropped), offset, the latest
     recorded_at of its writes, the partition's lag after it (the position's log end, when given) and the offset the
-    writer saw the tenant hold (`held`, checked by the APPLY scripts: scripts._STEP_HELD)."""
+    writer saw the tenant hold (`held`, checked by the APPLY scripts: lua.STEP_HELD)."""
     __slots__ = ("batch", "events", "field", "held", "lag", "latest", "offset", "tenant")
 
     def __init__(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
@@ -47,7 +47,7 @@ class PendingStep:
 
     @property
     def offset_arg(self) -> str:
-        """ARGV[4] of the APPLY scripts: the offset, and the held one when given (scripts._STEP_HELD)."""
+        """ARGV[4] of the APPLY scripts: the offset, and the held one when given (lua.STEP_HELD)."""
         return self.offset if self.held is None else f"{self.offset} {int(self.held)}"
 
 

@@ -3,7 +3,8 @@ the log with the tenant's known_through in one atomic step (READ), and the timel
 by its member references (AROUND) and layout 2 from segments (WINDOW). The log's format is changelog.py's."""
 from __future__ import annotations
 
-from .scripts import _GEN_CHECK, _NOTES, _PROV_OF, _WINNER
+from .lua import GEN_CHECK
+from .scripts import _NOTES, _PROV_OF, _WINNER
 
 # KEYS: 1 gen, 2 the change log (list), 3 the meta hash.
 # ARGV: 1 expected gen, 2 the position to start from ("" = from `since`), 3 since, recorded_at in micros ("" =
@@ -14,7 +15,7 @@ from .scripts import _GEN_CHECK, _NOTES, _PROV_OF, _WINNER
 # the last one whose first write was recorded at or before it: the reader skips the writes recorded at or before
 # `since`, so the chunks after it hold `count` more. {5} when a chunk read is not in this format (an earlier
 # build's log).
-READ = _GEN_CHECK + """
+READ = GEN_CHECK + """
 local n = redis.call('LLEN', KEYS[2])
 local kt = redis.call('HGET', KEYS[3], 'kt') or ''
 if n == 0 then return {1, 0, 0, {}, kt} end
@@ -81,7 +82,7 @@ return {1, p0, total, chunks, kt}
 # left out else "0", next point9 or ""], ...}, {index, entry, ...}}: the change's member without `<P><point9><#b>
 # <b><#w><w>` (what the caller sent), the last one before it without `<P><point9>`, those before without P; {6,
 # owner} when a member or provenance entry is missing (a generation dropped while read).
-AROUND = _GEN_CHECK + _PROV_OF + _WINNER + """
+AROUND = GEN_CHECK + _PROV_OF + _WINNER + """
 local M, zs, out = tonumber(ARGV[2]), ARGV[3], {}
 local provs, got = {}, {}
 local function entry(m, P)          -- the provenance entry of a member, added to the answer once
@@ -153,7 +154,7 @@ return {1, out, provs}
 # sorted-set names ("<data prefix>z:"), then per timeline: its owner (escaped), P, the point (point9).
 # Answers {1, {members before (ascending), members at, "1" when some below were left out else "0", next point9
 # or "", ...}, {index, entry, ...}}, members without P.
-WINDOW = _GEN_CHECK + _PROV_OF + _WINNER + _NOTES + """
+WINDOW = GEN_CHECK + _PROV_OF + _WINNER + _NOTES + """
 local M, zs, out = tonumber(ARGV[2]), ARGV[3], {}
 local function strip(ms, P)
   for x, m in ipairs(ms) do note(m, #P + 10); ms[x] = string.sub(m, #P + 1) end

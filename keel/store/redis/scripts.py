@@ -1,10 +1,5 @@
-"""Lua scripts of the Redis store. Each runs atomically on the node owning the tenant's hash slot.
-
-Every script declares the keys it touches (they share the tenant's hash tag, so they are legal on
-Redis Cluster; VIEW alone also reads keys named in the data, of the same tenant, see there) and takes, as ARGV[1], the generation the caller computed those key names for. When
-ARGV[1] is not empty and the tenant's current generation (KEYS[1], absent = "1") differs, the script
-changes nothing and answers `{0, <current generation>}`; the caller recomputes its keys and retries.
-An empty ARGV[1] means "this generation, current or not" (a view pinned with `for_generation`).
+"""Layout 1's Lua scripts (the sorted set per entity): commit a step, read timelines, read views. The parts every
+Redis script shares (the generation check, the commit step's checks, generation switches) are lua.py's.
 
 Layout reminders (see keel/store/redis/keys.py): an entity's sorted set holds every assertion of the
 timelines it owns, all with score 0, ordered by member:
@@ -16,117 +11,7 @@ every point character, so `[P .. (P~` is exactly the timeline.
 """
 from __future__ import annotations
 
-_GEN_CHECK = """
-local gen = ARGV[1]
-if gen ~= '' then
-  local cur = redis.call('GET', KEYS[1]) or '1'
-  if cur ~= gen then return {0, cur} end
-end
-"""
-
-# ARGV[4] is the step's offset, or `<offset> <held>`: held is the tenant's offset on the partition (field ARGV[3])
-# as the writer last saw it stored. Stored absent or below it means Redis lost writes the writer saw land (a
-# failover to a lagging replica, an old backup): nothing is written, the answer is {4, stored or ''} and the
-# writer resumes the partition from what Redis holds (keel.store.base.went_back is this rule in Python).
-# Leaves `offset` for _STEP_META.
-_STEP_HELD = """
-local offset, held = string.match(ARGV[4], '^(%d+) ?(%d*)$')
-if held ~= '' and ARGV[3] ~= '' then
-  local stored = redis.call('HGET', KEYS[3], ARGV[3])
-  if not stored or tonumber(stored) < tonumber(held) then return {4, stored or ''} end
-end
-"""
-
-# Refuses a step whose event ids (nI of them, ARGV[I] on; both locals set before) were applied already: answers
-# {3, id, ...} with those ids (KEYS[2] is the applied-ids set), so nothing is written.
-_APPLIED_IDS = """
-if nI > 0 then
-  local dup = {3}
-  local i = 0
-  while i < nI do
-    local j = math.min(i + 1999, nI - 1)
-    local found = redis.call('SMISMEMBER', KEYS[2], unpack(ARGV, I + i, I + j))
-    for x = 1, #found do
-      if found[x] == 1 then dup[#dup + 1] = ARGV[I + i + x - 1] end
-    end
-    i = j + 1
-  end
-  if #dup > 1 then return dup end
-end
-"""
-
-# `multi(cmd, key, items, from, to)`: cmd key items[from..to], in calls of at most 2000 items (Lua's unpack
-# stops at a few thousand values; a worker's step can carry tens of thousands of ids).
-_MULTI = """
-local function multi(cmd, key, items, from, to)
-  local i = from or 1
-  to = to or #items
-  while i <= to do
-    local j = math.min(i + 1999, to)
-    redis.call(cmd, key, unpack(items, i, j))
-    i = j + 1
-  end
-end
-"""
-
-# The change log's part of both APPLY scripts (changelog.py): `log_chunks(key, from)` appends the step's chunks
-# (ARGV[from] to the last, each `|<writes>|...`) to the list `key`, each prefixed with `c<position>` (the log's
-# length in writes, from its last chunk).
-_LOG_CHUNKS = """
-local function log_chunks(key, from)
-  if from > #ARGV then return end
-  local last, pos = redis.call('LINDEX', key, -1), 0
-  if last then
-    local p, c = string.match(last, '^c(%d+)|(%d+)|')
-    if p then pos = tonumber(p) + tonumber(c) else pos = redis.call('LLEN', key) end
-  end
-  local els = {}
-  for i = from, #ARGV do
-    els[#els + 1] = 'c' .. string.format('%d', pos) .. ARGV[i]
-    pos = pos + tonumber(string.match(ARGV[i], '^|(%d+)|'))
-  end
-  multi('RPUSH', key, els)
-end
-"""
-
-# A commit step's event ids and marks (layouts 1 and 2 share this part of their ARGV): ARGV[8] nI, the ids from
-# ARGV[I], then nM and nM pairs (id, mark) from ARGV[Mk]; refused (_APPLIED_IDS) when an id was applied. Leaves
-# `a` at the argument after the marks.
-_STEP_IDS = """
-local nI = tonumber(ARGV[8])
-local I = 9
-""" + _APPLIED_IDS + """
-local a = I + nI
-local nM = tonumber(ARGV[a])
-local Mk = a + 1
-a = Mk + 2 * nM
-"""
-
-# The meta hash (KEYS[3]) after a commit step (both layouts): `rl` (ARGV[7], the latest recorded_at of the
-# ids), `kt` (ARGV[5], of the writes) and the offset (field ARGV[3], value `offset` of _STEP_HELD) only move forward; `lag`
-# (ARGV[6]) is set with the offset.
-_STEP_META = """
-local field, rl, kt, lag = ARGV[3], ARGV[7], ARGV[5], ARGV[6]
-local cur = redis.call('HMGET', KEYS[3], 'rl', 'kt', field ~= '' and field or 'rl')
-local set = {}
-if rl ~= '' and (not cur[1] or tonumber(rl) > tonumber(cur[1])) then
-  set[#set + 1] = 'rl'
-  set[#set + 1] = rl
-end
-if kt ~= '' and (not cur[2] or tonumber(kt) > tonumber(cur[2])) then
-  set[#set + 1] = 'kt'
-  set[#set + 1] = kt
-end
-if field ~= '' and (not cur[3] or tonumber(offset) > tonumber(cur[3])) then
-  set[#set + 1] = field
-  set[#set + 1] = offset
-  if lag ~= '' then
-    set[#set + 1] = 'lag'
-    set[#set + 1] = lag
-  end
-end
-if #set > 0 then redis.call('HSET', KEYS[3], unpack(set)) end
-"""
+from .lua import GEN_CHECK, LOG_CHUNKS, MULTI, STEP_HELD, STEP_IDS, STEP_META
 
 # The position of the provenance index encoded after P and the point; returns b + k.
 _PROV_OF = """
@@ -145,7 +30,7 @@ end
 #       then for entity i (1-based): 4 + 2i its sorted set, 5 + 2i its index list; then event marks (hash)
 #       and, last, the relation timelines with ends (set `re`).
 # ARGV: 1 expected gen, 2 expected provenance length, 3 offset field ("" = none), 4 offset (or `<offset> <held>`,
-#       _STEP_HELD), 5 the latest
+#       STEP_HELD), 5 the latest
 #       recorded_at of the writes ("" = none), 6 the partition's lag after this step ("" = unknown), 7 the
 #       latest recorded_at of the events ("" = none);
 #       nI, the event ids; nM, then nM pairs (event id, its mark) of the ids that carry one;
@@ -169,10 +54,10 @@ end
 # A timeline is new when its owner's sorted set has no member starting with P; an owner with several
 # of the batch's timelines and a short index list answers that from its index list in one LRANGE
 # (the list holds P exactly when the sorted set holds members of P: both change only here).
-APPLY = _GEN_CHECK + _STEP_HELD + _MULTI + _LOG_CHUNKS + """
+APPLY = GEN_CHECK + STEP_HELD + MULTI + LOG_CHUNKS + """
 local base = redis.call('LLEN', KEYS[5])
 if tostring(base) ~= ARGV[2] then return {2, base} end
-""" + _STEP_IDS + """
+""" + STEP_IDS + """
 local nP = tonumber(ARGV[a])
 local Pv = a + 1
 a = Pv + nP
@@ -260,34 +145,11 @@ multi('RPUSH', KEYS[5], ARGV, Pv, Pv + nP - 1)
 multi('SADD', KEYS[2], ARGV, I, I + nI - 1)
 multi('HSET', KEYS[#KEYS - 1], ARGV, Mk, Mk + 2 * nM - 1)
 multi('SADD', KEYS[#KEYS], ARGV, X, X + nX - 1)
-""" + _STEP_META + """
+""" + STEP_META + """
 if (nI > 0 or nR > 0) and redis.call('HINCRBY', KEYS[3], 'sv', 1) == 1 then
   redis.call('HSET', KEYS[3], 're', '1')    -- this generation's first write: `re` is kept from here on
 end
 return {1, base + nP}
-"""
-
-# The partitions' applied watermarks (KEYS[1], keys.applied_key): ARGV in triples (field, offset, held or "").
-# When a stored watermark is absent or below its held value, nothing is written and the answer is
-# {4, field, stored or '', ...} for each such field (Redis lost writes the writer saw land); else each
-# watermark moves forward to its offset and the answer is {1}.
-ADVANCE = """
-local behind = {4}
-for i = 1, #ARGV, 3 do
-  if ARGV[i + 2] ~= '' then
-    local stored = redis.call('HGET', KEYS[1], ARGV[i])
-    if not stored or tonumber(stored) < tonumber(ARGV[i + 2]) then
-      behind[#behind + 1] = ARGV[i]
-      behind[#behind + 1] = stored or ''
-    end
-  end
-end
-if #behind > 1 then return behind end
-for i = 1, #ARGV, 3 do
-  local stored = redis.call('HGET', KEYS[1], ARGV[i])
-  if not stored or tonumber(ARGV[i + 1]) > tonumber(stored) then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-end
-return {1}
 """
 
 # The winner at or before t of timeline P in sorted set z: nil when nothing is at or before t, else the
@@ -354,7 +216,7 @@ end
 # KEYS: 1 gen, 2 provenance, then one sorted set per asked timeline.
 # ARGV: 1 expected gen, 2 "1" to resolve provenance entries, then the prefix P of each timeline.
 # Answers {1, {members without P, per timeline}, {index, entry, index, entry, ...}}.
-READ = _GEN_CHECK + _PROV_OF + _NOTES + _MEMBERS + """
+READ = GEN_CHECK + _PROV_OF + _NOTES + _MEMBERS + """
 local resolve = ARGV[2] == '1'
 local lists = {}
 for i = 3, #KEYS do
@@ -380,7 +242,7 @@ return {1, lists, provs}
 # {index, entry, ...} of every member returned.
 # A relation naming the entity as object lives in its subject's sorted set, whose name this script builds
 # from the index element: that key is not in KEYS, but it carries the tenant's hash tag (same slot).
-VIEW = _GEN_CHECK + _PROV_OF + _WINNER + _NOTES + _MEMBERS + """
+VIEW = GEN_CHECK + _PROV_OF + _WINNER + _NOTES + _MEMBERS + """
 local index = redis.call('LRANGE', KEYS[3], 0, -1)
 if #index == 0 then return {1} end
 local whole, t, parts, zs = ARGV[2] == '1', ARGV[3], ARGV[4], ARGV[5]
@@ -436,38 +298,3 @@ end
 return {1, index[1], winners, timelines, provs, {meta[1], meta[2]}}
 """
 
-# KEYS: 1 gen, 2 gen sequence. ARGV: 1 the generation to make current.
-SWITCH = """
-redis.call('SET', KEYS[1], ARGV[1])
-local s = tonumber(redis.call('GET', KEYS[2]) or '1')
-if tonumber(ARGV[1]) > s then redis.call('SET', KEYS[2], ARGV[1]) end
-return 1
-"""
-
-# KEYS: 1 gen, 2 gen sequence, 3 meta hash of the current generation, 4 meta hash of the new one.
-# ARGV: 1 expected current generation, 2 new generation, 3.. offset fields that must have caught up.
-# Switches only when the current generation is still ARGV[1] and, for every field, the new generation's
-# offset is at least the current one's: {1} switched, {0, current} moved meanwhile, {-1, field} behind.
-SWITCH_IF_CAUGHT_UP = """
-local cur = redis.call('GET', KEYS[1]) or '1'
-if cur ~= ARGV[1] then return {0, cur} end
-for i = 3, #ARGV do
-  local live = tonumber(redis.call('HGET', KEYS[3], ARGV[i]) or '-1')
-  local new = tonumber(redis.call('HGET', KEYS[4], ARGV[i]) or '-1')
-  if new < live then return {-1, ARGV[i]} end
-end
-redis.call('SET', KEYS[1], ARGV[2])
-local s = tonumber(redis.call('GET', KEYS[2]) or '1')
-if tonumber(ARGV[2]) > s then redis.call('SET', KEYS[2], ARGV[2]) end
-return {1}
-"""
-
-# KEYS: 1 gen, 2 gen sequence. Hands out a generation number never used before.
-NEW_GENERATION = """
-local cur = tonumber(redis.call('GET', KEYS[1]) or '1')
-local s = tonumber(redis.call('GET', KEYS[2]) or '1')
-if cur > s then s = cur end
-s = s + 1
-redis.call('SET', KEYS[2], tostring(s))
-return s
-"""

@@ -23,7 +23,7 @@ below (its fixed keys, present exactly when it holds data, are keys.LAYOUT2_DATA
 """
 from __future__ import annotations
 
-from .scripts import _GEN_CHECK, _LOG_CHUNKS, _MULTI, _STEP_HELD, _STEP_IDS, _STEP_META
+from .lua import GEN_CHECK, LOG_CHUNKS, MULTI, STEP_HELD, STEP_IDS, STEP_META
 
 # KEYS: 1 gen, 2 ids (set), 3 meta (hash), 4 entities (set), 5 first recorded_at (hash), 6 marks (hash), then
 #       per entity e (1-based): 5 + 2e its open segment, 6 + 2e its incoming relations (set).
@@ -35,8 +35,8 @@ from .scripts import _GEN_CHECK, _LOG_CHUNKS, _MULTI, _STEP_HELD, _STEP_IDS, _ST
 #       (changelog.py), appended to `<data prefix>ch`.
 # Answers {1, e...}: the entities (1-based) whose open segment is now larger than ARGV[2] (the writer closes
 # them); {3, id...} when ids were applied already (nothing written: the writer drops them and retries); {4, stored}
-# when the tenant's state went back (scripts._STEP_HELD).
-APPLY = _GEN_CHECK + _STEP_HELD + _MULTI + _LOG_CHUNKS + _STEP_IDS + """
+# when the tenant's state went back (scripts.STEP_HELD).
+APPLY = GEN_CHECK + STEP_HELD + MULTI + LOG_CHUNKS + STEP_IDS + """
 local nE = tonumber(ARGV[a])
 a = a + 1
 local roll = tonumber(ARGV[2])
@@ -70,7 +70,7 @@ multi('SADD', KEYS[4], fresh)
 multi('HSET', KEYS[5], set)
 multi('SADD', KEYS[2], ARGV, I, I + nI - 1)
 multi('HSET', KEYS[6], ARGV, Mk, Mk + 2 * nM - 1)
-""" + _STEP_META + """
+""" + STEP_META + """
 if nI > 0 or nE > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
 return big
 """
@@ -88,7 +88,7 @@ return big
 # neither); and in the
 # recorded-time index, member n scored by the greatest recorded_at, `!` once a segment's least one is below an
 # earlier segment's greatest.
-ROLL = _GEN_CHECK + """
+ROLL = GEN_CHECK + """
 if redis.call('STRLEN', KEYS[3]) ~= tonumber(ARGV[3]) then return {2} end
 local n = redis.call('HINCRBY', KEYS[2], ARGV[2], 1) - 1
 redis.call('RENAME', KEYS[3], KEYS[3] .. '|' .. n)
@@ -113,7 +113,7 @@ return {1}
 #       naming it as object.
 # Answers {1} for an unknown entity, else {1, first recorded_at, open segment, elements, subjects' open
 # segments (one per element, "" when missing), {kt, lag}}.
-VIEW = _GEN_CHECK + """
+VIEW = GEN_CHECK + """
 local first = redis.call('HGET', KEYS[5], ARGV[3])
 if not first then return {1} end
 local seg = redis.call('GET', KEYS[2]) or ''
@@ -138,7 +138,7 @@ return {1, first, seg, elements, segs, meta}
 # then (the open segment stands for it), {m, closed segment m ("" in the cold tier)} for the first closed segment
 # holding a write recorded after known_at, or "*" when the index cannot tell (a segment closed without it, or
 # writes whose recorded_at went back).
-KNOWN = _GEN_CHECK + """
+KNOWN = GEN_CHECK + """
 local out = {}
 for i = 5, #ARGV do
   local e = ARGV[i]
@@ -168,7 +168,7 @@ return {1, out}
 # Answers {1, {every segment of each entity concatenated, closed ones first ("" when none)}}; an entity with a
 # closed segment missing (moved to the cold tier, cold.py) gets the list of its segments instead, "" for each
 # missing one (a closed segment is never empty), the open one last.
-FULL = _GEN_CHECK + """
+FULL = GEN_CHECK + """
 local out = {}
 for i = 3, #ARGV do
   local e = ARGV[i]
@@ -216,7 +216,7 @@ end
 # point's), and for a relation the one with its first point (its run starts there: it has no end, else
 # flagged). Answers {1, {per triple: "" or "*" when the timeline must be read from every segment}, {per entity:
 # {open segment, n, closed segment n, ... (by n)}}}; a closed segment moved to the cold tier (cold.py) is "".
-PAST = _GEN_CHECK + _WANTED_SEGMENTS + """
+PAST = GEN_CHECK + _WANTED_SEGMENTS + """
 local t, nO = ARGV[4], tonumber(ARGV[5])
 local verdicts, wanted = {}, {}
 for x = 1, nO do wanted[x] = {} end
@@ -249,7 +249,7 @@ return {1, verdicts, wanted_segments(wanted, nO)}
 #       position among them, P, t as point9).
 # Answers {1, {per triple: L (point9) when segments below it were left out else "", {segment numbers} or "*"},
 # {per entity: {open segment, n, closed segment n, ... (by n)}}}; a closed segment moved to the cold tier is "".
-AROUND = _GEN_CHECK + _WANTED_SEGMENTS + """
+AROUND = GEN_CHECK + _WANTED_SEGMENTS + """
 local scan, nO = tonumber(ARGV[4]), tonumber(ARGV[5])
 local out, wanted = {}, {}
 for x = 1, nO do wanted[x] = {} end
@@ -296,7 +296,7 @@ return {1, out, wanted_segments(wanted, nO)}
 # least point <= t (greatest first), up to ARGV[3] with it > t (least first), {its first entry}, ends}; for a
 # timeline whose ranges overlap (`<P>!`) {"a", all its entries, {}, {}, ends}, or "*" when they are more than
 # ARGV[4]. `ends`: "1" when a row of it is an end or expires (`<P>#`).
-INDEX = _GEN_CHECK + """
+INDEX = GEN_CHECK + """
 local k, scan = tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
 for i = 5, #ARGV, 3 do
@@ -317,7 +317,7 @@ return {1, out}
 # KEYS: 1 gen. ARGV: 1 expected gen, 2 the prefix of segment keys ("<data prefix>s:"), 3 an escaped entity,
 #       4.. closed segment numbers.
 # Answers {1, {each closed segment, "" when it is in the cold tier (cold.py)}}.
-SEGMENTS = _GEN_CHECK + """
+SEGMENTS = GEN_CHECK + """
 local out = {}
 for i = 4, #ARGV do out[#out + 1] = redis.call('GET', ARGV[2] .. ARGV[3] .. '|' .. ARGV[i]) or '' end
 return {1, out}

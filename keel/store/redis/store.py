@@ -31,7 +31,7 @@ from ..base import (
     ViewRequest,
     Write,
 )
-from . import scripts
+from . import lua, scripts
 from .batch import ApplyBatch, PendingStep, state_behind
 from .changelog import ChangeLogReads
 from .codec import ProvenanceCache, clamped_point, decode_view, freshness_of, timeline_of
@@ -127,10 +127,10 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
         self._apply_script = client.register_script(scripts.APPLY)
         self._read_script = client.register_script(scripts.READ)
         self._view_script = client.register_script(scripts.VIEW)
-        self._switch_script = client.register_script(scripts.SWITCH)
-        self._new_gen_script = client.register_script(scripts.NEW_GENERATION)
-        self._switch_if_script = client.register_script(scripts.SWITCH_IF_CAUGHT_UP)
-        self._advance_script = client.register_script(scripts.ADVANCE)
+        self._switch_script = client.register_script(lua.SWITCH)
+        self._new_gen_script = client.register_script(lua.NEW_GENERATION)
+        self._switch_if_script = client.register_script(lua.SWITCH_IF_CAUGHT_UP)
+        self._advance_script = client.register_script(lua.ADVANCE)
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None,
