@@ -9,7 +9,7 @@ two fresh Redis namespaces, both dropped at the end. Steps:
      --days days ending yesterday, a due scheduled and paid each month;
   2. the same events committed (the embedded projector, one commit per event) into two layout-2 namespaces:
      "off" (no cold tier) and "on" (with one); then `keel archive`'s pass moves "on"'s closed segments older
-     than --cold-after to PostgreSQL;
+     than --cold-after, and its change log's chunks but the newest 256 (cold.KEEP_CHUNKS), to PostgreSQL;
   3. Redis bytes (MEMORY USAGE of every key of the tenant, by kind) per event, off vs on; PostgreSQL bytes;
   4. reads in-process (the store's view, then Tools.context): now, at a past time older than --cold-after
      (served from the cold tier when on), and with known_at; p50/p99 µs and CPU µs per call, off vs on,
@@ -84,8 +84,8 @@ def redis_bytes(store: SegmentStore) -> dict[str, int]:
     pipe = store.client.pipeline(transaction=False)
     for k in names:
         pipe.execute_command("MEMORY", "USAGE", k, "SAMPLES", "0")
-    out = {"closed segments": 0, "open segments": 0, "change log": 0, "event ids, marks (ev, eh)": 0, "valid-time index": 0,
-           "other (fr, ents, i:, m, sg, cz)": 0}
+    out = {"closed segments": 0, "open segments": 0, "change log": 0, "event ids (ev)": 0, "event marks (eh)": 0,
+           "valid-time index": 0, "other (fr, ents, i:, m, sg, cz)": 0}
     for k, n in zip(names, pipe.execute()):
         if n is None:
             continue
@@ -96,8 +96,10 @@ def redis_bytes(store: SegmentStore) -> dict[str, int]:
             out["open segments"] += int(n)
         elif local == "ch":
             out["change log"] += int(n)
-        elif local in ("ev", "eh"):
-            out["event ids, marks (ev, eh)"] += int(n)
+        elif local == "ev":
+            out["event ids (ev)"] += int(n)
+        elif local == "eh":
+            out["event marks (eh)"] += int(n)
         elif local.startswith("v:"):
             out["valid-time index"] += int(n)
         else:
@@ -179,13 +181,16 @@ def main() -> int:
             print(f"  {kind:32}{a:>12.1f}{b:>12.1f}{(b / a if a else 0):>9.3f}")
         total_off, total_on = sum(sizes["off"].values()) / events, sum(sizes["on"].values()) / events
         print(f"  {'total':32}{total_off:>12.1f}{total_on:>12.1f}{total_on / total_off:>9.3f}   (goal <= 0.200)")
-        for what, out in (("w/o change log", ("change log",)), ("w/o change log, ids", ("change log", "event ids, marks (ev, eh)"))):
+        for what, out in (("w/o change log", ("change log",)), ("w/o change log, ids", ("change log", "event ids (ev)", "event marks (eh)"))):
             a = sum(v for k, v in sizes["off"].items() if k not in out) / events
             b = sum(v for k, v in sizes["on"].items() if k not in out) / events
             print(f"  {'total ' + what:32}{a:>12.1f}{b:>12.1f}{b / a:>9.3f}")
         rows, text_bytes, disk_bytes = stores["on"].cold.sizes(stores["on"].namespace)   # type: ignore[union-attr]
         print(f"  PostgreSQL: {rows:,} segments, {text_bytes / events:.1f} B/event as text, "
               f"{disk_bytes / events:.1f} B/event stored (TOAST-compressed; table and index overhead not included)")
+        rows, text_bytes, disk_bytes = stores["on"].cold.change_sizes(stores["on"].namespace)  # type: ignore[union-attr]
+        print(f"  PostgreSQL: {rows:,} change-log chunks, {text_bytes / events:.1f} B/event as text, "
+              f"{disk_bytes / events:.1f} B/event stored")
 
         rng = random.Random(7)
         cutoff_days = args.days - int(args.cold_after.rstrip("d")) - 5 if args.cold_after.endswith("d") else args.days // 2
@@ -202,7 +207,7 @@ def main() -> int:
         cold = on.cold
         assert cold is not None
         gen = on.current_generation(TENANT)
-        fields = sorted(on.client.hkeys(on.data_prefix(TENANT, gen) + "cz"))
+        fields = sorted(f for f in on.client.hkeys(on.data_prefix(TENANT, gen) + "cz") if "|" in f)   # not `ch`
         pieces = [(f[:f.rindex("|")], int(f[f.rindex("|") + 1:])) for f in fields]
         got = interleaved({"on": lambda: cold.fetch(on.namespace, TENANT, gen, rng.sample(pieces, 2))}, args.reads)
         print(f"  {'cold tier fetch of 2 segments':34}{'':26}{got['on'][0]:>8.0f} /{got['on'][1]:>7.0f} "
@@ -216,6 +221,14 @@ def main() -> int:
             a, b = got["off"], got["on"]
             print(f"  {what:34}{a[0]:>8.0f} /{a[1]:>7.0f} ({a[2]:>5.0f}){b[0]:>8.0f} /{b[1]:>7.0f} ({b[2]:>5.0f})"
                   f"{b[1] / a[1]:>12.2f}")
+        length = on.change_page(TENANT, count=1).length
+        for size in (1, 100):
+            def page(label: str, size: int = size) -> object:
+                return stores[label].change_page(TENANT, start=rng.randrange(length), generation=gen, count=size)
+            got = interleaved({label: (lambda label=label: page(label)) for label in ("off", "on")}, args.reads)
+            a, b = got["off"], got["on"]
+            print(f"  {f'change page of {size} at any position':34}{a[0]:>8.0f} /{a[1]:>7.0f} ({a[2]:>5.0f})"
+                  f"{b[0]:>8.0f} /{b[1]:>7.0f} ({b[2]:>5.0f}){b[1] / a[1]:>12.2f}")
         for what, call in (("context now", lambda t: t.context(ent())),
                            ("context at a past day (cold)", lambda t: t.context(ent(), at=past_day())),
                            ("context at, known_at", lambda t: t.context(ent(), at=past_day(),

@@ -41,7 +41,7 @@ from keel.digest import digest
 from keel.embedded import build_embedded
 from keel.errors import ColdTierNotConfigured, ColdTierUnavailable, UsageError
 from keel.store.redis import RedisStore
-from keel.store.redis.cold import COLD, Piece, candidates
+from keel.store.redis.cold import CHANGES_MOVED, COLD, Piece, candidates
 from keel.store.redis.segment_store import SegmentStore
 from keel.tools import Tools
 from workers.archive import ArchiveOptions, Mover, open_layout2, set_policy
@@ -146,8 +146,10 @@ def _rows(dsn: str, namespace: str) -> int:
 
 
 def _cold_fields(store: SegmentStore, tenant: str) -> int:
+    """The closed segments the generation's cold hash records (less its change-log marker `ch`)."""
     gen = store.current_generation(tenant)
-    return int(store.client.hlen(store.data_prefix(tenant, gen) + COLD))
+    return int(store.client.hlen(store.data_prefix(tenant, gen) + COLD)) - int(
+        store.client.hexists(store.data_prefix(tenant, gen) + COLD, CHANGES_MOVED))
 
 
 def test_reads_answer_the_same_with_closed_history_in_postgresql(tmp_path: Path, cold_dsn: str) -> None:

@@ -10,7 +10,12 @@ valid time is older than `cold_after` (the namespace's override, else the cartri
 when Redis's `used_memory` is over `--budget`, the oldest others until the excess is covered. Each batch is
 copied to PostgreSQL in one transaction, then deleted from Redis by one Lua step per segment that checks its
 content is unchanged (cold.move): a kill -9 at any point leaves every segment in Redis or in PostgreSQL (or
-both), and the next pass finishes. Rows of generations that no longer exist in Redis (a drop interrupted
+both), and the next pass finishes. Then, unless `cold_after` is `never` (and Redis is within the budget), each
+tenant's change log: its oldest chunks, all but the newest `keep_chunks` (default cold.KEEP_CHUNKS, 256; a chunk
+is one commit step's writes, up to 256), copied and then trimmed from the list's head in one atomic step with a
+marker (cold.move_changes); positions never change, and pages below Redis's part read PostgreSQL first. By count,
+not age: the log is ordered by recorded time, and a history loaded today is all recorded today, while the pages
+read most are the newest; the count bounds each tenant's log in Redis. Rows of generations that no longer exist in Redis (a drop interrupted
 between its two steps) are deleted. What the pass saw and its last error go to `keel:{<ns>}:cold`, read by
 `keel status`.
 """
@@ -28,7 +33,7 @@ from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.connect import open_redis_store
 from keel.errors import ServiceUnavailable, UsageError
-from keel.store.redis.cold import COLD, Candidate, candidates, move, settings_key
+from keel.store.redis.cold import COLD, KEEP_CHUNKS, Candidate, candidates, move, move_changes, settings_key
 from keel.store.redis.segment_store import SegmentStore
 from keel.times import format_time, now_micros, parse_duration
 
@@ -42,6 +47,7 @@ class ArchiveOptions:
     interval_s: float = 60.0
     batch: int = BATCH
     budget: int | None = None          # Redis used_memory in bytes past which the oldest segments move too
+    keep_chunks: int = KEEP_CHUNKS     # the change log's newest chunks that stay in Redis whatever their age
     quiet: bool = False
 
 
@@ -55,13 +61,16 @@ class PassReport:
     hot_closed: int = 0                # closed segments still in Redis after the pass
     hot_closed_bytes: int = 0
     orphans: int = 0                   # rows deleted for generations gone from Redis
+    chunks_moved: int = 0              # change-log chunks moved
+    chunks_moved_bytes: int = 0
     cold_after: str = "never"
     errors: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         return (f"moved {self.moved:,} closed segment(s) ({self.moved_bytes:,} bytes) of {self.tenants:,} tenant(s) "
                 f"to the cold tier; {self.hot_closed:,} closed segment(s) ({self.hot_closed_bytes:,} bytes) stay "
-                f"in Redis (cold_after {self.cold_after})"
+                f"in Redis (cold_after {self.cold_after}); {self.chunks_moved:,} change-log chunk(s) "
+                f"({self.chunks_moved_bytes:,} bytes) moved"
                 + (f"; {self.orphans:,} orphaned row(s) deleted" if self.orphans else ""))
 
 
@@ -132,6 +141,7 @@ class Mover:
             report.hot_closed += len(found)
             report.hot_closed_bytes += sum(c.size for c in found)
         over = self._over_budget()
+        over_budget = over > 0
         if over > 0:                                   # the oldest of the others, until the excess is covered
             extra: dict[tuple[str, int], list[Candidate]] = {}
             for tenant, gen, c in sorted(rest, key=lambda x: x[2].newest):
@@ -153,6 +163,15 @@ class Mover:
                 report.moved += moved
                 report.moved_bytes += nbytes
                 self._note(f"{report.moved:,}/{report.waiting:,} moved ({report.moved_bytes:,} bytes)")
+        if cutoff is not None or over_budget:
+            for tenant in tenants:                     # the change log's old chunks (cold.move_changes)
+                if self.stopping.is_set():
+                    break
+                n, nbytes = move_changes(store, tenant, store.current_generation(tenant),
+                                         keep=self.options.keep_chunks, batch=self.options.batch,
+                                         stop=self.stopping)
+                report.chunks_moved += n
+                report.chunks_moved_bytes += nbytes
         report.hot_closed -= report.moved
         report.hot_closed_bytes -= report.moved_bytes
         report.orphans = self._sweep()
@@ -160,7 +179,9 @@ class Mover:
                       "waiting": report.waiting - report.moved,
                       "waiting_bytes": report.waiting_bytes - report.moved_bytes,
                       "hot_closed": report.hot_closed, "hot_closed_bytes": report.hot_closed_bytes},
-                     incr={"moved_total": report.moved, "moved_bytes_total": report.moved_bytes})
+                     incr={"moved_total": report.moved, "moved_bytes_total": report.moved_bytes,
+                           "chunks_moved_total": report.chunks_moved,
+                           "chunks_moved_bytes_total": report.chunks_moved_bytes})
         return report
 
     def _over_budget(self) -> int:
@@ -253,13 +274,16 @@ def status_of(store: Any, settings: Settings) -> dict[str, Any] | None:
         return None
     doc: dict[str, Any] = {"configured": cold is not None, "layout": store.layout}
     for k in ("after", "waiting", "waiting_bytes", "hot_closed", "hot_closed_bytes", "moved_total",
-              "moved_bytes_total", "last_pass_at", "error", "error_at"):
+              "moved_bytes_total", "chunks_moved_total", "chunks_moved_bytes_total", "last_pass_at", "error",
+              "error_at"):
         if k in seen:
             doc[k] = int(seen[k]) if seen[k].lstrip("-").isdigit() else seen[k]
     if cold is not None:
         try:
             rows, text_bytes, disk_bytes = cold.sizes(store.namespace)
             doc.update(cold_rows=rows, cold_bytes=text_bytes, cold_disk_bytes=disk_bytes)
+            chunks, text_bytes, disk_bytes = cold.change_sizes(store.namespace)
+            doc.update(cold_chunks=chunks, cold_chunk_bytes=text_bytes, cold_chunk_disk_bytes=disk_bytes)
         except ServiceUnavailable as e:
             doc["cold_unavailable"] = str(e)
     return doc

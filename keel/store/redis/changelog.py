@@ -27,7 +27,9 @@ The writer encodes the chunks of a step (`encode_references`, `encode_copies`) a
 prepends their positions and appends them to the list in the same atomic step as the writes (layout 1:
 scripts.APPLY; layout 2: segment_scripts.APPLY; a layout-1 bulk load, the only writer of its generation, numbers
 them itself: `positioned`). The list belongs to the generation, so a replay rebuilds it with the graph, and
-dropping the generation drops it. A tenant's recorded_at never goes backwards in its log (keel.envelope clamps
+dropping the generation drops it. In layout 2 the cold tier's mover (cold.py) moves the oldest chunks to
+PostgreSQL and trims them from the list's head: positions stay (each chunk carries its own), and a page starting
+below the list's first position reads its chunks from there first (READ answers 7; `_page`). A tenant's recorded_at never goes backwards in its log (keel.envelope clamps
 it), so the first write recorded after a time is in the last chunk whose first write was recorded at or before
 it, or the next one: found by bisection. A page (the READ script) reads the chunks holding its own entries, never
 a scan of entities.
@@ -52,6 +54,7 @@ from ...times import Micros
 from ..base import ChangeEntry, ChangePage, EventWrites, Key, Store, Window
 from .changelog_scripts import AROUND, READ, WINDOW
 from .codec import ProvenanceCache, decode_point, encode_point
+from .cold import cold_changes
 from .keys import escape, prefix_of
 from .retries import in_current
 
@@ -400,7 +403,8 @@ class ChangeLogReads:
 
         [result] = self._script_many(self._changes_script, [(tenant, build)])
         gen = read["gen"]
-        if int(result[0]) == 5:
+        code = int(result[0])
+        if code == 5:
             raise ChangeLogIncompatible(tenant, gen)
         first, length, elements, kt = int(result[1]), int(result[2]), result[3], result[4]
         known = int(kt) if kt else None
@@ -409,6 +413,14 @@ class ChangeLogReads:
         after = None if from_start else since
         try:
             if self.layout != 1:
+                if code == 7:                   # the page starts below what Redis holds: the cold tier's first
+                    moved = cold_changes(cast(Any, self), tenant, gen, first, count,
+                                         at if from_start else (0 if after is None else None), after)
+                    if moved is None:
+                        return None             # a cut-over dropped them meanwhile: read the new generation
+                    elements = [*moved, *elements]
+                    if not from_start:
+                        at = runs_of(moved[0])[0]
                 entries = copies(elements, at, after, count)
                 if after is not None:
                     at = entries[0].position if entries else length

@@ -14,7 +14,11 @@ from .scripts import _NOTES, _PROV_OF, _WINNER
 # ""}: the page, the log's length and known_through read in one atomic step. From `since`, the first chunk is
 # the last one whose first write was recorded at or before it: the reader skips the writes recorded at or before
 # `since`, so the chunks after it hold `count` more. {5} when a chunk read is not in this format (an earlier
-# build's log).
+# build's log). Layout 2's mover (keel/store/redis/cold.py) trims the oldest chunks to the cold tier, so the
+# list may start at a position h0 > 0: when the page starts below it (`start` < h0; from `since` when the first
+# chunk held was recorded after it; from the log's start), {7, h0, the log's length, the chunks from the list's
+# head holding the page's writes that follow h0 (up to `count` of them), kt}: the reader puts the cold tier's
+# chunks before them.
 READ = GEN_CHECK + """
 local n = redis.call('LLEN', KEYS[2])
 local kt = redis.call('HGET', KEYS[3], 'kt') or ''
@@ -31,6 +35,19 @@ if not lp then return {5} end
 local total = lp + lc
 local first, start, since = 0, tonumber(ARGV[2]), tonumber(ARGV[3])
 local covered, counts = 0, true     -- counts: every write of the first chunk is an entry
+local h0, _, r0 = head(0)
+if h0 > 0 and ((start and start < h0) or (not start and (not since or r0 > since))) then
+  local need, chunks, i = tonumber(ARGV[4]), {}, 0      -- the page starts in the cold tier (layout 2)
+  if start then need = need - (h0 - start) end
+  while i < n and covered < need do
+    local p, c, r, e = head(i)
+    if not p then return {5} end
+    chunks[#chunks + 1] = e
+    covered = covered + c
+    i = i + 1
+  end
+  return {7, h0, total, chunks, kt}
+end
 if start then
   if start >= total then return {1, start, total, {}, kt} end
   local lo, hi = 0, n - 1           -- the last chunk whose first position is <= start

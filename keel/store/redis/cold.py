@@ -10,6 +10,13 @@ killed between the steps leaves the segment in Redis and a row in PostgreSQL: th
 stay in Redis, so every read names the same pieces as before; a closed piece it finds missing in Redis is read
 from PostgreSQL (`fill`), by primary key: exactly the pieces the index named.
 
+The change log `<d>ch` (changelog.py: a list of chunks `c<position>|<writes>|<recorded_at>|<body>`, appended at
+its tail) moves from its head: the mover copies its oldest chunks, all but the newest KEEP_CHUNKS, to
+PostgreSQL, then TRIM_CHANGES trims them from the list in one step that checks the list still starts with them and advances the cold hash's field `ch` (`<chunks>|<writes>` moved).
+Positions never change (each chunk carries its own), the list keeps at least one chunk, so its head's position
+is where Redis's part of the log starts: a page below it (the READ script answers 7) reads the chunks it needs
+from PostgreSQL (`cold_changes`), then Redis's.
+
 Per namespace, the hash `keel:{<ns>}:cold` holds the policy overrides (`after`: a duration or `never`, over
 the cartridge's `history.cold_after`) and what the mover saw at its last pass (`keel status` shows it).
 """
@@ -25,7 +32,10 @@ from .codec import decode_point
 from .transport import chunks, eval_many, pipelined
 
 COLD = "cz"                    # per generation: hash `<escaped entity>|<n>` -> SHA-1 of each cold closed segment
+CHANGES_MOVED = "ch"           # ... and its field `ch` -> `<chunks>|<writes>`: the change log's chunks moved
+KEEP_CHUNKS = 256              # the change log's newest chunks that always stay in Redis (recent pages, appends)
 Piece = tuple[str, int]        # (escaped entity, segment number)
+CHANGES_LOG = "ch"             # the change log's key after the data prefix (changelog.CHANGES)
 OLDEST = -(2 ** 53)            # the newest point of a segment without delta rows (only a restatement): any age
 
 # KEYS: 1 the tenant's gen key, 2 the closed segment, 3 the generation's cold hash.
@@ -46,6 +56,29 @@ redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
 return 1
 """
 
+# KEYS: 1 the tenant's gen key, 2 the change log (list), 3 the generation's cold hash.
+# ARGV: 1 the generation the copy was made from, 2 how many chunks were copied (k, from the list's head), 3 the
+# position of the first, 4 the position after the last (of chunk k + 1).
+# Answers 1 (the k chunks trimmed and `ch` advanced, in one step), 2 (already trimmed: the list starts at or
+# after ARGV[4]), 0 (the generation is no longer current), 4 (the list's head is not what was copied: nothing
+# done). The list always keeps its chunk k + 1 (the mover never copies the last one), so it is never emptied:
+# its head's position says where Redis's part of the log starts.
+TRIM_CHANGES = """
+if (redis.call('GET', KEYS[1]) or '1') ~= ARGV[1] then return 0 end
+local k = tonumber(ARGV[2])
+local function pos(i)
+  local e = redis.call('LINDEX', KEYS[2], i)
+  return e and tonumber(string.match(e, '^c(%d+)|'))
+end
+local head = pos(0)
+if head and head >= tonumber(ARGV[4]) then return 2 end
+if head ~= tonumber(ARGV[3]) or pos(k) ~= tonumber(ARGV[4]) then return 4 end
+redis.call('LTRIM', KEYS[2], k, -1)
+local c = string.match(redis.call('HGET', KEYS[3], 'ch') or '0|0', '^(%d+)|')
+redis.call('HSET', KEYS[3], 'ch', string.format('%d', tonumber(c) + k) .. '|' .. ARGV[4])
+return 1
+"""
+
 
 class ColdTier(Protocol):
     """What the store needs of the cold tier (keel.cold_pg.ColdStore implements it)."""
@@ -58,6 +91,11 @@ class ColdTier(Protocol):
     def drop_namespace(self, namespace: str) -> int: ...
     def generations(self, namespace: str) -> list[tuple[str, int]]: ...
     def sizes(self, namespace: str) -> tuple[int, int, int]: ...
+    def put_changes(self, namespace: str, tenant: str, gen: int, chunks: Sequence[tuple[int, int, int, str]]
+                    ) -> None: ...
+    def changes(self, namespace: str, tenant: str, gen: int, below: int, count: int, *, start: int | None = None,
+                since: int | None = None) -> list[str]: ...
+    def change_sizes(self, namespace: str) -> tuple[int, int, int]: ...
     def close(self) -> None: ...
 
 
@@ -202,22 +240,102 @@ def move(store: SegmentStore, tenant: str, gen: int, pieces: Sequence[Candidate]
 
 def cold_count(store: SegmentStore, tenant: str, gen: int) -> int:
     """How many closed segments of a generation are cold."""
+    d = store.data_prefix(tenant, gen) + COLD
     with store._guard("cold count", tenant):
-        return int(store.client.hlen(store.data_prefix(tenant, gen) + COLD))
+        n, marker = pipelined(store.client, [("HLEN", d), ("HEXISTS", d, CHANGES_MOVED)])
+    return int(n) - int(marker)
+
+
+def changes_moved(store: SegmentStore, tenant: str, gen: int) -> tuple[int, int]:
+    """(chunks, writes) of a generation's change log moved to the cold tier."""
+    with store._guard("cold count", tenant):
+        marker = store.client.hget(store.data_prefix(tenant, gen) + COLD, CHANGES_MOVED)
+    chunks_, writes = (marker or "0|0").split("|")
+    return int(chunks_), int(writes)
+
+
+def _heads(elements: Sequence[str]) -> list[tuple[int, int, int]]:
+    """(position, writes, recorded_at) of change-log chunks `c<position>|<writes>|<recorded_at>|...`."""
+    out = []
+    for e in elements:
+        p, w, r = e.split("|", 3)[:3]
+        out.append((int(p[1:]), int(w), int(r)))
+    return out
+
+
+def move_changes(store: SegmentStore, tenant: str, gen: int, *, keep: int = KEEP_CHUNKS, batch: int = 200,
+                 stop: Any = None) -> tuple[int, int]:
+    """Move a generation's oldest change-log chunks to the cold tier: all but the newest `keep` (at least 1),
+    `batch` at a time, each batch copied (one PostgreSQL transaction) then trimmed from the list's head by
+    TRIM_CHANGES (one atomic step, with the `ch` marker). A kill at any point leaves each chunk in Redis, in PostgreSQL or both, and positions unchanged.
+    Returns (chunks moved, their bytes). `stop`: an Event checked between batches."""
+    cold = store.cold
+    if cold is None:
+        raise ColdTierNotConfigured(store.namespace, tenant)
+    d = store.data_prefix(tenant, gen)
+    key, gen_key = d + CHANGES_LOG, store.tenant_keys(tenant).gen
+    client = store.client
+    trim = client.register_script(TRIM_CHANGES)        # a local object (SHA-1 of the text): EVALSHA, once loaded
+    moved = nbytes = 0
+    while stop is None or not stop.is_set():
+        with store._guard("cold move of the change log", tenant):
+            n = int(client.llen(key))
+            room = n - max(1, keep)
+            if room <= 0:
+                break
+            elements = list(client.lrange(key, 0, min(room, batch) - 1))
+        heads = _heads(elements)
+        cold.put_changes(store.namespace, tenant, gen, [(*h, e) for h, e in zip(heads, elements)])
+        end = heads[-1][0] + heads[-1][1]
+        with store._guard("cold move of the change log", tenant):
+            code = int(trim(keys=[gen_key, key, d + COLD], args=[str(gen), str(len(heads)), str(heads[0][0]),
+                                                                 str(end)]))
+        if code == 1:
+            moved += len(heads)
+            nbytes += sum(len(e) for e in elements)
+        elif code == 0:
+            break                       # the generation is being dropped (archive's sweep deletes such rows)
+        elif code == 4:
+            raise ColdTierUnavailable(f"the change log of tenant {tenant!r} changed while its chunks were copied "
+                                      f"(generation {gen}); not moved", tenant=tenant)
+    return moved, nbytes
+
+
+def cold_changes(store: SegmentStore, tenant: str, gen: int, below: int, count: int, start: int | None,
+                 since: int | None) -> list[str] | None:
+    """The cold chunks a page of the change log needs (ColdTier.changes), for a read that follows the tenant's
+    current generation: None when they are missing because a cut-over happened meanwhile (read the new one);
+    ColdTierNotConfigured when this process has no cold tier, ColdTierUnavailable when it is down or lacks
+    them."""
+    cold: ColdTier | None = store.cold
+    if cold is None:
+        raise ColdTierNotConfigured(store.namespace, tenant)
+    try:
+        return cold.changes(store.namespace, tenant, gen, below, count, start=start, since=since)
+    except ColdTierUnavailable:
+        if store.current_generation(tenant) != gen:
+            return None
+        raise
 
 
 __all__ = [
+    "CHANGES_MOVED",
     "COLD",
+    "KEEP_CHUNKS",
     "MOVE",
+    "TRIM_CHANGES",
     "Candidate",
     "ColdTier",
     "Piece",
     "candidates",
+    "changes_moved",
+    "cold_changes",
     "cold_count",
     "content_hash",
     "fill",
     "fill_current",
     "generation_of",
     "move",
+    "move_changes",
     "settings_key",
 ]
