@@ -175,11 +175,14 @@ class Fold:
     `whole`: the deltas of every segment (restatements skipped): exact for every read. Otherwise the open
     segment alone: its restatement, then its deltas; `anchors` are the restated cuts and `dirty` says a later
     delta may reach below one (then only a whole fold is exact)."""
-    __slots__ = ("anchors", "dirty", "timelines")
+    __slots__ = ("anchors", "dirty", "fallbacks", "starts", "timelines", "voided")
 
     def __init__(self, blocks: Iterable[list[Any]], whole: bool) -> None:
         self.timelines: dict[str, Timeline] = {}
         self.anchors: dict[str, Micros] = {}
+        self.starts: dict[str, Micros] = {}     # relations restated with the start of the run covering the anchor
+        self.fallbacks: set[str] = set()        # other timelines restated with the point deciding before the anchor
+        self.voided: dict[str, tuple[bool, bool]] = {}     # P -> (a void at its anchor, a void below it) since
         self.dirty = False
         tls = self.timelines
         anchors = self.anchors
@@ -188,6 +191,7 @@ class Fold:
                 if whole:
                     continue
                 anchors.update(block[3])
+                self._starts(block[2])
             elif anchors and not self.dirty:
                 self._check(block[2])
             provs = block[1]
@@ -199,17 +203,48 @@ class Fold:
                 for a in _assertions(provs, rows):
                     insert(entries, a)
 
-    def _check(self, tls: dict[str, list[Any]]) -> None:
-        """Whether rows of a delta after the restatement could make a restated cut inexact."""
+    def _starts(self, tls: dict[str, list[Any]]) -> None:
+        """The relations a restatement kept with the start of the run covering their anchor (`restate`): rows
+        below the anchor, none an end or expiring. Between that start and the anchor every point was inside the
+        run, so a later link or void strictly between them leaves the run, and every read at or after the
+        anchor, as it was."""
         for p, rows in tls.items():
             anchor = self.anchors.get(p)
             if anchor is None:
                 continue
+            below = [row for row in rows if row[0] < anchor]
+            if p[0] != "r":
+                if below:
+                    self.fallbacks.add(p)
+            elif below and all(len(row) == 3 for row in below):
+                self.starts[p] = min(row[0] for row in below)
+
+    def _check(self, tls: dict[str, list[Any]]) -> None:
+        """Whether rows of a delta after the restatement could make a restated cut inexact.
+
+        A relation's row at or below its anchor: restated away, or may revive the run before; unless the
+        restatement kept the start of the run covering the anchor and the row is a link or void after that
+        start (inside the run: it stays one run from the same start). Another timeline's void at its anchor:
+        a read may look below it; exact while the restatement kept the point deciding before the anchor and no
+        void has landed below the anchor (which could be at that point)."""
+        for p, rows in tls.items():
+            anchor = self.anchors.get(p)
+            if anchor is None:
+                continue
+            start = self.starts.get(p)
             for row in rows:
-                if p[0] == "r" and row[0] <= anchor:     # below: restated away; at: may revive the run before
-                    self.dirty = True
-                elif row[0] == anchor and len(row) > 3 and is_void_value(row[3], row[2]):
-                    self.dirty = True        # a void at the anchor: the fold may look below it
+                if row[0] > anchor:
+                    continue
+                if p[0] == "r":
+                    if not (start is not None and start < row[0]
+                            and (len(row) == 3 or (is_void_value(row[3], row[2]) and row[4] is None))):
+                        self.dirty = True
+                elif len(row) > 3 and is_void_value(row[3], row[2]):
+                    at, below = self.voided.get(p, (False, False))
+                    at, below = at or row[0] == anchor, below or row[0] < anchor
+                    self.voided[p] = (at, below)
+                    if at and (below or p not in self.fallbacks):
+                        self.dirty = True
                 if self.dirty:
                     return
 
@@ -229,7 +264,9 @@ def restate(timelines: dict[str, Timeline], now: Micros, cuts: dict[str, Micros]
     anchor need, when it has one.
 
     The anchor is the greatest point <= now whose winner is no void: a read at t >= anchor stops at it or
-    later, and the next points and corrections it looks at are all kept. A relation also keeps the group of
+    later, and the next points and corrections it looks at are all kept. Other than a relation, a timeline
+    also keeps the points from the one deciding before the anchor (a void at the anchor falls to it:
+    `Fold._check`). A relation also keeps the group of
     points where the run covering its anchor starts (the coalesced version's valid_from); a relation with an
     expiry is not cut (an expiry can break a run between the points dropped), or not further when it was."""
     cuts = cuts or {}
@@ -245,6 +282,10 @@ def restate(timelines: dict[str, Timeline], now: Micros, cuts: dict[str, Micros]
         if anchor is not None and not (p[0] == "r" and any(a.expires_at is not None for a in entries)):
             cut = bisect_left(entries, anchor, key=_point)
             keep = entries[cut:]
+            if p[0] != "r":         # and the point deciding before the anchor: a void at the anchor falls to it
+                before_anchor = tl.deciding_point(anchor - 1)     # (a cut timeline knows it at or above its cut)
+                if before_anchor is not None and (before is None or before_anchor >= before):
+                    keep = entries[bisect_left(entries, before_anchor, key=_point):]
             if p[0] == "r":
                 run = covering(tl.runs(), anchor)
                 if run is not None and run.assertion.point < anchor:
