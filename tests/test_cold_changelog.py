@@ -22,9 +22,9 @@ from keel.cartridge import load_cartridge
 from keel.cold_pg import CHANGES_TABLE, ColdStore
 from keel.embedded import build_embedded
 from keel.errors import ColdTierNotConfigured, ColdTierUnavailable
-from keel.store.redis.changelog import CHANGES
+from keel.store.redis import RedisStore
+from keel.store.redis.cold import CHANGES_LOG as CHANGES
 from keel.store.redis.cold import changes_moved, cold_count, move_changes
-from keel.store.redis.segment_store import SegmentStore
 from workers.archive import ArchiveOptions, Mover, set_policy
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
@@ -53,7 +53,7 @@ def _more(path: Path, day: int) -> Path:
     return path
 
 
-def _llen(store: SegmentStore) -> int:
+def _llen(store: RedisStore) -> int:
     return int(store.client.llen(store.data_prefix(TENANT, store.current_generation(TENANT)) + CHANGES))
 
 
@@ -64,8 +64,8 @@ class _Pair:
         self.tmp, self.day = tmp, days
         self.cartridge = load_cartridge(FINANCE)
         url = service_env("KEEL_REDIS_URL")
-        self.off = _stamped(url, f"choff{uuid.uuid4().hex[:10]}", SegmentStore)
-        self.on = _stamped(url, f"chon{uuid.uuid4().hex[:10]}", SegmentStore)
+        self.off = _stamped(url, f"choff{uuid.uuid4().hex[:10]}")
+        self.on = _stamped(url, f"chon{uuid.uuid4().hex[:10]}")
         self.on.cold = ColdStore(dsn)
         events = daily_history(tmp / "history.jsonl", days)
         for store in (self.off, self.on):
@@ -152,9 +152,9 @@ def test_a_page_needing_a_cold_tier_that_is_down_or_missing_is_refused(tmp_path:
         length = pair.on.change_page(TENANT, count=1).length
         head = changes_moved(pair.on, TENANT, gen)[1]
         assert head > 0
-        down = SegmentStore(pair.on.client, namespace=pair.on.namespace)
+        down = type(pair.on)(pair.on.client, namespace=pair.on.namespace)
         down.cold = ColdStore("postgresql://keel@127.0.0.1:1/none", connect_timeout=2)    # nothing listens
-        bare = SegmentStore(pair.on.client, namespace=pair.on.namespace)
+        bare = type(pair.on)(pair.on.client, namespace=pair.on.namespace)
         for store, error in ((down, ColdTierUnavailable), (bare, ColdTierNotConfigured)):
             recent = store.change_page(TENANT, start=head, generation=gen, count=length)  # Redis's part: served
             assert recent == pair.off.change_page(TENANT, start=head, generation=gen, count=length)
