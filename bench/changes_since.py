@@ -1,6 +1,6 @@
 """What changed since: the latency of one page of changes (`history` without an entity) on Redis.
 
-    .venv/bin/python bench/changes_since.py [--events 100000] [--limit 100] [--calls 1000] [--layout 1|2]
+    .venv/bin/python bench/changes_since.py [--events 100000] [--limit 100] [--calls 1000]
                                            [--rounds 2] [--redis URL]
 
 One tenant of N finance-shaped events (bench/common.py; 400 debts, so about N x 6.7 writes) is projected by
@@ -35,8 +35,8 @@ from common import finance_events, lines
 from keel import Projector, Tools, load_cartridge
 from keel.changes import Cursor
 from keel.embedded import replay_file
-from keel.store.redis import RedisStore, SegmentStore
-from keel.store.redis.changelog import CHANGES, encode_copies, encode_references
+from keel.store.redis import RedisStore
+from keel.store.redis.changelog import CHANGES, encode_copies
 from keel.times import format_time
 from workers.mirror import RecordingStore
 
@@ -89,19 +89,17 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--limit", type=int, default=100)
     ap.add_argument("--calls", type=int, default=1000)
-    ap.add_argument("--layout", type=int, choices=(1, 2), default=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--redis", default=os.environ.get("KEEL_REDIS_URL"))
     args = ap.parse_args()
     if not args.redis:
         sys.exit("give --redis URL or set KEEL_REDIS_URL")
     probe = RedisStore.from_url(args.redis, namespace="probe")
-    store = (RedisStore if args.layout == 1 else SegmentStore)(probe.client, namespace=f"bch{uuid.uuid4().hex[:10]}",
-                                                                owns_client=False)
+    store = RedisStore(probe.client, namespace=f"bch{uuid.uuid4().hex[:10]}", owns_client=False)
     try:
         t0 = time.perf_counter()
         writes = build(store, args.events)
-        print(f"tenant: {args.events} events, {writes} writes, layout {args.layout}, "
+        print(f"tenant: {args.events} events, {writes} writes, "
               f"built in {time.perf_counter() - t0:.0f} s")
         tools = Tools(load_cartridge(ROOT / "cartridges" / "finance"), store, TENANT)
         whole = store.changes(TENANT, count=1)
@@ -137,7 +135,7 @@ def main() -> None:
                 sample.append(([(e.key, a)], (a.evidence, a.recorded_at)))
         c0 = time.process_time()
         for _ in range(5):
-            encode_references(sample, 0) if args.layout == 1 else encode_copies(sample)
+            encode_copies(sample)
         print(f"writer: encoding the change log costs {(time.process_time() - c0) / 5 / len(page) * 1e6:.2f} "
               f"CPU µs per write (in process)")
     finally:

@@ -129,13 +129,20 @@ def key_bytes(store: RedisStore, tenants: list[str]) -> tuple[int, int]:
 
 
 def encodings(store: RedisStore, tenant: str) -> dict[str, int]:
-    """Encoding of each entity sorted set of a tenant (listpack keeps ~1/3 of the bytes of skiplist)."""
+    """Keys of a tenant by `<type>/<encoding>` (a compact encoding, listpack or embstr, keeps a fraction of the
+    bytes of a skiplist, hashtable or raw string)."""
     out: dict[str, int] = {}
-    for k in store.key_names(tenant):
-        if ":z:" in k:
-            enc = store.client.object("encoding", k)
-            out[enc] = out.get(enc, 0) + 1
-    return out
+    names = store.key_names(tenant)
+    pipe = store.client.pipeline(transaction=False)
+    for k in names:
+        pipe.type(k)
+        pipe.object("encoding", k)
+    answers = pipe.execute()
+    for kind, enc in zip(answers[0::2], answers[1::2]):
+        if enc is not None:
+            name = f"{kind.decode() if isinstance(kind, bytes) else kind}/{enc.decode() if isinstance(enc, bytes) else enc}"
+            out[name] = out.get(name, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
               f"   ({usage:,} B)")
         print(f"  {'goal (ceiling)':34}{CEILING:>16} B")
         print(f"  {'naive hash per fact + index':34}{NAIVE:>16} B   (NOTES.md)")
-        print(f"  entity sorted set encodings (first tenant): {encodings(store, tenants[0])}")
+        print(f"  key encodings (first tenant): {encodings(store, tenants[0])}")
         store.drop_namespace()
 
         # a worker's shape: polls of `batch` records of the interleaved log, one step per tenant, one round trip

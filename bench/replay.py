@@ -1,7 +1,7 @@
 """Replay benchmark: rebuild one big tenant with `keel replay` while a worker ingests other tenants live.
 
     .venv/bin/python bench/replay.py [--events 500000] [--others 20] [--other-events 100000] [--batch 5000]
-        [--rounds N] [--private-redis] [--layout {1,2}] [--worker-batch N] [--commandstats]
+        [--rounds N] [--private-redis] [--worker-batch N] [--commandstats]
     (quick run: --events 50000 --other-events 20000)
 
 Needs KEEL_KAFKA_BOOTSTRAP and KEEL_REDIS_URL (or --kafka/--redis). On a fresh cartridge name (fresh topic and
@@ -13,8 +13,8 @@ the tenant N times in turn (the others are published during the first round only
 none) and prints the median; `--private-redis` uses a redis-server of this run only (configured like
 deploy/local/services), so that its CPU per event (printed) is the replay's alone; with it, `--commandstats`
 prints the Redis commands of the last round per replayed event (INFO commandstats, reset before each round).
-`--layout 2` writes the fresh namespace in Redis key layout 2 (segments; KEEL_REDIS_LAYOUT of the worker, which
-stamps it, and of the replay, which then follows the stamp); the stamp is printed after the run.
+The namespace is written in Keel's one Redis key layout (segments, keel/store/redis/segment_store.py); its
+layout stamp, set by the worker, is printed after the run.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from peers.compare import print_commandstats, private_redis
 from keel.cartridge import load_cartridge
 from keel.config import resolve
 from keel.kafka import KafkaUnavailable, TopicSpec, group_offsets
+from keel.store.redis import RedisStore
 from keel.store.redis.keys import layout_key
 from keel.wire import events_topic, group_id
 from workers.publish import publish_file
@@ -80,8 +81,6 @@ def main() -> int:
     ap.add_argument("--redis", default=os.environ.get("KEEL_REDIS_URL"))
     ap.add_argument("--rounds", type=int, default=1, help="replays of the tenant, one after the other")
     ap.add_argument("--private-redis", action="store_true", help="use a redis-server of this run only")
-    ap.add_argument("--layout", type=int, choices=(1, 2), default=1, help="the Redis key layout of the fresh "
-                    "namespace (KEEL_REDIS_LAYOUT; default 1)")
     ap.add_argument("--worker-batch", type=int, help="the live worker's --batch (default: the worker's)")
     ap.add_argument("--commandstats", action="store_true", help="with --private-redis: the Redis commands of the "
                     "last round per replayed event")
@@ -127,9 +126,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
     spec = (folder / "cartridge.yaml").read_text()
     (folder / "cartridge.yaml").write_text(spec.replace("name: finance", f"name: {name}", 1))
     cartridge = load_cartridge(folder)
-    settings = resolve({"kafka": args.kafka, "redis": args.redis, "redis_layout": args.layout})
-    env = {**os.environ, "KEEL_KAFKA_BOOTSTRAP": args.kafka, "KEEL_REDIS_URL": args.redis,
-           "KEEL_REDIS_LAYOUT": str(args.layout)}
+    settings = resolve({"kafka": args.kafka, "redis": args.redis})
+    env = {**os.environ, "KEEL_KAFKA_BOOTSTRAP": args.kafka, "KEEL_REDIS_URL": args.redis}
 
     big = write_events(work / "big.jsonl", args.events, 1, rename=BIG)
     others = write_events(work / "others.jsonl", args.other_events, args.others)
@@ -188,8 +186,7 @@ def run(args: argparse.Namespace, work: Path) -> int:
         print(f"median of {args.rounds} rounds: {statistics.median(rates):,.0f} events/s, "
               f"{statistics.median(cpus):.0f} µs CPU/event")
     if not args.keep:
-        from keel.store.redis import RedisStore
-        store = RedisStore.from_url(args.redis, namespace=name, layout=args.layout)
+        store = RedisStore.from_url(args.redis, namespace=name)
         store.drop_namespace()
         store.close()
     return 0

@@ -2,7 +2,7 @@
 memory store and on Redis.
 
     .venv/bin/python bench/tools.py [--entities 10000] [--versions 100] [--calls 400] [--http-calls 150] [--rounds 5]
-                                    [--redis URL] [--layout 1|2] [--no-memory] [--no-http]
+                                    [--redis URL] [--no-memory] [--no-http]
 
 Graph: N debts, each with two labels, a relation to one of N/100 households, one rate fact and a balance
 fact with V monthly versions (N x (V + 4) writes), written with the store write primitives
@@ -332,8 +332,6 @@ def main() -> None:
     ap.add_argument("--http-calls", type=int, default=150, help="calls per tool and round over MCP HTTP")
     ap.add_argument("--rounds", type=int, default=5, help="rounds; each figure is the median over them")
     ap.add_argument("--redis", default=os.environ.get("KEEL_REDIS_URL"), help="Redis URL (env KEEL_REDIS_URL)")
-    ap.add_argument("--layout", type=int, choices=(1, 2), default=1, help="the Redis key layout of the namespace "
-                    "written (default 1)")
     ap.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory store")
     ap.add_argument("--no-http", dest="http", action="store_false", help="skip the MCP HTTP rows")
     ap.add_argument("--sse", action="store_true", help="HTTP: SSE responses instead of JSON bodies")
@@ -352,9 +350,9 @@ def main() -> None:
     if args.redis:
         from keel.store.redis import RedisStore
         namespace = f"keelbench{secrets.token_hex(3)}"
-        store = RedisStore.from_url(args.redis, namespace=namespace, layout=args.layout)
+        store = RedisStore.from_url(args.redis, namespace=namespace)
         try:
-            print(f"Redis: namespace {namespace} in key layout {store.layout}")
+            print(f"Redis: namespace {namespace}")
             run_backend("redis", store, args, rows, namespace)
         finally:
             store.drop_namespace()          # its tenant and registry: no graph left behind

@@ -2,7 +2,7 @@
 
     .venv/bin/pip install -e ".[bench]"        # the peers (quix-streams); never needed to run Keel
     .venv/bin/python bench/peers/compare.py [--events 100000] [--tenants 1000] [--partitions 8] [--batch 20000]
-                                            [--no-faust] [--no-quix] [--commandstats] [--layout {1,2}] [--keep]
+                                            [--no-faust] [--no-quix] [--commandstats] [--keep] [--baseline [REF]] [--rounds N]
 
 Needs KEEL_KAFKA_BOOTSTRAP and KEEL_REDIS_URL (or --kafka/--redis). On a fresh cartridge name (fresh topics,
 consumer groups and Redis namespace) it publishes finance-shaped events once, then reads the same topic with:
@@ -12,9 +12,13 @@ consumer groups and Redis namespace) it publishes finance-shaped events once, th
   3. unless --no-faust, a bare faust agent that only acks (bench/ingest.py's probe; rate only).
 --no-quix --no-faust runs the worker alone (e.g. to compare two --batch values, or two checkouts in turn);
 --commandstats prints what the private redis-server spent per event by command (INFO commandstats: calls and
-µs of wall time, the commands a script runs counted too); --layout 2 writes the run's fresh Redis namespace in key
-layout 2 (segments, keel/store/redis/segment_store.py) instead of 1 (KEEL_REDIS_LAYOUT for the worker; the
-namespace's stamp is printed after the run).
+µs of wall time, the commands a script runs counted too). The worker writes Keel's one Redis key layout (segments,
+keel/store/redis/segment_store.py; the namespace's stamp is printed after the run).
+--baseline REF (default 76cd00d: main before layout 1's removal) also runs that checkout's own compare.py
+(bench/baseline.py: a git worktree in the temporary folder) with the same sizes, worker only (--no-quix
+--no-faust), once with --layout 1 before this run and once with --layout 2 after it, and prints its figures and
+the ratios of this worker's (events/s, worker and Redis CPU µs/event) to each. --rounds N repeats the whole
+(each round on fresh topics; the peers in the first round only) and prints the medians.
 Goals (issue 16): the worker at >= 2x the quix-streams app's events/s, and >= 15,000 events/s. On a shared
 machine the rates move with the load; CPU per event moves less, so both are printed with their ratios.
 """
@@ -26,6 +30,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import redis
+from baseline import DEFAULT_REF, Baseline, ratio
 from ingest import cartridge_copy, cleanup, faust_probe_rate, run_workers, write_events
 
 from keel.cartridge import load_cartridge
@@ -111,8 +117,8 @@ def layout_stamp(url: str, namespace: str) -> str:
         client.close()
 
 
-def run(args: argparse.Namespace, tmp: Path) -> None:
-    """Publish once, then the worker and the peers on the same topic."""
+def run(args: argparse.Namespace, tmp: Path) -> Figures:
+    """Publish once, then the worker and the peers on the same topic; the worker's figures."""
     folder = cartridge_copy(tmp)
     cartridge = load_cartridge(folder)
     topic = events_topic(cartridge.name)
@@ -123,7 +129,7 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     total = report.sent
     print(f"published {total:,} finance events of {report.tenants} tenants to {topic} "
           f"({report.partitions} partitions); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    env = {"KEEL_KAFKA_BOOTSTRAP": args.kafka, "KEEL_REDIS_URL": args.redis, "KEEL_REDIS_LAYOUT": str(args.layout)}
+    env = {"KEEL_KAFKA_BOOTSTRAP": args.kafka, "KEEL_REDIS_URL": args.redis}
     t0 = time.perf_counter()
     logs = [tmp / f"worker{i}.log" for i in range(args.workers)]
     ready_s, _, worker_cpu, redis_cpu = run_workers(folder, env, total, args.batch, logs)
@@ -133,6 +139,7 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
           f"{'?' if worker_cpu is None else f'{worker_cpu / total * 1e6:.0f}'} µs/event, "
           f"Redis CPU {redis_cpu / total * 1e6:.0f} µs/event (run {time.perf_counter() - t0:.0f}s); "
           f"Redis key layout {layout_stamp(args.redis, cartridge.name)} ({layout_key(cartridge.name)})")
+    mine = (keel_rate, None if worker_cpu is None else worker_cpu / total * 1e6, redis_cpu / total * 1e6)
     if args.commandstats:
         print_commandstats(args.redis, total)
     quix = None if args.no_quix else quix_peer(args.kafka, topic, total, tmp, f"{cartridge.name}-quix")
@@ -157,6 +164,42 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
         asyncio.run(drop_peer_topics(args.kafka, cartridge.name))
     else:
         print(f"kept: topic {topic}, Redis namespace {cartridge.name!r}")
+    return mine
+
+
+Figures = tuple[float, float | None, float]         # events/s, worker CPU µs/event, Redis CPU µs/event
+WORKER_LINE = re.compile(r"keel workers?\b.*?: ([\d,]+) events/s, worker CPU (\S+) µs/event, Redis CPU (\d+) µs/event")
+
+
+def baseline_run(args: argparse.Namespace, base: Baseline, layout: int) -> Figures:
+    """The baseline checkout's compare.py, worker only, in one layout (its worker line printed): its figures."""
+    sizes = ["--events", str(args.events), "--tenants", str(args.tenants), "--partitions", str(args.partitions),
+             "--batch", str(args.batch), "--workers", str(args.workers), "--kafka", args.kafka]
+    shared = ["--shared-redis", "--redis", args.redis] if args.shared_redis else []
+    text = base.run("bench/peers/compare.py", [*sizes, *shared, "--no-quix", "--no-faust", "--layout", str(layout)])
+    m = WORKER_LINE.search(text)
+    if m is None:
+        raise SystemExit(f"the baseline's compare.py printed no worker line:\n{text[-2000:]}")
+    print(f"baseline {base.ref}, its compare.py --layout {layout} (worker only): " + m.group(0))
+    worker = None if m.group(2) == "?" else float(m.group(2))
+    return float(m.group(1).replace(",", "")), worker, float(m.group(3))
+
+
+def median_of(runs: list[Figures], i: int) -> float | None:
+    values = [f[i] for f in runs if f[i] is not None]
+    return statistics.median(values) if values else None
+
+
+def print_ratios(base: Baseline, rounds: int, mine: list[Figures], ones: list[Figures], twos: list[Figures]) -> None:
+    """Medians of the rounds: this worker, the baseline's layouts 1 and 2, and the ratios."""
+    print(f"\nthis worker / baseline {base.ref} ({base.commit[:9]}, its compare.py --no-quix --no-faust --layout N), "
+          f"medians of {rounds} round(s), each: layout 1, this worker, layout 2")
+    print(f"  {'':32}{'one store':>10}{'layout 1':>10}{'layout 2':>10}{'one/1':>8}{'one/2':>8}")
+    for i, name in enumerate(("events/s", "worker CPU µs/event", "Redis CPU µs/event")):
+        m, one, two = median_of(mine, i), median_of(ones, i), median_of(twos, i)
+        cells = "".join("         -" if f is None else f"{f:>10,.0f}" for f in (m, one, two))
+        print(f"  {name:<32}{cells}{ratio(m, one):>8}{ratio(m, two):>8}")
+    print("  (events/s: higher is better; CPU: lower is better)")
 
 
 
@@ -173,8 +216,12 @@ def main() -> None:
     ap.add_argument("--no-faust", action="store_true", help="skip the bare faust agent")
     ap.add_argument("--no-quix", action="store_true", help="skip the quix-streams app")
     ap.add_argument("--commandstats", action="store_true", help="print the Redis commands' cost per event")
-    ap.add_argument("--layout", type=int, choices=(1, 2), default=1, help="the Redis key layout of the run's "
-                    "namespace (KEEL_REDIS_LAYOUT of the worker; default 1)")
+    ap.add_argument("--baseline", nargs="?", const=DEFAULT_REF, metavar="REF", help="also run REF's own "
+                    f"bench/peers/compare.py, worker only, with --layout 1 before this run and --layout 2 after it "
+                    f"(default REF {DEFAULT_REF}), and print the ratios")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of the worker on fresh topics (with --baseline: "
+                    "each round runs layout 1, this worker, layout 2); medians are printed; the peers run in the "
+                    "first round only")
     ap.add_argument("--shared-redis", action="store_true", help="use --redis rather than a redis-server of this "
                     "run (whose CPU then counts only this worker)")
     ap.add_argument("--keep", action="store_true", help="keep the topics and the Redis namespace")
@@ -184,18 +231,39 @@ def main() -> None:
                          "eval \"$(deploy/local/services up)\", or pass --kafka and --redis")
     if not args.shared_redis and shutil.which("redis-server") is None:
         raise SystemExit("redis-server is not on PATH: install it or pass --shared-redis")
+    base = Baseline(args.baseline) if args.baseline else None
+    mine: list[Figures] = []
+    ones: list[Figures] = []
+    twos: list[Figures] = []
+    for r in range(args.rounds):
+        if r:                           # the peers ran in the first round; the later ones repeat the workers only
+            args.no_quix = args.no_faust = True
+            print(f"\nround {r + 1} of {args.rounds}")
+        if base is not None:
+            ones.append(baseline_run(args, base, 1))
+        mine.append(this_run(args))
+        if base is not None:
+            twos.append(baseline_run(args, base, 2))
+    if base is not None:
+        print_ratios(base, args.rounds, mine, ones, twos)
+    elif args.rounds > 1:
+        print(f"\nmedians of {args.rounds} rounds: {median_of(mine, 0):,.0f} events/s, worker "
+              f"{median_of(mine, 1) or 0:.0f} µs, Redis {median_of(mine, 2) or 0:.0f} µs CPU/event")
+
+
+def this_run(args: argparse.Namespace) -> Figures:
+    """One run of this tree's worker (and, unless skipped, the peers) on a fresh topic and Redis."""
     with tempfile.TemporaryDirectory(prefix="keel-peers-") as tmp_name:
         tmp = Path(tmp_name)
         redis_proc = None
         if not args.shared_redis:
             redis_proc, args.redis = private_redis(tmp)
         try:
-            run(args, tmp)
+            return run(args, tmp)
         finally:
             if redis_proc is not None:
                 redis_proc.terminate()
                 redis_proc.wait(30)
-
 
 if __name__ == "__main__":
     main()
