@@ -18,12 +18,13 @@ row of a closed segment whose range contains that point, or of the open segment.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any, NamedTuple
 
-from ...timeline import Timeline, covering, insert
+from ...timeline import Timeline, covering
 from ...times import Micros
 from .codec import clamped_point, decode_point
-from .segments import DELTA, _assertions, decode
+from .segments import decode, wanted_timelines
 
 WINDOWS = (8, 256, 4000)  # index entries read each side of t for a timeline whose ranges do not overlap, in turn
 SCAN = 4000               # index entries read at most for one whose ranges overlap, width unknown (more: whole)
@@ -194,19 +195,7 @@ def spans_of(answer: Any, prefix: str, t9: str, before: int | None, window: int)
 def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], wanted: Sequence[str]) -> dict[str, Timeline]:
     """The wanted timelines from the deltas of some closed segments (by number) and then of `last` (the open
     segment, or the closed one standing in for it), restatements skipped."""
-    keep = set(wanted)
-    tls: dict[str, Timeline] = {p: Timeline() for p in wanted}
-    for blocks in [*(segments[n] for n in sorted(segments)), last]:
-        for block in blocks:
-            if block[0] != DELTA:
-                continue
-            provs = block[1]
-            for p, rows in block[2].items():
-                if p in keep:
-                    entries = tls[p].entries
-                    for a in _assertions(provs, rows):
-                        insert(entries, a)
-    return {p: tl for p, tl in tls.items() if tl.entries}
+    return wanted_timelines(chain(*(segments[n] for n in sorted(segments)), last), wanted) or {}   # no stop: never None
 
 
 def widened(spans: dict[str, Span], last: str, at: Micros, known_at: Micros | None,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -337,27 +337,38 @@ def recorded_range(blocks: Iterable[list[Any]]) -> tuple[Micros, Micros] | None:
     return (min(times), max(times)) if times else None
 
 
+def wanted_timelines(blocks: Iterable[list[Any]], wanted: Iterable[str],
+                     stop: Callable[[str, list[Any]], bool] | None = None) -> dict[str, Timeline] | None:
+    """The wanted timelines (those with rows) from the deltas among `blocks` (restatements skipped), in log
+    order; None as soon as `stop(P, row)` holds for a row of one of them."""
+    keep = set(wanted)
+    tls: dict[str, Timeline] = {}
+    for block in blocks:
+        if block[0] != DELTA:
+            continue
+        provs = block[1]
+        for p, rows in block[2].items():
+            if p not in keep:
+                continue
+            if stop is not None and any(stop(p, row) for row in rows):
+                return None
+            tl = tls.get(p)
+            if tl is None:
+                tl = tls[p] = Timeline()
+            entries = tl.entries
+            for a in _assertions(provs, rows):
+                insert(entries, a)
+    return tls
+
+
+def _looks_past(p: str, row: list[Any]) -> bool:
+    """Whether a row can make a past read look beyond the segments the valid-time index chose: a void, or a
+    relation's end or expiry."""
+    return len(row) > 3 and ((p[0] == "r" and (row[3] or row[4] is not None)) or is_void_value(row[3], row[2]))
+
+
 def past_timelines(segments: Iterable[str], wanted: Iterable[str]) -> dict[str, Timeline] | None:
     """The wanted timelines from the deltas of some segments (in log order: closed ones by number, then the open
     one), for a read at a past time the valid-time index chose them for; None when a row among them is a void
     or a relation's end or expiry (such a read can look past the segments chosen: read every segment)."""
-    keep = set(wanted)
-    tls: dict[str, Timeline] = {}
-    for segment in segments:
-        for block in decode(segment):
-            if block[0] != DELTA:
-                continue
-            provs = block[1]
-            for p, rows in block[2].items():
-                if p not in keep:
-                    continue
-                for row in rows:
-                    if len(row) > 3 and ((p[0] == "r" and (row[3] or row[4] is not None))
-                                         or is_void_value(row[3], row[2])):
-                        return None
-                tl = tls.get(p)
-                if tl is None:
-                    tl = tls[p] = Timeline()
-                for a in _assertions(provs, rows):
-                    tl.add(a)
-    return tls
+    return wanted_timelines((block for segment in segments for block in decode(segment)), wanted, _looks_past)
