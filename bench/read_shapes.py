@@ -1,12 +1,16 @@
-"""Reads of one deep entity in every shape issue 23 names, Redis layout 1 against layout 2, side by side in one run.
+"""Reads of one deep entity in every shape issue 23 names, from the Redis store, at 1,000 to 100,000 versions.
 
-    .venv/bin/python bench/read_shapes.py [--versions 1000 100000] [--repeat 200] [--step 8] [--shapes ...]
+    .venv/bin/python bench/read_shapes.py [--versions 1000 10000 100000] [--repeat 200] [--step 8] [--shapes ...]
 
 Starts a redis-server of its own (bench/peers/compare.py's private_redis). For each size, one tenant per shape
-holds one entity with that many versions, written through the real Projector of cartridges/finance (relations
-with ends through the store's write primitives), committed in steps of --step events to both layouts. Every
-event carries a recorded_at one second after the previous one, so `known_at` cuts the history in the middle.
-Each row times `view` (what `context` reads: labels, facts and relations) in one shape:
+family holds one entity with that many versions, written through the real Projector of cartridges/finance
+(relations with ends through the store's write primitives) and committed to Redis in steps of --step events, one
+step per call, as a worker commits. Above --chunk versions the projector runs over a fresh memory store every
+--chunk envelopes (a correction or retraction always lands in its target's chunk): over one store holding the
+whole history each correction would scan it (minutes at 100,000 versions). At sizes up to --chunk it runs over
+one store, and the writes of chunks of an eighth are checked equal to those. Valid days start in 1700, so that
+100,000 of them are all in the past. Every event carries a recorded_at one second after the previous one, so
+`known_at` cuts the history in the middle. Each row times `view` (what `context` reads: labels, facts and relations) in one shape:
 
     now                 the present, believed now
     past                at the middle valid day
@@ -16,18 +20,19 @@ Each row times `view` (what `context` reads: labels, facts and relations) in one
     ends now / past     a debt linked to and unlinked from its household by turns (a relation with ends)
     voids now / past    a debt whose every 7th snapshot is corrected and every 13th retracted
 
-Before timing, the collector is kept off the recorded histories (gc.freeze, and a young threshold like the one
-`keel worker` sets), as bench/redis_layouts.py does: a full collection over them otherwise lands in the timed calls.
-Both layouts must answer every shape the same (checked once per shape and size before timing). Printed: p50
-and p99 in milliseconds (medians of --rounds rounds; a read slower than 50 ms is timed --repeat/40 times), and the p99 at the largest size over the p99 at 1,000
-(issue 23's goal: p99 <= 2 ms at 100,000 versions and <= 2x the 1,000-version figure).
+Before timing, every shape's view is checked equal to the memory store's (fed the same writes) at the timed
+arguments and at --samples other valid days and recorded times spread over the history (not at every version).
+The collector is kept off the recorded histories (gc.freeze, and a young threshold like the one `keel worker`
+sets), as bench/redis_store.py does: a full collection over them otherwise lands in the timed calls. Printed:
+p50 and p99 in milliseconds (medians of --rounds rounds; a read slower than 50 ms is timed --repeat/40 times),
+CPU µs per call (this process + the redis-server, over the timed calls), and the p99 at the largest size over the
+p99 at the smallest (issue 23's goal: p99 <= 2 ms at 100,000 versions and <= 2x the 1,000-version figure).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import gc
-import os
 import shutil
 import statistics
 import sys
@@ -50,16 +55,16 @@ from redis_memory import Recorder
 from keel import reading
 from keel.cartridge import load_cartridge
 from keel.projector import Projector
-from keel.store.base import Store
+from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
-from keel.store.redis.segment_store import SegmentStore
-from keel.store.writes import event_key, relation_write
+from keel.store.writes import Write, event_key, relation_write
 from keel.times import parse_time
 
 TOPIC = "keel.bench.events"
 START = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
 SHAPES = ("now", "past", "known_at now", "known_at past", "late past", "ends now", "ends past", "voids now",
           "voids past")
+Log = list[tuple[list[Write], str | None]]
 
 
 def stamp(i: int) -> str:
@@ -68,7 +73,8 @@ def stamp(i: int) -> str:
 
 
 def day(i: int) -> str:
-    return (datetime.date(1900, 1, 1) + datetime.timedelta(days=i)).isoformat()
+    """The i-th valid day: 100,000 of them end in 1973, all before now (points after now are restated whole)."""
+    return (datetime.date(1700, 1, 1) + datetime.timedelta(days=i)).isoformat()
 
 
 def snapshots(tenant: str, debt: str, n: int, *, late: bool = False, voids: bool = False) -> list[dict[str, Any]]:
@@ -101,41 +107,68 @@ def family(shape: str) -> str:
     return first if first in ("late", "ends", "voids") else "plain"
 
 
-def read_args(shape: str, n: int) -> dict[str, Any]:
-    """The view's arguments of a shape: the middle valid day and recorded time of n events."""
+def read_args(shape: str, n: int, valid: int | None = None, recorded: int | None = None) -> dict[str, Any]:
+    """The view's arguments of a shape: the middle valid day and recorded time of n events (or those given)."""
     args: dict[str, Any] = {}
     if shape.endswith("past"):
-        args["at"] = parse_time(day(n // 2))
+        args["at"] = parse_time(day(n // 2 if valid is None else valid))
     if shape.startswith("known_at"):
-        args["known_at"] = parse_time(stamp(n // 2))
+        args["known_at"] = parse_time(stamp(n // 2 if recorded is None else recorded))
     return args
 
 
-def build(cartridge: Any, shape: str, tenant: str, n: int) -> tuple[Recorder, str]:
-    """The writes of one family's entity and the entity."""
-    recorder = Recorder()
+def projected(cartridge: Any, envs: list[dict[str, Any]], chunk: int) -> Log:
+    """The writes of envelopes in log order, projected over a fresh memory store every `chunk` envelopes (cut
+    only before an envelope that corrects or retracts none: a correction meets its target's writes)."""
+    log: Log = []
+    at = 0
+    while at < len(envs):
+        end = min(at + chunk, len(envs))
+        while end < len(envs) and (envs[end].get("corrects") or envs[end]["type"] == "keel.retracted"):
+            end += 1
+        recorder = Recorder()
+        projector = Projector(cartridge, recorder)
+        for env in envs[at:end]:
+            projector.apply_raw(env)
+        log += ((w, eid) for _, w, eid in recorder.log)
+        at = end
+    return log
+
+
+def build(cartridge: Any, shape: str, tenant: str, n: int, chunk: int) -> tuple[Log, str]:
+    """The writes of one family's entity, in log order, and the entity."""
     debt = f"deep-{family(shape)}"
     if shape.startswith("ends"):
-        projector = Projector(cartridge, recorder)
-        for env in snapshots(tenant, debt, 1):
-            projector.apply_raw(env)
+        log = projected(cartridge, snapshots(tenant, debt, 1), chunk)
         for i in range(1, n):
             write = relation_write(f"debt:{debt}", "owed_by", f"household:{tenant}", day(i), i % 2 == 0,
                                    source="bench", evidence=f"link-{i}", recorded_at=stamp(i), by=None)
-            recorder.apply_writes(tenant, [write], event_key(f"link-{i}", None, parse_time(stamp(i))))
-    else:
-        projector = Projector(cartridge, recorder)
-        for env in snapshots(tenant, debt, n, late=shape.startswith("late"), voids=shape.startswith("voids")):
-            projector.apply_raw(env)
-    return recorder, f"debt:{debt}"
+            log.append(([write], event_key(f"link-{i}", None, parse_time(stamp(i)))))
+        return log, f"debt:{debt}"
+    envs = snapshots(tenant, debt, n, late=shape.startswith("late"), voids=shape.startswith("voids"))
+    if n > chunk:
+        return projected(cartridge, envs, chunk), f"debt:{debt}"
+    log = projected(cartridge, envs, len(envs))      # one memory store: chunks of an eighth must write the same
+    if projected(cartridge, envs, max(1, len(envs) // 8)) != log:
+        raise SystemExit(f"{shape}: projecting in chunks writes unlike projecting over one store")
+    return log, f"debt:{debt}"
+
+
+def redis_cpu(client: redis.Redis) -> float:
+    """The redis-server's CPU seconds so far (user + system)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--versions", type=int, nargs="+", default=[1_000, 100_000], help="versions of the deep entity")
+    ap.add_argument("--versions", type=int, nargs="+", default=[1_000, 10_000, 100_000],
+                    help="versions of the deep entity")
     ap.add_argument("--repeat", type=int, default=200, help="calls per shape, size and round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds (medians printed)")
     ap.add_argument("--step", type=int, default=8, help="events per commit step when writing")
+    ap.add_argument("--chunk", type=int, default=200, help="envelopes projected over one memory store")
+    ap.add_argument("--samples", type=int, default=8, help="other valid days and recorded times checked per shape")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES, metavar="SHAPE",
                     help=f"the shapes to time (default all: {', '.join(SHAPES)})")
     args = ap.parse_args()
@@ -144,54 +177,61 @@ def main() -> None:
     proc, url = private_redis(tmp)
     try:
         client = redis.Redis.from_url(url, decode_responses=True)
-        stores: dict[str, Store] = {
-            "layout 1": RedisStore(client, namespace=f"rs1{os.getpid()}", owns_client=False),
-            "layout 2": SegmentStore(client, namespace=f"rs2{os.getpid()}", owns_client=False)}
-        calls: dict[tuple[int, str, str], Callable[[], Any]] = {}
+        store = RedisStore(client, namespace="shapes", owns_client=False)
+        calls: dict[tuple[int, str], Callable[[], Any]] = {}
         for n in args.versions:
-            built: dict[str, tuple[str, Recorder, str]] = {}
+            built: dict[str, tuple[str, MemoryStore, str]] = {}
             for shape in args.shapes:
                 if family(shape) not in built:
                     tenant = f"{family(shape)}-{n}"
-                    recorder, entity = build(cartridge, shape, tenant, n)
-                    evs = [(w, eid) for _, w, eid in recorder.log]
-                    for i in range(0, len(evs), args.step):
-                        step = [(tenant, evs[i:i + args.step], (TOPIC, 0, i + args.step - 1))]
-                        for store in stores.values():
-                            store.commit_many(step)
-                    built[family(shape)] = (tenant, recorder, entity)
-                tenant, recorder, entity = built[family(shape)]
+                    t0 = time.perf_counter()
+                    log, entity = build(cartridge, shape, tenant, n, args.chunk)
+                    t1 = time.perf_counter()
+                    memory = MemoryStore()
+                    for i in range(0, len(log), args.step):
+                        step = log[i:i + args.step]
+                        store.commit_many([(tenant, step, (TOPIC, 0, i + args.step - 1))])
+                        memory.commit_batch(tenant, step, None)
+                    print(f"{family(shape)} at {n:,} versions: projected in {t1 - t0:.1f} s, written in "
+                          f"{time.perf_counter() - t1:.1f} s", flush=True)
+                    built[family(shape)] = (tenant, memory, entity)
+                tenant, memory, entity = built[family(shape)]
                 read = read_args(shape, n)
-                answers = [reading.view(store, tenant, entity, **read) for store in stores.values()]
-                if answers[0] != answers[1] or answers[0] != reading.view(recorder, tenant, entity, **read):
-                    raise SystemExit(f"the layouts answer {shape} at {n:,} versions differently")
-                for name, store in stores.items():
-                    calls[(n, shape, name)] = lambda store=store, t=tenant, e=entity, r=read: reading.view(store, t, e, **r)
-                print(f"{shape} at {n:,} versions: written, same answer in both layouts and in memory", flush=True)
+                checks = [read] + [read_args(shape, n, valid=n * k // args.samples, recorded=n * k // args.samples)
+                                   for k in range(args.samples + 1)]
+                for r in checks:
+                    if reading.view(store, tenant, entity, **r) != reading.view(memory, tenant, entity, **r):
+                        raise SystemExit(f"Redis answers {shape} at {n:,} versions ({r}) unlike the memory store")
+                calls[(n, shape)] = lambda t=tenant, e=entity, r=read: reading.view(store, t, e, **r)
+                print(f"{shape} at {n:,} versions: Redis answers as the memory store at {len(checks)} times",
+                      flush=True)
+            built.clear()
         gc.collect()
         gc.freeze()     # the recorded histories are long-lived: keep the collector off them while timing
         gc.set_threshold(100_000, 50, 100)      # a young threshold like `keel worker` sets (workers/collector.py)
-        rounds: dict[tuple[int, str, str], list[tuple[float, float]]] = {}
+        rounds: dict[tuple[int, str], list[tuple[float, float]]] = {}
+        cpu: dict[tuple[int, str], list[tuple[float, int]]] = {}
         for _ in range(args.rounds):
             for key, call in calls.items():
                 t0 = time.perf_counter()
                 call()
                 slow = time.perf_counter() - t0 > 0.05           # a read of the whole history: fewer calls
-                rounds.setdefault(key, []).append(percentiles(call, max(5, args.repeat // 40) if slow else args.repeat))
+                count = max(5, args.repeat // 40) if slow else args.repeat
+                c0, r0 = time.process_time(), redis_cpu(client)
+                rounds.setdefault(key, []).append(percentiles(call, count))
+                cpu.setdefault(key, []).append((time.process_time() - c0 + redis_cpu(client) - r0, count))
         fig = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in rounds.items()}
+        us = {k: 1e6 * sum(c for c, _ in v) / sum(m for _, m in v) for k, v in cpu.items()}
         small, big = min(args.versions), max(args.versions)
-        print(f"\nview of one deep entity (ms; medians of {args.rounds} rounds of {args.repeat} calls, "
-              f"{max(5, args.repeat // 40)} for a read slower than 50 ms)")
-        head = "".join(f"{f'{n:,} p50':>12}{f'{n:,} p99':>12}" for n in args.versions)
-        print(f"  {'shape':<16}{'layout':<10}{head}{'p99 ratio':>11}")
+        print(f"\nview of one deep entity (p50 and p99 in ms, medians of {args.rounds} rounds of {args.repeat} calls, "
+              f"{max(5, args.repeat // 40)} for a read slower than 50 ms; CPU µs per call, this process + redis-server)")
+        head = "".join(f"{f'{n:,} p50':>12}{f'{n:,} p99':>12}{f'{n:,} cpu':>12}" for n in args.versions)
+        print(f"  {'shape':<16}{head}{f'p99 {big // 1000}k/{small // 1000}k':>14}")
         for shape in args.shapes:
-            for name in stores:
-                cells = "".join(f"{fig[(n, shape, name)][0]:>12.3f}{fig[(n, shape, name)][1]:>12.3f}"
-                                for n in args.versions)
-                ratio = fig[(big, shape, name)][1] / fig[(small, shape, name)][1]
-                print(f"  {shape:<16}{name:<10}{cells}{ratio:>11.2f}")
-        for store in stores.values():
-            store.close()
+            cells = "".join(f"{fig[(n, shape)][0]:>12.3f}{fig[(n, shape)][1]:>12.3f}{us[(n, shape)]:>12.0f}"
+                            for n in args.versions)
+            print(f"  {shape:<16}{cells}{fig[(big, shape)][1] / fig[(small, shape)][1]:>14.2f}")
+        store.close()
     finally:
         proc.terminate()
         proc.wait()
