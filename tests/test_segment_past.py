@@ -18,13 +18,15 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.services import service_env
 
 from keel import reading
 from keel.cartridge import load_cartridge
 from keel.projector import Projector
 from keel.store.memory import MemoryStore
-from keel.store.redis.segment_store import SegmentStore
+from keel.store.redis import RedisStore, segment_past
 from keel.store.redis.segment_views import ViewReader
 from keel.store.writes import event_key, relation_write
 from keel.times import parse_time
@@ -80,7 +82,7 @@ class Recorder(MemoryStore):
 
 
 @pytest.fixture(scope="module")
-def stores() -> Iterator[tuple[Recorder, SegmentStore, dict[str, str]]]:
+def stores() -> Iterator[tuple[Recorder, RedisStore, dict[str, str]]]:
     cartridge = load_cartridge(ROOT / "cartridges" / "finance")
     memory = Recorder()
     projector = Projector(cartridge, memory)
@@ -103,7 +105,7 @@ def stores() -> Iterator[tuple[Recorder, SegmentStore, dict[str, str]]]:
         memory.apply_writes(tenant, [write], event_key(f"run-{i}", None, parse_time(stamp(2 * N + i))))
     entities["runs"] = "debt:runs"
     client = redis.Redis.from_url(service_env("KEEL_REDIS_URL"), decode_responses=True)
-    store = SegmentStore(client, namespace=f"sp{uuid.uuid4().hex[:12]}", owns_client=False)
+    store = RedisStore(client, namespace=f"sp{uuid.uuid4().hex[:12]}", owns_client=False)
     store.roll_bytes = 1500          # many small segments
     for i in range(0, len(memory.log), 5):
         store.commit_batch(tenant, memory.log[i:i + 5], None)
@@ -112,7 +114,7 @@ def stores() -> Iterator[tuple[Recorder, SegmentStore, dict[str, str]]]:
 
 
 @pytest.mark.parametrize("shape", ["plain", "late", "ends", "voids", "retracted", "runs"])
-def test_past_views_are_exact_without_whole_histories(stores: tuple[Recorder, SegmentStore, dict[str, str]],
+def test_past_views_are_exact_without_whole_histories(stores: tuple[Recorder, RedisStore, dict[str, str]],
                                                       shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
     memory, store, entities = stores
     entity = entities[shape]
@@ -130,3 +132,65 @@ def test_past_views_are_exact_without_whole_histories(stores: tuple[Recorder, Se
             reads += 1
     assert reads > 50
     assert whole == []
+
+
+@pytest.mark.parametrize("shape", ["late", "voids"])
+def test_overlapping_ranges_are_read_in_a_window_the_widest_range_bounds(
+        stores: tuple[Recorder, RedisStore, dict[str, str]], shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Late data and corrections after a roll make a timeline's ranges overlap: INDEX then answers a window of
+    its entries and the widest range ("o"), never every entry ("a"), and the views stay exact."""
+    memory, store, entities = stores
+    kinds: list[str] = []
+    real = segment_past.spans_of
+    monkeypatch.setattr(segment_past, "spans_of",
+                        lambda answer, *a: kinds.append(answer if answer == "*" else answer[0]) or real(answer, *a))
+    for known_at in (None, parse_time(stamp(N // 2))):
+        for d in range(-45, N + 5, 23):
+            at = parse_time(day(d))
+            assert reading.view(store, "acme", entities[shape], at=at, known_at=known_at) == \
+                reading.view(memory, "acme", entities[shape], at=at, known_at=known_at), (d, known_at)
+    assert "o" in kinds
+    assert "a" not in kinds and "*" not in kinds
+
+
+late_strategy = st.lists(st.tuples(st.integers(0, 60), st.booleans()), min_size=20, max_size=120)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(history=late_strategy, roll=st.sampled_from([300, 900, 3000]), reads=st.lists(
+    st.tuples(st.integers(-70, 130), st.integers(0, 120)), min_size=4, max_size=10))
+def test_views_over_late_data_and_retractions_equal_the_memory_store(
+        history: list[tuple[int, bool]], roll: int, reads: list[tuple[int, int]]) -> None:
+    """Snapshots each some days late (or not), some retracted at once, in small segments: past views, believed now
+    and at a recorded time, equal the memory store's (whatever way the store bounds them)."""
+    cartridge = load_cartridge(ROOT / "cartridges" / "finance")
+    memory = Recorder()
+    projector = Projector(cartridge, memory)
+    count = 0
+    for i, (late, retract) in enumerate(history):
+        env = {"id": f"p-{i}", "tenant": "acme", "type": "debt.snapshot", "subject": "debt:p",
+               "occurred_at": day(i - late), "recorded_at": stamp(count),
+               "payload": {"creditor": "Banco Andino", "product": "Visa", "balance_cop": 1000 + i,
+                           "rate_ea_pct": 20.5, "installment_cop": 100, "month": day(i - late)[:7]}}
+        projector.apply_raw(env)
+        count += 1
+        if retract:
+            projector.apply_raw({"id": f"p-{i}-x", "tenant": "acme", "type": "keel.retracted", "subject": "debt:p",
+                                 "occurred_at": day(i - late), "recorded_at": stamp(count), "by": "test",
+                                 "payload": {"event": env["id"], "reason": "test"}})
+            count += 1
+    client = redis.Redis.from_url(service_env("KEEL_REDIS_URL"), decode_responses=True)
+    store = RedisStore(client, namespace=f"sq{uuid.uuid4().hex[:12]}", owns_client=False)
+    store.roll_bytes = roll
+    try:
+        for i in range(0, len(memory.log), 3):
+            store.commit_batch("acme", memory.log[i:i + 3], None)
+        for d, r in [*reads, (len(history) // 2, count)]:
+            for known_at in (None, parse_time(stamp(min(r, count)))):
+                at = parse_time(day(d))
+                assert reading.view(store, "acme", "debt:p", at=at, known_at=known_at) == \
+                    reading.view(memory, "acme", "debt:p", at=at, known_at=known_at), (d, r)
+    finally:
+        store.drop_namespace()
+        client.close()

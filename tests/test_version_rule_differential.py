@@ -1,12 +1,12 @@
-"""The version rule, Python against Redis Lua, on both layouts (issue 23, "each rule once per language").
+"""The version rule, Python against Redis Lua (issue 23, "each rule once per language").
 
 Hypothesis generates small logs of events about two entities: facts asserted at points (values, corrections at
 the same point recorded later, notes that expire), closes (`close_fact`), links and unlinks, data recorded late
 (a recorded_at earlier than events logged before it), and corrections and retractions of earlier events, whose
 voids and restorations are the writes keel.projector makes (`Projector._supersede`, run on the memory store's
 state as a worker runs it). The same writes go, as EventWrites in `commit_batch` steps, into MemoryStore (the
-Python rule, keel.timeline), RedisStore (layout 1, Lua `_WINNER`) and SegmentStore (layout 2, Lua `PAST` and the
-segment fold; once with a tiny `roll_bytes`, so segments close and restatements are read). Every read of the
+Python rule, keel.timeline) and RedisStore (Lua `PAST` and `INDEX` and the segment fold; once as it runs and
+once with a tiny `roll_bytes`, so segments close and restatements are read). Every read of the
 Store contract that applies the rule must answer the same: views (one and several entities), facts, relations,
 history, versions_many, as_of_many, exists; now, at past valid times and `known_at` every recorded time."""
 from __future__ import annotations
@@ -29,7 +29,6 @@ from keel.projector import Projector
 from keel.store.base import Key, Store, ViewRequest
 from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
-from keel.store.redis.segment_store import SegmentStore
 from keel.store.writes import Write, fact_write, relation_write
 
 pytestmark = pytest.mark.services
@@ -123,7 +122,7 @@ def compare(memory: MemoryStore, store: RedisStore, events: list[tuple[list[Writ
     """Times are whole days (points, expiries, recorded_at), so known_at at each recorded day and `at` at each
     day (a version starts at its point: reading at a point and just before it are different days) reach every
     state the rule can give."""
-    where = f"layout {store.layout}, roll_bytes {getattr(store, 'roll_bytes', '-')}"
+    where = f"roll_bytes {getattr(store, 'roll_bytes', '-')}"
     keys = all_keys(memory)
     assert all_keys(store) == keys, where
     requests = [ViewRequest(TENANT, e, None, "lfr") for e in ENTITIES]
@@ -154,10 +153,9 @@ def check(client: redis.Redis, ops: list[tuple[Any, ...]], sizes: list[int]) -> 
     memory, events = build(ops)
     if not events:
         return
-    stores: list[RedisStore] = [RedisStore(client, namespace=f"vr{uuid.uuid4().hex[:12]}", owns_client=False),
-                                SegmentStore(client, namespace=f"vr{uuid.uuid4().hex[:12]}", owns_client=False),
-                                SegmentStore(client, namespace=f"vr{uuid.uuid4().hex[:12]}", owns_client=False)]
-    stores[2].roll_bytes = 1       # every step closes the segment: restatements, anchors, PAST reads
+    stores = [RedisStore(client, namespace=f"vr{uuid.uuid4().hex[:12]}", owns_client=False),
+              RedisStore(client, namespace=f"vr{uuid.uuid4().hex[:12]}", owns_client=False)]
+    stores[1].roll_bytes = 1       # every step closes the segment: restatements, anchors, PAST reads
     try:
         for store in stores:
             feed(store, events, sizes)
@@ -171,12 +169,12 @@ def check(client: redis.Redis, ops: list[tuple[Any, ...]], sizes: list[int]) -> 
 @settings(max_examples=80, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(log=log_strategy)
-def test_python_and_both_redis_layouts_agree_on_every_read(client: redis.Redis,
-                                                           log: tuple[list[tuple[Any, ...]], list[int]]) -> None:
+def test_python_and_redis_agree_on_every_read(client: redis.Redis,
+                                              log: tuple[list[tuple[Any, ...]], list[int]]) -> None:
     check(client, *log)
 
 
-# The projector never lets a tenant's recorded_at go back (docs/envelope.md): logs in that order take layout 2's
+# The projector never lets a tenant's recorded_at go back (docs/envelope.md): logs in that order take the
 # bounded known_at reads (a closed segment standing for what was known then) instead of whole folds.
 in_order_strategy = st.tuples(st.lists(event_strategy.map(lambda op: (*op[:6], 0, op[7])), min_size=1, max_size=12),
                               st.lists(st.integers(1, 4), min_size=1, max_size=12))
