@@ -36,7 +36,8 @@ from keel import Projector, Tools, load_cartridge
 from keel.changes import Cursor
 from keel.embedded import replay_file
 from keel.store.redis import RedisStore
-from keel.store.redis.changelog import CHANGES, encode_copies
+from keel.store.redis.changelog import encode_copies
+from keel.store.redis.keys import gen_keys
 from keel.times import format_time
 from workers.mirror import RecordingStore
 
@@ -123,7 +124,7 @@ def main() -> None:
             verdict = "ok" if p99 <= GOAL_MS else "OVER"
             print(f"  {name:6s} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  (goal <= {GOAL_MS} ms: {verdict})  "
                   f"CPU {cpu:6.0f} µs/call, Redis {server:6.0f} µs/call  (load {load:.1f})")
-        used = int(probe.client.memory_usage(store.data_prefix(TENANT, gen) + CHANGES) or 0)
+        used = int(probe.client.memory_usage(gen_keys(store.data_prefix(TENANT, gen)).changes) or 0)
         print(f"change log: {used / length:.0f} bytes of Redis memory per entry ({used / 2**20:.1f} MiB)")
         page = store.changes(TENANT, start=0, generation=gen, count=20_000).entries
         sample: list = []                   # the writes again as events: runs sharing evidence and recorded_at
