@@ -7,7 +7,7 @@ Needs KEEL_REDIS_URL and KEEL_POSTGRES_DSN (deploy/local/services up); works in 
 two fresh Redis namespaces, both dropped at the end. Steps:
   1. finance events: each debt's snapshot every day (a new balance and rate: 3 fact versions, a relink) for
      --days days ending yesterday, a due scheduled and paid each month;
-  2. the same events committed (the embedded projector, one commit per event) into two layout-2 namespaces:
+  2. the same events committed (the embedded projector, one commit per event) into two namespaces:
      "off" (no cold tier) and "on" (with one); then `keel archive`'s pass moves "on"'s closed segments older
      than --cold-after, and its change log's chunks but the newest 256 (cold.KEEP_CHUNKS), to PostgreSQL;
   3. Redis bytes (MEMORY USAGE of every key of the tenant, by kind) per event, off vs on; PostgreSQL bytes;
@@ -43,7 +43,6 @@ from keel.cold_pg import ColdStore
 from keel.embedded import build_embedded
 from keel.store.base import ViewRequest
 from keel.store.redis import RedisStore
-from keel.store.redis.segment_store import SegmentStore
 from keel.times import now_micros, parse_time
 from keel.tools import Tools
 from workers.archive import ArchiveOptions, Mover, set_policy
@@ -77,7 +76,7 @@ def history(path: Path, entities: int, start: dt.date, days: int, first_day: int
     return n
 
 
-def redis_bytes(store: SegmentStore) -> dict[str, int]:
+def redis_bytes(store: RedisStore) -> dict[str, int]:
     """MEMORY USAGE (SAMPLES 0: exact for lists and hashes) of every key of the tenant's current generation, by
     kind: closed segments, open segments, change log, the rest (indexes, ids, meta)."""
     names = store.key_names(TENANT)
@@ -152,11 +151,10 @@ def main() -> int:
     start = dt.date.today() - dt.timedelta(days=args.days)
     events_file = tmp / "history.jsonl"
     events = history(events_file, args.entities, start, args.days)
-    stores: dict[str, SegmentStore] = {}
+    stores: dict[str, RedisStore] = {}
     try:
         for label in ("off", "on"):
-            probe = RedisStore.from_url(args.redis, namespace=f"bcold{label}{uuid.uuid4().hex[:8]}", layout=2)
-            assert isinstance(probe, SegmentStore)
+            probe = RedisStore.from_url(args.redis, namespace=f"bcold{label}{uuid.uuid4().hex[:8]}")
             stores[label] = probe
         stores["on"].cold = ColdStore(dsn)
         print(f"{events:,} events: {args.entities} debts x {args.days} days of daily snapshots "

@@ -22,7 +22,7 @@ def open(cartridge: str | Path | Cartridge, *, events: str | Path | None = None,
     the cartridge's topic at `kafka`, else KEEL_KAFKA_BOOTSTRAP, else 127.0.0.1:9092, and returns once a
     worker applied the note). Use it as a context manager, or call `close()`.
 
-    KEEL_ALLOW_GLOBAL_NOTES, KEEL_APPLY_TIMEOUT and KEEL_REDIS_LAYOUT apply as they do to the commands. Raises
+    KEEL_ALLOW_GLOBAL_NOTES and KEEL_APPLY_TIMEOUT apply as they do to the commands. Raises
     UsageError (no graph named, both named, a bad cartridge: CartridgeInvalid) or ServiceUnavailable (Redis
     cannot be reached). Bad lines of an events file are reported on stderr and skipped, as the CLI does.
 

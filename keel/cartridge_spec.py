@@ -81,7 +81,7 @@ class MemorySpec(_Strict):
 
 class HistorySpec(_Strict):
     """Where closed history lives (docs/operations.md, "Cold tier"): `cold_after` (a duration, or `never`, the
-    default) is the age past which `keel archive` moves closed segments of layout 2 to the cold tier."""
+    default) is the age past which `keel archive` moves closed segments to the cold tier."""
     cold_after: str = "never"
 
     @field_validator("cold_after")

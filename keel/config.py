@@ -16,11 +16,10 @@ class Settings(BaseModel):
     redis_url: str | None = None
     allow_global_notes: bool = False
     apply_timeout_s: float = 10.0
-    redis_layout: int = 1           # the Redis key layout a new namespace is written in (keel/store/redis/layout.py)
     keys_file: str | None = None    # the key file of sealed personal fields (docs/privacy.md)
     keys_dsn: str | None = None     # or the PostgreSQL key store (keel/keystore_pg.py)
     master_key_file: str | None = None
-    cold_dsn: str | None = None     # the cold tier of layout 2's closed segments (keel/cold_pg.py); None: off
+    cold_dsn: str | None = None     # the cold tier of closed segments (keel/cold_pg.py); None: off
 
 
 def resolve(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -> Settings:
@@ -34,14 +33,14 @@ def resolve(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -
         return env.get(var, default)
 
     allow = pick("allow_global_notes", "KEEL_ALLOW_GLOBAL_NOTES", False)
-    layout = str(pick("redis_layout", "KEEL_REDIS_LAYOUT", "1")).strip()
-    if layout not in ("1", "2"):
-        raise UsageError(f"bad KEEL_REDIS_LAYOUT {layout!r}: use 1 (a sorted set per entity) or 2 (segments)")
+    layout = str(env.get("KEEL_REDIS_LAYOUT", "2")).strip()
+    if layout != "2":           # the setting of a removed choice: refused, so nobody believes layout 1 is in use
+        raise UsageError(f"KEEL_REDIS_LAYOUT={layout!r}: Keel writes one Redis key layout (2) and no longer reads "
+                         f"layout 1; unset KEEL_REDIS_LAYOUT (see CHANGELOG.md for the upgrade)")
     return Settings(kafka_bootstrap=str(pick("kafka", "KEEL_KAFKA_BOOTSTRAP", "127.0.0.1:9092")),
                     redis_url=pick("redis", "KEEL_REDIS_URL", None),  # type: ignore[arg-type]
                     allow_global_notes=allow if isinstance(allow, bool) else str(allow).lower() in ("1", "true", "yes"),
                     apply_timeout_s=float(pick("apply_timeout", "KEEL_APPLY_TIMEOUT", 10.0)),  # type: ignore[arg-type]
-                    redis_layout=int(layout),
                     keys_file=pick("keys", "KEEL_KEYS_FILE", None),  # type: ignore[arg-type]
                     keys_dsn=pick("keys_dsn", "KEEL_KEYS_DSN", None),  # type: ignore[arg-type]
                     master_key_file=pick("master_key_file", "KEEL_MASTER_KEY_FILE", None),  # type: ignore[arg-type]

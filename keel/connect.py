@@ -166,7 +166,6 @@ def redis_url(settings: Settings) -> str:
 def open_redis_store(cartridge: Cartridge, settings: Settings, **options: Any) -> RedisStore:
     """The cartridge's Redis graph (namespace = cartridge name); options go to RedisStore.from_url."""
     from .store.redis import RedisStore  # redis-py is imported by the commands that use it only
-    options.setdefault("layout", settings.redis_layout)
     store = RedisStore.from_url(redis_url(settings), namespace=cartridge.name, **options)
     if settings.cold_dsn:               # the cold tier (keel/cold_pg.py): connected at its first use
         from .cold_pg import ColdStore  # psycopg only where a cold tier is configured

@@ -58,7 +58,8 @@ def is_void(a: Assertion) -> bool:
 
 def is_void_value(closed: bool, value: Any) -> bool:
     """`is_void` on an assertion's parts, for stores that look at encoded rows before building assertions. (The
-    Redis scripts' Lua cannot call this: layout 1's `void_at` spots the `{"keel.void":` value in a member.)"""
+    Redis scripts' Lua cannot call this: segment_scripts.py's PAST and INDEX pick segments by the valid-time index
+    and leave voids to keel.timeline, run by the client.)"""
     return bool(closed) and type(value) is dict and VOID in value
 
 

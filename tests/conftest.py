@@ -18,9 +18,9 @@ TIERS = {
     "faults": ("tests/faults/",),
     "deploy": ("tests/deploy/",),
     "rebalance": ("tests/test_workers_rebalance.py",),
-    # layout 2 closing a segment after every step, its random writes against the memory store: minutes each
-    "rolling_segments": ("tests/test_store_redis.py::TestSegmentStoreRollingEveryStep::test_random_writes",
-                         "tests/test_redis_cluster.py::TestRedisClusterSegmentStore::test_random_writes"),
+    # the Redis store closing a segment after every step, its random writes against the memory store: minutes each
+    "rolling_segments": ("tests/test_store_redis.py::TestRedisStoreRollingEveryStep::test_random_writes",
+                         "tests/test_redis_cluster.py::TestRedisClusterStore::test_random_writes"),
 }
 
 

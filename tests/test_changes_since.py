@@ -1,5 +1,5 @@
 """What changed since (issue 27, item 1): `history` without an entity pages the tenant's changes recorded after
-`since`, oldest first, on the embedded graph and on Redis in both layouts (KEEL_REDIS_URL): a late event, a
+`since`, oldest first, on the embedded graph and on Redis (KEEL_REDIS_URL): a late event, a
 correction, a retraction, a withdrawn note, visibility of notes, paging with a cursor while ingest goes on."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from keel.errors import UsageError
 from keel.projector import Projector
 from keel.store.base import Store, new_write
 from keel.store.memory import MemoryStore
-from keel.store.redis import RedisStore, SegmentStore
+from keel.store.redis import RedisStore
 from keel.timeline import Timeline, new_assertion, void_of
 from keel.tools import Tools
 from tools_server.backend import Backend
@@ -221,13 +221,13 @@ def test_paging_while_ingesting_misses_and_repeats_nothing(seed: int, limits: li
     paged_while_ingesting(MemoryStore(), random_batches(seed, 40), limits)
 
 
-# ---- Redis, both layouts -----------------------------------------------------------------------------------
+# ---- Redis ----------------------------------------------------------------------------------------------
 
-@pytest.fixture(params=[RedisStore, SegmentStore], ids=["layout1", "layout2"])
-def redis_store(request: pytest.FixtureRequest) -> Iterator[RedisStore]:
+@pytest.fixture
+def redis_store() -> Iterator[RedisStore]:
     url = service_env("KEEL_REDIS_URL")
     probe = RedisStore.from_url(url, namespace="probe")
-    store = request.param(probe.client, namespace=f"chg{uuid.uuid4().hex[:12]}", owns_client=False)
+    store = RedisStore(probe.client, namespace=f"chg{uuid.uuid4().hex[:12]}", owns_client=False)
     yield store
     store.drop_namespace()
     probe.close()
@@ -280,11 +280,11 @@ def test_redis_paging_under_a_concurrent_writer(tmp_path: Path, redis_store: Red
 @pytest.mark.services
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_redis_windows_give_the_rows_whole_timelines_give(redis_store: RedisStore, seed: int) -> None:
-    """Redis reads a change's neighbourhood (Store.windows_many; layout 2 from the segments its valid-time index
+    """Redis reads a change's neighbourhood (Store.windows_many, from the segments its valid-time index
     names), the memory store whole timelines: every row of a random workload (corrections at one point, voids,
     closes, late points, expiries) is the same."""
     memory = MemoryStore()
-    if isinstance(redis_store, SegmentStore) and seed > 1:
+    if seed > 1:
         redis_store.roll_bytes = 300 * seed         # many closed segments: the valid-time index bounds the reads
     for writes, event_id in random_batches(seed, 150):
         redis_store.apply_writes("acme", writes, event_id)
@@ -344,8 +344,7 @@ def clamped(batches: list[Any]) -> list[Any]:
 @pytest.mark.parametrize("seed,window,chunk", [(1, 4, None), (2, 4, 3), (3, 1, None), (4, 1, 5)])
 def test_redis_pages_read_with_their_windows_give_the_memory_stores_answers(
         redis_store: RedisStore, seed: int, window: int, chunk: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A page reads each change's window with it (Store.change_page; layout 1: the change's own member, the one
-    before it at its point, the point before only when those do not decide): the answers (rows, cursors, `more`,
+    """A page reads each change's window with it (Store.change_page, the windows from the segments): the answers (rows, cursors, `more`,
     from a cursor or from `since`) equal the memory store's, over a random workload (corrections at one point,
     voids, closes, late points, expiries, notes of scopes the caller does not see) committed in steps of several
     events, with windows of 4 and of 1 member of the point before, and chunks of the change log cut small (so
@@ -356,8 +355,7 @@ def test_redis_pages_read_with_their_windows_give_the_memory_stores_answers(
     monkeypatch.setattr(keel.changes, "WINDOW", window)
     if chunk:
         monkeypatch.setattr(changelog, "CHUNK_WRITES", chunk)
-        if isinstance(redis_store, SegmentStore):
-            redis_store.roll_bytes = 100 * chunk        # many closed segments: the valid-time index bounds the reads
+        redis_store.roll_bytes = 100 * chunk        # many closed segments: the valid-time index bounds the reads
     memory = MemoryStore()
     batches = clamped(random_batches(seed, 150))
     for i in range(0, len(batches), 4):
@@ -377,8 +375,8 @@ def test_redis_pages_read_with_their_windows_give_the_memory_stores_answers(
 
 @pytest.mark.services
 def test_a_page_of_a_bulk_loaded_generation_is_the_applied_ones(redis_store: RedisStore) -> None:
-    """A replay's bulk load numbers the change log's chunks itself (layout 1) or applies steps (layout 2): its
-    pages equal those of the same steps applied one by one."""
+    """A replay's bulk load applies its steps through the same APPLY script: its pages equal those of the same
+    steps committed one by one."""
     batches = random_batches(5, 120)
     for i in range(0, len(batches), 9):
         redis_store.commit_batch("acme", batches[i:i + 9], None)
@@ -399,7 +397,8 @@ def test_a_page_of_a_bulk_loaded_generation_is_the_applied_ones(redis_store: Red
 def test_a_change_log_of_an_earlier_build_is_refused(redis_store: RedisStore) -> None:
     """A generation whose change log holds elements of the first format (one JSON element per write, before
     chunks) is never misread: reads are refused with what to run."""
-    from keel.store.redis.changelog import CHANGES, ChangeLogIncompatible
+    from keel.store.redis.changelog import ChangeLogIncompatible
+    from keel.store.redis.keys import CHANGES
     redis_store.open_fact("acme", "thing:a", "p", 1, valid_from="2026-01-01")
     key = redis_store.data_prefix("acme", 1) + CHANGES
     old = '1790000000000000|[["f","thing:a","p",""],0,1,0,null,"e0",null,null]'

@@ -1,5 +1,5 @@
 """The cold tier (keel/cold_pg.py, keel/store/redis/cold.py, workers/archive.py) against real Redis and
-PostgreSQL: layout 2's closed segments moved to PostgreSQL answer every read exactly as when they were in Redis
+PostgreSQL: closed segments moved to PostgreSQL answer every read exactly as when they were in Redis
 (digests equal to the embedded build); generations, tenants and namespaces dropped take their cold rows along;
 a mover killed -9 mid-move loses and doubles nothing; PostgreSQL down (a private server, stopped and started)
 stops only the reads that need cold history, with ColdTierUnavailable, and the mover resumes by itself."""
@@ -42,16 +42,16 @@ from keel.embedded import build_embedded
 from keel.errors import ColdTierNotConfigured, ColdTierUnavailable, UsageError
 from keel.store.redis import RedisStore
 from keel.store.redis.cold import CHANGES_MOVED, COLD, Piece, candidates
-from keel.store.redis.segment_store import SegmentStore
+from keel.store.redis.keys import layout_key
 from keel.tools import Tools
-from workers.archive import ArchiveOptions, Mover, open_layout2, set_policy
+from workers.archive import ArchiveOptions, Mover, open_with_cold_tier, set_policy
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 FINANCE = ROOT / "cartridges" / "finance"
 TENANT = "acme"
 
 
-class _Rolling(SegmentStore):
+class _Rolling(RedisStore):
     roll_bytes = 1500         # many closed segments from a short history
 
 
@@ -104,10 +104,9 @@ def cold_dsn() -> Iterator[str]:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
-def _stamped(url: str, namespace: str, cls: type[SegmentStore] = _Rolling) -> SegmentStore:
-    """A layout-2 store of a new namespace, stamped so that every process opens it in layout 2."""
-    probe = RedisStore.from_url(url, namespace=namespace, layout=2)
-    assert isinstance(probe, SegmentStore)
+def _stamped(url: str, namespace: str, cls: type[RedisStore] = _Rolling) -> RedisStore:
+    """A store of a new namespace, stamped by the opening (so that every process opens it)."""
+    probe = RedisStore.from_url(url, namespace=namespace)
     return cls(probe.client, namespace=namespace)
 
 
@@ -132,7 +131,7 @@ def _answers(cartridge: Cartridge, store: Any, tenant: str = TENANT, changes: bo
     return json.dumps(out, sort_keys=True, default=str)
 
 
-def _pass(cartridge: Cartridge, store: SegmentStore) -> Any:
+def _pass(cartridge: Cartridge, store: RedisStore) -> Any:
     return Mover(cartridge, store, ArchiveOptions(once=True, quiet=True, batch=7)).pass_once()
 
 
@@ -145,7 +144,7 @@ def _rows(dsn: str, namespace: str) -> int:
     return int(row[0]) if row else 0
 
 
-def _cold_fields(store: SegmentStore, tenant: str) -> int:
+def _cold_fields(store: RedisStore, tenant: str) -> int:
     """The closed segments the generation's cold hash records (less its change-log marker `ch`)."""
     gen = store.current_generation(tenant)
     return int(store.client.hlen(store.data_prefix(tenant, gen) + COLD)) - int(
@@ -257,17 +256,19 @@ def test_archive_refuses_a_layout_1_namespace_with_one_line(tmp_path: Path, cold
     folder = unique_cartridge(tmp_path)
     cartridge = load_cartridge(folder)
     url = service_env("KEEL_REDIS_URL")
-    RedisStore.from_url(url, namespace=cartridge.name, layout=1).close()
+    probe = RedisStore.from_url(url, namespace=cartridge.name)
+    probe.client.set(layout_key(cartridge.name), 1)          # a namespace of the removed layout 1
+    probe.close()
     env = {"KEEL_REDIS_URL": url, "KEEL_COLD_DSN": cold_dsn}
     try:
-        with pytest.raises(UsageError, match=rf"keel replay {cartridge.name} --all --layout 2"):
+        with pytest.raises(UsageError, match=r"keel replay <cartridge folder> --all"):
             from keel.config import resolve
-            open_layout2(cartridge, resolve({}, env))
+            open_with_cold_tier(cartridge, resolve({}, env))
         proc = keel("archive", str(folder), "--once", env=env, check=False)
         assert proc.returncode == 2
-        assert proc.stderr.strip().splitlines()[-1].endswith("--all --layout 2` first"), proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].endswith("see CHANGELOG.md"), proc.stderr
     finally:
-        store = RedisStore.from_url(url, namespace=cartridge.name)
+        store = RedisStore.from_url(url, namespace=cartridge.name, upgrading_layout=True)
         store.drop_namespace()
         store.close()
 
@@ -372,7 +373,7 @@ def test_erasure_leaves_no_erased_value_in_the_cold_tier(tmp_path: Path, request
     from test_privacy_kafka import ERASED_VALUES, unique_clinic
 
     from keel.wire import events_topic
-    env = {**request.getfixturevalue("keyed"), "KEEL_COLD_DSN": cold_dsn, "KEEL_REDIS_LAYOUT": "2"}
+    env = {**request.getfixturevalue("keyed"), "KEEL_COLD_DSN": cold_dsn}
     folder = unique_clinic(tmp_path)
     cartridge = load_cartridge(folder)
     start = dt.datetime(2026, 2, 1, 10)

@@ -1,5 +1,6 @@
-"""The Redis layout version: stamped on a new namespace, checked by every process at start, refused with
-a message saying what to run, and rewritten by `keel replay --all` (real Redis and Kafka)."""
+"""The Redis layout version: stamped on a new namespace, checked by every process at start; a namespace in the
+removed layout 1 (or an unknown one) is refused with a message saying what to run, and rewritten by `keel replay
+--all` (real Redis and Kafka)."""
 from __future__ import annotations
 
 import uuid
@@ -19,11 +20,11 @@ from support.workers import (
 )
 
 from keel.cartridge import load_cartridge
+from keel.config import resolve
 from keel.errors import UsageError
 from keel.store.redis import RedisStore
-from keel.store.redis.keys import layout_key, registry_key, watermarked_key
-from keel.store.redis.layout import LAYOUT_VERSION, LAYOUTS, LayoutIncompatible
-from keel.store.redis.segment_store import SegmentStore
+from keel.store.redis.keys import TenantKeys, escape, layout_key, registry_key, watermarked_key
+from keel.store.redis.layout import LAYOUT_VERSION, LayoutIncompatible
 
 pytestmark = [services, pytest.mark.timeout(300)]
 
@@ -40,7 +41,7 @@ def test_a_new_namespace_is_stamped_and_another_version_refused(env: dict[str, s
     try:
         RedisStore.from_url(url, namespace=ns).close()
         assert client.get(layout_key(ns)) == str(LAYOUT_VERSION)
-        client.set(layout_key(ns), max(LAYOUTS) + 1)
+        client.set(layout_key(ns), LAYOUT_VERSION + 1)
         with pytest.raises(LayoutIncompatible, match="written by a newer Keel"):
             RedisStore.from_url(url, namespace=ns)
         client.set(layout_key(ns), LAYOUT_VERSION - 1)
@@ -52,24 +53,16 @@ def test_a_new_namespace_is_stamped_and_another_version_refused(env: dict[str, s
         client.close()
 
 
-def test_a_new_namespace_takes_the_layout_asked_for_and_every_process_follows_its_stamp(env: dict[str, str]) -> None:
-    url = env["KEEL_REDIS_URL"]
-    ns = f"lay{uuid.uuid4().hex[:10]}"
-    client = redis.Redis.from_url(url, decode_responses=True)
-    try:
-        first = RedisStore.from_url(url, namespace=ns, layout=2)
-        assert isinstance(first, SegmentStore) and client.get(layout_key(ns)) == "2"
-        first.apply_writes("acme", [], "e1")
-        first.close()
-        later = RedisStore.from_url(url, namespace=ns, layout=1)       # another setting: the stamp wins
-        assert isinstance(later, SegmentStore) and later.has_event("acme", "e1")
-        later.drop_namespace()
-        later.close()
-        with pytest.raises(UsageError, match="bad Redis key layout 3"):
-            RedisStore.from_url(url, namespace=ns, layout=3)
-    finally:
-        client.delete(layout_key(ns))
-        client.close()
+def test_the_layout_setting_of_layout_1_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    """KEEL_REDIS_LAYOUT chose between two layouts; with one left, a process told to use layout 1 refuses (exit 2,
+    saying to unset it) rather than let its operator believe layout 1 is in use; "2" is accepted."""
+    folder = unique_cartridge(tmp_path)
+    proc = keel("status", str(folder), env={**env, "KEEL_REDIS_LAYOUT": "1"}, check=False, timeout=120)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "unset KEEL_REDIS_LAYOUT" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    with pytest.raises(UsageError, match="unset KEEL_REDIS_LAYOUT"):
+        resolve({}, {"KEEL_REDIS_LAYOUT": "1"})
+    assert resolve({}, {"KEEL_REDIS_LAYOUT": "2"}) == resolve({}, {})
 
 
 def test_processes_refuse_an_old_layout_and_replay_all_upgrades_it(env: dict[str, str], tmp_path: Path) -> None:
@@ -83,7 +76,7 @@ def test_processes_refuse_an_old_layout_and_replay_all_upgrades_it(env: dict[str
                      ["digest", str(folder), "--tenant", "hogar-demo", "--redis", env["KEEL_REDIS_URL"]]):
             proc = keel(*args, env=env, check=False, timeout=120)
             assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
-            assert f"Redis namespace '{ns}' has key layout version {LAYOUT_VERSION - 1}" in proc.stderr
+            assert f"Redis namespace '{ns}' is in key layout {LAYOUT_VERSION - 1}" in proc.stderr
             assert "keel replay <cartridge folder> --all" in proc.stderr
         keel("replay", str(folder), "--all", "--quiet", env=env)
         assert client.get(layout_key(ns)) == str(LAYOUT_VERSION)
@@ -93,10 +86,12 @@ def test_processes_refuse_an_old_layout_and_replay_all_upgrades_it(env: dict[str
         client.close()
 
 
-def test_replay_all_with_layout_2_rewrites_a_layout_1_namespace(env: dict[str, str], tmp_path: Path) -> None:
-    """The documented upgrade to layout 2: refused while a worker runs; with the workers stopped, every tenant
-    is rebuilt in layout 2 (old keys gone, digests as embedded), the namespace stamped 2, and a worker started
-    with the default setting follows the stamp."""
+def test_replay_all_rewrites_a_layout_1_namespace(env: dict[str, str], tmp_path: Path) -> None:
+    """The documented upgrade from layout 1: a namespace stamped 1 whose generations hold layout 1's keys (a
+    sorted set `z:` and an index list `x:` per entity, the provenance list `pv`, written here as that layout named
+    them). The replay is refused while a worker runs, and for some tenants only; with the workers stopped, `keel
+    replay --all` rebuilds every tenant from the log (old keys gone, digests as embedded), stamps the namespace,
+    and a worker started again goes on from there."""
     folder = unique_cartridge(tmp_path)
     ns = load_cartridge(folder).name
     events = folder / "events.jsonl"
@@ -107,13 +102,17 @@ def test_replay_all_with_layout_2_rewrites_a_layout_1_namespace(env: dict[str, s
         try:
             count = sum(1 for line in events.read_text().splitlines() if line.strip())
             wait_applied(folder, env, count, worker)
-            refused = keel("replay", str(folder), "--all", "--layout", "2", "--quiet", env=env, check=False)
+            old = old_layout_keys(client, ns)
+            client.set(layout_key(ns), 1)
+            refused = keel("replay", str(folder), "--all", "--quiet", env=env, check=False)
             assert refused.returncode == 2 and "stop the workers" in refused.stderr, refused.stderr
         finally:
-            assert worker.terminate() == 0
-        assert client.get(layout_key(ns)) == "1"
+            worker.terminate()               # it may have stopped by itself: its namespace turned layout 1
+        some = keel("replay", str(folder), "--tenant", "hogar-demo", "--quiet", env=env, check=False)
+        assert some.returncode == 2 and "--all" in some.stderr, some.stderr
+        assert client.get(layout_key(ns)) == "1" and client.exists(*old) == len(old)
         expected = embedded_digests(load_cartridge(folder), events)
-        keel("replay", str(folder), "--all", "--layout", "2", "--quiet", env=env)
+        keel("replay", str(folder), "--all", "--quiet", env=env)
         assert client.get(layout_key(ns)) == "2"
         left = [k for k in client.scan_iter(match=f"keel:{{{ns}/*", count=1000) if ":z:" in k or ":x:" in k]
         assert left == []
@@ -123,9 +122,6 @@ def test_replay_all_with_layout_2_rewrites_a_layout_1_namespace(env: dict[str, s
         try:
             wait_applied(folder, env, 2 * count, worker)
             assert redis_digests(folder, env, expected) == expected
-            store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=ns)
-            assert isinstance(store, SegmentStore)
-            store.close()
         finally:
             assert worker.terminate() == 0
     finally:
@@ -148,7 +144,7 @@ def test_a_namespace_begun_with_watermarks_never_resumes_from_a_kafka_commit(env
         assert not client.exists(watermarked_key(new), layout_key(new))
         store.close()
         client.sadd(registry_key(old), "t1")                 # written by a Keel from before the layout stamp
-        legacy = RedisStore.from_url(url, namespace=old)
+        legacy = RedisStore.from_url(url, namespace=old, upgrading_layout=True)   # as the replay opens it
         assert legacy.predates_watermarks()
         legacy.close()
     finally:
@@ -156,3 +152,19 @@ def test_a_namespace_begun_with_watermarks_never_resumes_from_a_kafka_commit(env
             for key in client.scan_iter(match=f"keel:{{{ns}*", count=1000):
                 client.delete(key)
         client.close()
+
+
+def old_layout_keys(client: redis.Redis, namespace: str) -> list[str]:
+    """Layout 1's keys, written into the current generation of each tenant of the namespace as that layout named
+    them (the replay that converts it must drop them with the old generation)."""
+    names = []
+    for tenant in client.smembers(registry_key(namespace)):
+        keys = TenantKeys(namespace, tenant)
+        d = keys.data(int(client.get(keys.gen) or 1))
+        entity = escape(min(client.smembers(d + "ents")))
+        names += [d + "pv", d + "z:" + entity, d + "x:" + entity]
+        client.rpush(d + "pv", '["src","ev",1]')
+        client.zadd(d + "z:" + entity, {"e-AAAAAAAA": 0})
+        client.rpush(d + "x:" + entity, "1")
+    assert names
+    return names

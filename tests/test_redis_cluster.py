@@ -24,7 +24,6 @@ from support.redis_checks import RedisChecks, d
 from keel import reading
 from keel.store.base import Store, ViewRequest
 from keel.store.redis import RedisStore
-from keel.store.redis.segment_store import SegmentStore
 
 pytestmark = pytest.mark.services
 
@@ -84,9 +83,16 @@ def cluster_node(request: pytest.FixtureRequest, redis_cluster_url: str) -> Iter
     probe.close()
 
 
+class _RollingRedisStore(RedisStore):
+    roll_bytes = 1          # every step closes the segments it wrote: restatements and ROLL on every slot
+
+
 @pytest.mark.usefixtures("cluster_node")
 class TestRedisClusterStore(RedisChecks, StoreReadsContract, BatchWritesContract, StoreAdminContract):
-    """The contract suite and the Redis checks on Redis Cluster."""
+    """The contract suites and the Redis checks on a 3-master Cluster, a segment closed after every step (so
+    ROLL's RENAME, the valid-time index and the reads of subjects' and closed segments, keys built in the
+    scripts, run on every node)."""
+    store_class = _RollingRedisStore
 
     def make_store(self) -> Store:
         return self.redis_store()
@@ -127,21 +133,3 @@ class TestRedisClusterStore(RedisChecks, StoreReadsContract, BatchWritesContract
         self.client.execute_command("SCRIPT FLUSH", target_nodes=RedisCluster.PRIMARIES)
         views = reading.views(s, [ViewRequest(f"tenant-{i}", "thing:x") for i in range(12)], at=d(2))
         assert [v.facts[0]["value"] for v in views if v] == list(range(12))
-
-
-class _RollingSegmentStore(SegmentStore):
-    roll_bytes = 1          # every step closes the segments it wrote: restatements and ROLL on every slot
-
-
-@pytest.mark.usefixtures("cluster_node")
-class TestRedisClusterSegmentStore(RedisChecks, StoreReadsContract, BatchWritesContract, StoreAdminContract):
-    """The contract suites and the Redis checks on layout 2 on a 3-master Cluster, a segment closed after every
-    step (so ROLL's RENAME, the valid-time index and the reads of subjects' and closed segments, keys built in
-    the scripts, run on every node)."""
-    store_class = _RollingSegmentStore
-
-    def make_store(self) -> Store:
-        return self.redis_store()
-
-    def make_batch_store(self) -> Store:
-        return self.redis_store()

@@ -38,12 +38,6 @@ def env() -> dict[str, str]:
     return services_env()
 
 
-@pytest.fixture(params=["1", "2"], ids=["layout1", "layout2"])
-def layout_env(request: pytest.FixtureRequest) -> dict[str, str]:
-    """The services, the cartridge's namespace written in Redis key layout 1 or 2."""
-    return {**services_env(), "KEEL_REDIS_LAYOUT": request.param}
-
-
 def ingest(cartridge: Path, events: Path, env: dict[str, str], log: Path) -> None:
     """Publish `events` and let a worker apply all of them, then stop it."""
     keel("publish", str(cartridge), str(events), "--quiet", env=env)
@@ -60,8 +54,7 @@ def _only_current_generation(keys: dict[str, object], namespace: str, tenant: st
     assert not stray, f"keys outside generation {gen}: {stray[:10]}"
 
 
-def test_replay_under_live_publishing_matches_the_embedded_build(tmp_path: Path, layout_env: dict[str, str]) -> None:
-    env = layout_env
+def test_replay_under_live_publishing_matches_the_embedded_build(tmp_path: Path, env: dict[str, str]) -> None:
     cartridge = unique_cartridge(tmp_path, "finance")
     ns = load_cartridge(cartridge).name
     events = finance_file(tmp_path / "events.jsonl", {TARGET: 6000, "hogar-b": 1500, "hogar-c": 1500})
@@ -96,8 +89,7 @@ def test_replay_under_live_publishing_matches_the_embedded_build(tmp_path: Path,
 
 
 def test_replay_killed_midway_leaves_the_served_graph_and_a_rerun_completes(tmp_path: Path,
-                                                                           layout_env: dict[str, str]) -> None:
-    env = layout_env
+                                                                           env: dict[str, str]) -> None:
     cartridge = unique_cartridge(tmp_path, "finance")
     ns = load_cartridge(cartridge).name
     events = finance_file(tmp_path / "events.jsonl", {TARGET: 20000, "hogar-b": 500}, debts=100)

@@ -1,4 +1,4 @@
-"""Layout 2's restatements (keel/store/redis/segments.py), property-based: whatever the writes (late points,
+"""The Redis store's restatements (keel/store/redis/segments.py), property-based: whatever the writes (late points,
 corrections, ends, voids, expiries, relations linked again) and wherever segments are closed, a read that the
 open segment says it serves equals the read of the whole timelines, and the open segment serves reads now
 unless a write could reach below a cut. Pure Python: the same strings the Redis store appends and reads."""

@@ -1,6 +1,6 @@
 """Several cartridges per tenant (issue 27, item 3): the finance and appointments samples read as one, with
 the appointments' cross-cartridge relations to finance's household and debts, on the embedded graph and on
-Redis (both layouts); `validate` refusing clashes; qualified names; one MCP server over both."""
+Redis; `validate` refusing clashes; qualified names; one MCP server over both."""
 from __future__ import annotations
 
 import json
@@ -30,7 +30,7 @@ from keel.digest import digest, set_digest
 from keel.embedded import replay_file
 from keel.errors import CartridgeInvalid, UnknownTenant, UsageError
 from keel.projector import Projector
-from keel.store.redis import RedisStore, SegmentStore
+from keel.store.redis import RedisStore
 from tools_server.backend import Backend
 from tools_server.config import Identity, ServerConfig
 from tools_server.server import build_server
@@ -271,16 +271,16 @@ def test_a_recorded_call_of_both_is_replayed(files: list[Path], tmp_path: Path,
                  "--audit", str(log), "--entity", "debt:visa"]) == 0, capsys.readouterr()
 
 
-# ---- Redis, both layouts -----------------------------------------------------------------------------------
+# ---- Redis ----------------------------------------------------------------------------------------------
 
-@pytest.fixture(params=[RedisStore, SegmentStore], ids=["layout1", "layout2"])
-def on_redis(request: pytest.FixtureRequest, files: list[Path]) -> Iterator[GraphSet]:
+@pytest.fixture
+def on_redis(files: list[Path]) -> Iterator[GraphSet]:
     url = service_env("KEEL_REDIS_URL")
     probe = RedisStore.from_url(url, namespace="probe")
     cartridges = [load_cartridge(FINANCE), load_cartridge(APPOINTMENTS)]
     graphs = {}
     for cartridge, path in zip(cartridges, files):
-        store = request.param(probe.client, namespace=f"sev{uuid.uuid4().hex[:12]}", owns_client=False)
+        store = RedisStore(probe.client, namespace=f"sev{uuid.uuid4().hex[:12]}", owns_client=False)
         replay_file(Projector(cartridge, store), path)
         graphs[cartridge.name] = Graph(cartridge, store, None)
     yield GraphSet(CartridgeSet(cartridges), graphs)

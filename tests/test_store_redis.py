@@ -25,8 +25,6 @@ from keel.store.base import (
 )
 from keel.store.memory import MemoryStore
 from keel.store.redis import BulkLoader, RedisStore
-from keel.store.redis.segment_store import SegmentStore
-from keel.timeline import Assertion
 
 pytestmark = pytest.mark.services
 
@@ -43,7 +41,7 @@ def single_node(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.mark.usefixtures("single_node")
 class TestRedisStore(RedisChecks, StoreReadsContract, BatchWritesContract, StoreAdminContract):
-    """The contract suites and the Redis checks on a single redis-server."""
+    """The contract suites and the Redis checks on a single redis-server (segments closed at their usual size)."""
 
     def make_store(self) -> Store:
         return self.redis_store()
@@ -83,9 +81,10 @@ class LoaderStore:
 
 
 @pytest.mark.usefixtures("single_node")
-class TestGenerationLoaderBatches(RedisCase, BatchWritesContract):
-    """The batch contract against the generation loader (a replay's bulk writer). A replay's shadow keeps its
-    offsets but no partition watermark, and checks no `held`: it is written from the log, not after it."""
+class TestSegmentLoaderBatches(RedisCase, BatchWritesContract):
+    """The batch contract against the bulk loader (segment_loader.SegmentLoader, a replay's writer), through the
+    BulkLoader interface `load_generation` gives. A replay's shadow keeps its offsets but no partition watermark,
+    and checks no `held`: it is written from the log, not after it."""
     checks_held = False
 
     def make_batch_store(self) -> Store:
@@ -97,17 +96,6 @@ class TestGenerationLoaderBatches(RedisCase, BatchWritesContract):
             assert isinstance(s.client, redis.Redis)
         finally:
             s.close()
-
-
-@pytest.mark.usefixtures("single_node")
-class TestSegmentLoaderBatches(RedisCase, BatchWritesContract):
-    """The batch contract against layout 2's loader (segment_loader.SegmentLoader), through the same BulkLoader
-    interface `load_generation` gives in either layout."""
-    store_class = SegmentStore
-    checks_held = False
-
-    def make_batch_store(self) -> Store:
-        return LoaderStore(self.redis_store())  # type: ignore[return-value]
 
 
 def test_an_unreachable_server_is_store_unavailable() -> None:
@@ -122,33 +110,17 @@ def test_an_unreachable_server_is_store_unavailable() -> None:
     s.close()
 
 
-def test_assertion_encoding_round_trips() -> None:
-    from keel.store.redis import decode_member, decode_point, encode_body, encode_point
+def test_point_encoding_round_trips_in_order() -> None:
+    from keel.store.redis import decode_point, encode_point
     for point in (0, 1, -1, d(0), 2 ** 53 - 1, -(2 ** 53) + 1):
         assert decode_point(encode_point(point)) == point
     points = sorted(random.Random(3).randrange(-(2 ** 53) + 1, 2 ** 53) for _ in range(500))
     assert sorted(points, key=encode_point) == points
-    for a in (Assertion(d(1), {"a": [1, None]}, False, None, None, d(1)),
-              Assertion(d(1), None, True, "s", "e", d(2), "human:x"),
-              Assertion(d(1), "v", True, "s", "e", d(2)),
-              Assertion(d(1), -5, False, "s", "e", d(2), None, d(4))):
-        rest = encode_point(a.point) + "10" + "11" + "10" + encode_body(a)
-        assert decode_member(rest) == (a.point, 0, a.value, a.closed, a.expires_at)
 
 
-@pytest.mark.usefixtures("single_node")
-class TestSegmentStore(RedisChecks, StoreReadsContract, BatchWritesContract, StoreAdminContract):
-    """The contract suites on layout 2 (segments appended per step), single redis-server."""
-    store_class = SegmentStore
-
-    def make_store(self) -> Store:
-        return self.redis_store()
-
-    def make_batch_store(self) -> Store:
-        return self.redis_store()
 
 
-class _SpiedSegmentStore(SegmentStore):
+class _SpiedRedisStore(RedisStore):
     """Counts the view reads that decode every segment of an entity (segment_views.ViewReader._whole)."""
     roll_bytes = 700
 
@@ -165,10 +137,10 @@ class _SpiedSegmentStore(SegmentStore):
 
 @pytest.mark.usefixtures("single_node")
 class TestSegmentReads(RedisCase):
-    """Layout 2's bounded reads: now from the open segment, at a past time from the closed segments its
+    """Bounded reads: now from the open segment, at a past time from the closed segments its
     valid-time index names, and around that time where those do not answer exactly (segment_past.py); whole
     folds only where nothing bounds a read. Always as the memory store."""
-    store_class = _SpiedSegmentStore
+    store_class = _SpiedRedisStore
 
     def history(self, s: Any, m: MemoryStore, days: int, late: bool = False) -> None:
         for store in (s, m):
@@ -213,10 +185,9 @@ class TestSegmentReads(RedisCase):
 
 @pytest.mark.usefixtures("single_node")
 class TestSegmentLoader(RedisChecks):
-    """Layout 2's bulk loader: steps flushed without waiting run in the loader's thread; a failed flush queues
+    """The bulk loader: steps flushed without waiting run in the loader's thread; a failed flush queues
     its steps again, and the next flush writes each step once."""
-    store_class = SegmentStore
-
+    
     @pytest.mark.parametrize("fail_after", [0, 3])
     def test_a_failed_flush_flushed_again_writes_each_step_once(self, fail_after: int) -> None:
         s = self.redis_store()
@@ -253,12 +224,12 @@ class TestSegmentLoader(RedisChecks):
         assert s.applied_offset("acme", "topic", 0) == 300 and s.applied_offset("acme", "topic", 1) == 5
 
 
-class _RollingSegmentStore(SegmentStore):
+class _RollingRedisStore(RedisStore):
     roll_bytes = 1          # every step that writes an entity closes its segment: restatements everywhere
 
 
 @pytest.mark.usefixtures("single_node")
-class TestSegmentStoreRollingEveryStep(TestSegmentStore):
-    """Layout 2 with a segment closed after every step: every read now goes through restatements (anchors,
+class TestRedisStoreRollingEveryStep(TestRedisStore):
+    """A segment closed after every step: every read now goes through restatements (anchors,
     cut relations, the fall-back to whole folds) and must still answer as the memory store does."""
-    store_class = _RollingSegmentStore
+    store_class = _RollingRedisStore

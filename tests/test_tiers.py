@@ -60,8 +60,8 @@ def test_a_test_is_in_the_tier_of_its_place() -> None:
     assert tiers_of("tests/faults/test_faults.py::test_x") == ["faults"]
     assert tiers_of("tests/deploy/test_stack.py::test_y[a]") == ["deploy"]
     assert tiers_of("tests/test_workers_rebalance.py::test_z[join]") == ["rebalance"]
-    assert tiers_of("tests/test_store_redis.py::TestSegmentStoreRollingEveryStep::"
+    assert tiers_of("tests/test_store_redis.py::TestRedisStoreRollingEveryStep::"
                     "test_random_writes_equal_the_memory_store[1]") == ["rolling_segments"]
-    assert tiers_of("tests/test_store_redis.py::TestSegmentStoreRollingEveryStep::test_timeline_matches") == []
-    assert tiers_of("tests/test_store_redis.py::TestSegmentStore::test_random_writes_equal_the_memory_store[1]") == []
+    assert tiers_of("tests/test_store_redis.py::TestRedisStoreRollingEveryStep::test_timeline_matches") == []
+    assert tiers_of("tests/test_store_redis.py::TestRedisStore::test_random_writes_equal_the_memory_store[1]") == []
     assert tiers_of("tests/test_architecture.py::test_no_import_circle_in_the_core") == []

@@ -433,10 +433,9 @@ def test_corrected_by_follows_the_one_documented_rule(tmp_path: Path) -> None:
 
 
 @pytest.mark.services
-@pytest.mark.parametrize("layout", [1, 2])
-def test_history_of_every_timeline_is_the_same_on_redis(redis_url: str, tmp_path: Path, layout: int) -> None:
+def test_history_of_every_timeline_is_the_same_on_redis(redis_url: str, tmp_path: Path) -> None:
     """history's labels and relations come from Store.keys and recorded_versions_many: every backend answers
-    them alike (both Redis key layouts), retracted and corrected versions included."""
+    them alike, retracted and corrected versions included."""
     import uuid
 
     from keel import Projector
@@ -449,7 +448,7 @@ def test_history_of_every_timeline_is_the_same_on_redis(redis_url: str, tmp_path
     events.write_text((FINANCE / "events.jsonl").read_text() + json.dumps(retract) + "\n")
     cartridge = load_cartridge(FINANCE)
     embedded, _ = build_embedded(cartridge, events)
-    store = RedisStore.from_url(redis_url, namespace=f"t{uuid.uuid4().hex[:12]}", layout=layout)
+    store = RedisStore.from_url(redis_url, namespace=f"t{uuid.uuid4().hex[:12]}")
     try:
         assert not replay_file(Projector(cartridge, store), events).rejected
         mine, theirs = (Tools(cartridge, s, "hogar-demo", clock=lambda: T0) for s in (embedded.store, store))

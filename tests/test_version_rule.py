@@ -1,11 +1,11 @@
-"""One version rule (keel.timeline), mirrored in Lua by both Redis layouts: on random timelines the Redis
-answers equal the Python ones at every interesting time.
+"""One version rule (keel.timeline), mirrored in Lua by the Redis store: on random timelines the Redis answers
+equal the Python ones at every interesting time.
 
-The first test checks layout 1's VIEW script (`winner_at`) against Timeline.as_of on one fact timeline
-(same-point corrections, ends, expiries). The second, differential, test replays random timelines of a fact
-and a relation (corrections, ends, voids written by corrections and retractions, expiries, data recorded
-late) into MemoryStore, layout 1 (RedisStore) and layout 2 (SegmentStore, once more closing its segment after every
-write so that restatements and past segment reads are used), and compares now, past and known_at reads."""
+The first test checks one fact timeline (same-point corrections, ends, expiries) against Timeline.as_of. The
+second, differential, test replays random timelines of a fact and a relation (corrections, ends, voids written
+by corrections and retractions, expiries, data recorded late) into MemoryStore and RedisStore (twice: segments
+closed at their usual size, and closed after every write so that restatements and past segment reads are
+used), and compares now, past and known_at reads."""
 from __future__ import annotations
 
 import uuid
@@ -20,7 +20,6 @@ from keel import reading
 from keel.store.base import fact_result
 from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
-from keel.store.redis.segment_store import SegmentStore
 from keel.store.writes import Write, new_write
 from keel.timeline import Assertion, Timeline, new_assertion, void_of
 
@@ -68,7 +67,7 @@ def test_lua_and_python_agree_on_the_version_at_every_time(redis_store: RedisSto
             assert reading.facts(redis_store, TENANT, ENTITY, at=at) == expected, (d, at)
 
 
-# ---- the differential test: both Redis layouts against the Python rule, voids and relations included ----
+# ---- the differential test: the Redis store against the Python rule, voids and relations included ----
 
 FACT, REL = ("f", ENTITY, "p", ""), ("r", ENTITY, "rel", "thing:two")
 
@@ -89,9 +88,8 @@ ops_strategy = st.lists(st.tuples(st.sampled_from(["f", "r"]),
 def layouts() -> Iterator[list[RedisStore]]:
     url = service_env("KEEL_REDIS_URL")
     stores = [RedisStore.from_url(url, namespace=f"v{uuid.uuid4().hex[:12]}"),
-              SegmentStore.from_url(url, namespace=f"v{uuid.uuid4().hex[:12]}"),
-              SegmentStore.from_url(url, namespace=f"v{uuid.uuid4().hex[:12]}")]
-    stores[2].roll_bytes = 1     # every write closes the segment: restatements, anchors and past segment reads
+              RedisStore.from_url(url, namespace=f"v{uuid.uuid4().hex[:12]}")]
+    stores[1].roll_bytes = 1     # every write closes the segment: restatements, anchors and past segment reads
     yield stores
     for store in stores:
         store.drop_namespace()
@@ -123,7 +121,7 @@ def timeline_writes(ops: list[tuple[str, int, str, int, str | None, int | None, 
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(ops=ops_strategy)
-def test_both_layouts_agree_with_python_on_voids_relations_and_known_at(
+def test_redis_agrees_with_python_on_voids_relations_and_known_at(
         layouts: list[RedisStore], ops: list[tuple[str, int, str, int, str | None, int | None, int]]) -> None:
     writes = timeline_writes(ops)
     memory = MemoryStore()
@@ -135,7 +133,7 @@ def test_both_layouts_agree_with_python_on_voids_relations_and_known_at(
             store.apply_writes(TENANT, [w], f"e{i}")
     keys = [FACT, REL]
     for store in layouts:
-        where = f"layout {store.layout}, roll_bytes {getattr(store, 'roll_bytes', '-')}"
+        where = f"roll_bytes {store.roll_bytes}"
         for known_at in (None, *(T0 + k * DAY for k in range(9, 10 + len(ops) + 1))):
             assert store.versions_many(TENANT, keys, known_at) == memory.versions_many(TENANT, keys, known_at), \
                 (where, known_at)
@@ -157,10 +155,10 @@ RELINKED_AT_ITS_END = [("r", 0, "v", 0, None, None, 0),    # link at day 0
 
 
 def test_a_relation_relinked_at_its_end_keeps_its_start_after_a_restatement(layouts: list[RedisStore]) -> None:
-    """Found by the differential test: layout 2's restatement of a relation cut at its end drops the run's start,
+    """Found by the differential test: a segment's restatement of a relation cut at its end drops the run's start,
     so a later link at that point (correcting the end) must send reads to the whole fold (Fold._check)."""
     writes = timeline_writes(RELINKED_AT_ITS_END)
-    memory, rolling = MemoryStore(), layouts[2]
+    memory, rolling = MemoryStore(), layouts[1]
     rolling.drop_tenant(TENANT)
     for i, w in enumerate(writes):
         memory.apply_writes(TENANT, [w], f"e{i}")

@@ -45,19 +45,12 @@ def env() -> dict[str, str]:
     return services_env()
 
 
-@pytest.fixture(params=["1", "2"], ids=["layout1", "layout2"])
-def layout_env(request: pytest.FixtureRequest) -> dict[str, str]:
-    """The services, with new namespaces written in Redis key layout 1 (sorted sets) or 2 (segments)."""
-    return {**services_env(), "KEEL_REDIS_LAYOUT": request.param}
-
-
 def lines_of(path: Path) -> int:
     return sum(1 for line in path.read_bytes().splitlines() if line.strip())
 
 
-def test_sample_streams_published_twice_equal_the_embedded_build(layout_env: dict[str, str], tmp_path: Path) -> None:
+def test_sample_streams_published_twice_equal_the_embedded_build(env: dict[str, str], tmp_path: Path) -> None:
     """One worker serving the three sample cartridges; then annotate in Redis mode (KafkaLog) with it."""
-    env = layout_env
     folders = [unique_cartridge(tmp_path, name) for name in CARTRIDGES]
     counts = {}
     for folder in folders:
@@ -82,7 +75,7 @@ def test_sample_streams_published_twice_equal_the_embedded_build(layout_env: dic
             wait_applied(folder, env, 2 * counts[folder], worker)
             assert redis_digests(folder, env, expected[folder]) == expected[folder]
         for folder in folders:
-            assert_redis_answers_equal_embedded(folder, env["KEEL_REDIS_URL"], int(env["KEEL_REDIS_LAYOUT"]))
+            assert_redis_answers_equal_embedded(folder, env["KEEL_REDIS_URL"])
         finance = folders[0]
         note = keel("annotate", str(finance), "--redis", env["KEEL_REDIS_URL"], "--tenant", "hogar-demo",
                     "debt:visa", "next_step", "call the bank", "--scope", "tenant", "--evidence", "snap-visa-2026-09",
@@ -96,13 +89,12 @@ def test_sample_streams_published_twice_equal_the_embedded_build(layout_env: dic
         worker.kill()
 
 
-def assert_redis_answers_equal_embedded(folder: Path, url: str, layout: int = 1) -> None:
+def assert_redis_answers_equal_embedded(folder: Path, url: str) -> None:
     """context (facts, relations, rule verdicts, known_through) of every entity at several times is the same in
     Redis mode as embedded; Redis mode also tells the workers' lag, 0 once they caught up."""
     cartridge = load_cartridge(folder)
     projector, report = build_embedded(cartridge, folder / "events.jsonl")
     redis_store = RedisStore.from_url(url, namespace=cartridge.name)
-    assert redis_store.layout == layout
     try:
         for tenant in sorted(report.tenants):
             embedded = Tools(cartridge, projector.store, tenant, clock=lambda: NOW)
@@ -182,8 +174,7 @@ def generated(path: Path, n: int, tenants: int, seed: int) -> Path:
     return write_jsonl(path, out)
 
 
-def test_kill_9_at_random_moments_then_restart_changes_nothing(layout_env: dict[str, str], tmp_path: Path) -> None:
-    env = layout_env
+def test_kill_9_at_random_moments_then_restart_changes_nothing(env: dict[str, str], tmp_path: Path) -> None:
     folder = unique_cartridge(tmp_path, "finance")
     events = generated(tmp_path / "load.jsonl", 4000, 40, seed=11)
     keel("publish", str(folder), str(events), env=env)

@@ -33,8 +33,8 @@ from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.connect import open_redis_store
 from keel.errors import ServiceUnavailable, UsageError
+from keel.store.redis import RedisStore
 from keel.store.redis.cold import COLD, KEEP_CHUNKS, Candidate, candidates, move, move_changes, settings_key
-from keel.store.redis.segment_store import SegmentStore
 from keel.times import format_time, now_micros, parse_duration
 
 log = logging.getLogger("keel.archive")
@@ -74,7 +74,7 @@ class PassReport:
                 + (f"; {self.orphans:,} orphaned row(s) deleted" if self.orphans else ""))
 
 
-def policy(cartridge: Cartridge, store: SegmentStore) -> tuple[str, int | None]:
+def policy(cartridge: Cartridge, store: RedisStore) -> tuple[str, int | None]:
     """The namespace's `cold_after` (its override in Redis, else the cartridge's) as text and micros."""
     with store._guard("cold policy"):
         override = store.client.hget(settings_key(store.namespace), "after")
@@ -82,7 +82,7 @@ def policy(cartridge: Cartridge, store: SegmentStore) -> tuple[str, int | None]:
     return text, parse_duration(text)
 
 
-def set_policy(store: SegmentStore, after: str | None) -> None:
+def set_policy(store: RedisStore, after: str | None) -> None:
     """Set (a duration or `never`) or clear (None: the cartridge's again) the namespace's cold_after."""
     key = settings_key(store.namespace)
     with store._guard("cold policy"):
@@ -93,22 +93,17 @@ def set_policy(store: SegmentStore, after: str | None) -> None:
             store.client.hset(key, "after", after)
 
 
-def open_layout2(cartridge: Cartridge, settings: Settings) -> SegmentStore:
-    """The cartridge's store with its cold tier; a layout-1 namespace or a missing DSN is a usage error."""
+def open_with_cold_tier(cartridge: Cartridge, settings: Settings) -> RedisStore:
+    """The cartridge's store with its cold tier; a missing DSN is a usage error."""
     if not settings.cold_dsn:
         raise UsageError("no cold tier: pass --cold-dsn DSN or set KEEL_COLD_DSN (a PostgreSQL database)")
-    store = open_redis_store(cartridge, settings)
-    if not isinstance(store, SegmentStore):
-        store.close()
-        raise UsageError(f"namespace {cartridge.name!r} is in Redis layout 1; the cold tier moves layout 2's closed "
-                         f"segments: run `keel replay {cartridge.name} --all --layout 2` first")
-    return store
+    return open_redis_store(cartridge, settings)
 
 
 class Mover:
     """Passes over a namespace; `run` loops until stopped, pausing on outages and resuming unaided."""
 
-    def __init__(self, cartridge: Cartridge, store: SegmentStore, options: ArchiveOptions) -> None:
+    def __init__(self, cartridge: Cartridge, store: RedisStore, options: ArchiveOptions) -> None:
         self.cartridge = cartridge
         self.store = store
         self.options = options
@@ -250,7 +245,7 @@ class Mover:
 
 def archive(cartridge: Cartridge, settings: Settings, options: ArchiveOptions) -> PassReport:
     """Run the mover of one cartridge's namespace (SIGTERM/SIGINT end it after the batch in flight)."""
-    store = open_layout2(cartridge, settings)
+    store = open_with_cold_tier(cartridge, settings)
     mover = Mover(cartridge, store, options)
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -272,7 +267,7 @@ def status_of(store: Any, settings: Settings) -> dict[str, Any] | None:
     cold = getattr(store, "cold", None)
     if not seen and cold is None:
         return None
-    doc: dict[str, Any] = {"configured": cold is not None, "layout": store.layout}
+    doc: dict[str, Any] = {"configured": cold is not None}
     for k in ("after", "waiting", "waiting_bytes", "hot_closed", "hot_closed_bytes", "moved_total",
               "moved_bytes_total", "chunks_moved_total", "chunks_moved_bytes_total", "last_pass_at", "error",
               "error_at"):
@@ -289,4 +284,5 @@ def status_of(store: Any, settings: Settings) -> dict[str, Any] | None:
     return doc
 
 
-__all__ = ["ArchiveOptions", "Mover", "PassReport", "archive", "open_layout2", "policy", "set_policy", "status_of"]
+__all__ = ["ArchiveOptions", "Mover", "PassReport", "archive", "open_with_cold_tier", "policy", "set_policy",
+           "status_of"]

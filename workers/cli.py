@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     redis.add_argument("--redis", metavar="URL", help="Redis URL, redis://host:port/db (env KEEL_REDIS_URL)")
     keys = key_store_arguments()
     cold = argparse.ArgumentParser(add_help=False)
-    cold.add_argument("--cold-dsn", metavar="DSN", help="the cold tier: PostgreSQL holding layout 2's closed "
+    cold.add_argument("--cold-dsn", metavar="DSN", help="the cold tier: PostgreSQL holding the closed "
                       "history (env KEEL_COLD_DSN; docs/operations.md, \"Cold tier\"). Default: none")
 
     p = sub.add_parser("publish", parents=[kafka, topics, keys], help="send an events file to the cartridge's topic",
@@ -140,23 +140,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="events per step loaded into the shadow, one MULTI/EXEC (default 5000)")
     p.add_argument("--allow-global-notes", action="store_true", default=None,
                    help="as the worker runs (env KEEL_ALLOW_GLOBAL_NOTES): judge global notes the same way")
-    p.add_argument("--layout", type=int, choices=(1, 2), default=None,
-                   help="with --all: rewrite every tenant in this Redis key layout and stamp the namespace with it "
-                        "(stop the workers and tools servers of the cartridge first; see CHANGELOG.md). "
-                        "Default: the namespace's own layout")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
     add_log_arguments(p)
     p.set_defaults(run=cmd_replay)
 
     p = sub.add_parser("archive", parents=[redis, cold], help="move old closed history to the cold tier (PostgreSQL)",
-                       description="Move the closed segments of a layout-2 namespace whose newest valid time is "
+                       description="Move the closed segments of a namespace whose newest valid time is "
                                    "older than cold_after (cartridge.yaml `history: {cold_after: 90d}`, or the "
                                    "namespace's --set-cold-after), and with --budget the oldest others while Redis "
                                    "uses more memory than that, from Redis to the cold tier. Each segment is copied "
                                    "(an idempotent upsert) then deleted from Redis if unchanged: killed at any "
                                    "point, a rerun completes. Reads fetch cold pieces by themselves. Loops every "
                                    "--interval (PostgreSQL or Redis down: it waits and resumes) until SIGTERM; "
-                                   "--once makes one pass. Exit 0; 2 for a layout-1 namespace or no cold tier; "
+                                   "--once makes one pass. Exit 0; 2 for a namespace in an old layout or no cold tier; "
                                    "3 when --once met an outage.")
     p.add_argument("cartridge", help="cartridge folder")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
@@ -333,19 +329,16 @@ def cmd_dlq_redrive(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from keel.cartridge_set import load_cartridges
-    from keel.errors import UsageError
 
     from .replay import ReplayOptions, replay
     from .replay_progress import Progress
 
     setup_logging(log_format(args.log_format))      # its warnings in the format every other process uses
     cartridges = load_cartridges(args.cartridge)
-    if args.layout is not None and not args.all:
-        raise UsageError("--layout rewrites the whole namespace: use it with --all")
     for cartridge in cartridges:                    # each from its own topic into its own namespace, in turn
         progress = Progress(f"replay {cartridge.name}", quiet=args.quiet)
         report = replay(cartridge, settings_of(args), tenants=None if args.all else list(dict.fromkeys(args.tenant)),
-                        options=ReplayOptions(batch=args.batch, layout=args.layout), progress=progress)
+                        options=ReplayOptions(batch=args.batch), progress=progress)
         if not args.quiet:
             print(report.summary() if len(cartridges) == 1 else f"{cartridge.name}: {report.summary()}")
     return 0
@@ -368,7 +361,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     from keel.cartridge import load_cartridge
     from keel.errors import UsageError
 
-    from .archive import ArchiveOptions, archive, open_layout2, policy, set_policy
+    from .archive import ArchiveOptions, archive, open_with_cold_tier, policy, set_policy
 
     setup_logging(log_format(args.log_format))
     cartridge = load_cartridge(args.cartridge)
@@ -376,7 +369,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     if args.set_cold_after is not None or args.reset_cold_after:
         if args.set_cold_after is not None and args.reset_cold_after:
             raise UsageError("give --set-cold-after or --reset-cold-after, not both")
-        store = open_layout2(cartridge, settings)
+        store = open_with_cold_tier(cartridge, settings)
         try:
             try:
                 set_policy(store, None if args.reset_cold_after else args.set_cold_after)

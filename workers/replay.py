@@ -35,7 +35,7 @@ from keel.kafka import KafkaUnavailable, describe_group
 from keel.keystore_pg import privacy_of
 from keel.store.base import EventWrites
 from keel.store.redis import BulkLoader
-from keel.store.redis.layout import stamp_layout
+from keel.store.redis.layout import LAYOUT_VERSION, namespace_layout, stamp_layout
 from keel.wire import events_topic, group_id
 
 from .collector import gc_young_threshold
@@ -59,7 +59,6 @@ class ReplayOptions:
     fetch: int = 20_000             # records per Kafka fetch
     retry_for_s: float = 120.0      # how long a Kafka or Redis outage is retried before giving up
     max_switch_tries: int = 100
-    layout: int | None = None       # with every tenant: rewrite the namespace in this Redis key layout
 
 
 @dataclass
@@ -122,27 +121,29 @@ def replay(cartridge: Cartridge, settings: Settings, *, tenants: list[str] | Non
         if not TENANT.match(t):
             raise UsageError(f"bad tenant {t!r}: use [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
     options = options or ReplayOptions()
-    if options.layout is not None:
-        _check_layout_change(cartridge, settings, tenants)
     replayer = Replayer(cartridge, settings, options, progress or Progress(f"replay {cartridge.name}", quiet=True))
     try:
+        if namespace_layout(replayer.store.client, cartridge.name) != LAYOUT_VERSION:
+            _check_layout_change(cartridge, settings, tenants)
         report = asyncio.run(replayer.run(tenants))
         if tenants is None and all(r.switched for r in report.results):
-            stamp_layout(replayer.store.client, cartridge.name, replayer.store.layout)   # every tenant is in it
+            stamp_layout(replayer.store.client, cartridge.name)     # every tenant is in this Keel's layout
         return report
     finally:
         replayer.close()
 
 
 def _check_layout_change(cartridge: Cartridge, settings: Settings, tenants: list[str] | None) -> None:
-    """A change of key layout rewrites every tenant while nothing else writes: a worker would go on writing
-    the old layout into the generations the replay replaces, so the worker group must be empty."""
+    """A namespace in an old key layout is rewritten whole, while nothing else writes (a worker of an older Keel
+    would go on writing the old layout into the generations the replay replaces), so the worker group must be
+    empty."""
     if tenants is not None:
-        raise UsageError("--layout rewrites the whole namespace: use it with --all")
+        raise UsageError(f"namespace {cartridge.name!r} is in an old Redis key layout: rewrite every tenant with "
+                         f"`keel replay <cartridge folder> --all` (a replay of some tenants would leave a mix)")
     group = asyncio.run(describe_group(settings.kafka_bootstrap, group_id(cartridge.name), events_topic(cartridge.name)))
     if group.members:
         raise UsageError(f"the worker group {group_id(cartridge.name)} has {len(group.members)} member(s): stop the "
-                         f"workers (and tools servers) of {cartridge.name} before changing its Redis key layout, "
+                         f"workers (and tools servers) of {cartridge.name} before rewriting its Redis key layout, "
                          f"then start them again once the replay has stamped the namespace")
 
 
@@ -156,7 +157,7 @@ class Replayer:
         self.progress = progress
         self.topic = events_topic(cartridge.name)
         self.privacy = privacy_of(cartridge, settings)      # sealed personal fields: decrypted, or the mask
-        self.store = open_redis_store(cartridge, settings, upgrading_layout=True, convert_to=options.layout)
+        self.store = open_redis_store(cartridge, settings, upgrading_layout=True)
         self.state = ReplayState(self.store)
         self.report = ReplayReport(cartridge.name, self.topic)
         self.claimed: dict[str, TenantResult] = {}          # shadows written and not switched yet

@@ -8,7 +8,7 @@
     StoreAdmin     the namespace as a whole: its tenants, whether it holds anything, whether it predates
                    watermarks, closing it
 
-`keel.store.base.Store` is their composition, which every backend (MemoryStore, RedisStore, SegmentStore)
+`keel.store.base.Store` is their composition, which every backend (MemoryStore, RedisStore)
 implements. A backend implements the abstract primitives; the defaults here build the rest on them, so every
 backend behaves the same; one contract suite per role (tests/support/reads_contract.py, batch_contract.py,
 admin_contract.py) checks each role over every backend.

@@ -1,4 +1,4 @@
-"""The admin role of the store contract (keel.store.roles.StoreAdmin: tenants, holds_data, predates_watermarks),, written once; the memory store and both Redis layouts (single node and Cluster) subclass
+"""The admin role of the store contract (keel.store.roles.StoreAdmin: tenants, holds_data, predates_watermarks),, written once; the memory store and the Redis store (single node and Cluster) subclass
 StoreAdminContract.
 
     class TestMyStore(StoreAdminContract):

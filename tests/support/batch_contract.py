@@ -1,7 +1,7 @@
 """The batch-writes role of the store contract (keel.store.roles.BatchWrites: apply_writes, commit_batch and
 commit_many with offsets, applied ids and offsets, the partitions' watermarks and the `held` check), written
-once; the memory store, both Redis layouts (single node and Cluster), the worker's RecordingStore and both
-layouts' generation loaders subclass BatchWritesContract.
+once; the memory store, the Redis store (single node and Cluster), the worker's RecordingStore and the Redis bulk
+loader subclass BatchWritesContract.
 
     class TestMyBatches(BatchWritesContract):
         def make_batch_store(self) -> Store: ...   # a fresh, empty store

@@ -7,11 +7,10 @@ import uuid
 from typing import Any
 
 import pytest
-import redis
 
 from keel import reading
 from keel.digest import digest
-from keel.errors import StoreUnavailable, UsageError
+from keel.errors import UsageError
 from keel.store.base import (
     GLOBAL_TENANT,
     Key,
@@ -24,7 +23,7 @@ from keel.store.base import (
     relation_write,
 )
 from keel.store.memory import MemoryStore
-from keel.store.redis import GenerationLoader, RedisStore
+from keel.store.redis import RedisStore
 from keel.timeline import new_assertion, void_of
 from keel.times import format_time, parse_time
 
@@ -44,7 +43,7 @@ class RedisCase:
     url: str
     client: Any
     cluster: bool = False
-    store_class: type[RedisStore] = RedisStore          # the layout under test (SegmentStore: layout 2)
+    store_class: type[RedisStore] = RedisStore          # the store under test (a subclass: tiny segments, spies)
 
     def setup_method(self) -> None:
         self._stores: list[RedisStore] = []
@@ -55,10 +54,6 @@ class RedisCase:
 
     def make_store(self) -> Store:
         return self.redis_store()
-
-    def layout_1_only(self, why: str) -> None:
-        if self.store_class.layout != 1:
-            pytest.skip(f"layout 1 only: {why}")
 
     def redis_store(self, namespace: str | None = None) -> RedisStore:
         store = self.store_class(self.client, namespace=namespace or f"t{uuid.uuid4().hex[:12]}", owns_client=False)
@@ -105,9 +100,9 @@ def random_batches(seed: int, n: int = 120) -> list[tuple[list[Write], str | Non
 
 
 def same_keys(s: Store, keys: list[Key], expected: list[Key]) -> bool:
-    """Store.keys promises a stable order, the backend's own: layout 1 keeps the memory store's (creation
-    order), layout 2 its own (an entity's timelines, then the relations naming it, sorted); compare as such."""
-    return keys == expected if getattr(s, "layout", 1) == 1 else sorted(keys) == sorted(expected)
+    """Store.keys promises a stable order, the backend's own: the memory store's is creation order, Redis's an
+    entity's timelines, then the relations naming it, sorted; compare as such."""
+    return keys == expected if isinstance(s, MemoryStore) else sorted(keys) == sorted(expected)
 
 
 def assert_same_graph(m: MemoryStore, s: Store, tenant: str) -> None:
@@ -159,45 +154,6 @@ class RedisChecks(RedisCase):
             m.apply_writes("acme", writes, event_id)
             s.apply_writes("acme", writes, event_id)
         assert_same_graph(m, s, "acme")
-
-    def test_relations_holding_only_links_are_read_from_their_first_link(self) -> None:
-        self.layout_1_only("the `re` set of relation timelines is layout 1's")
-        """Relations linked again and again (late points, shared points), some later ended, voided or given
-        an expiry, across steps: views equal the memory store's (a links-only relation is read from its first
-        member), `re` names exactly the others, and a generation written before `re` was kept (no `re` field
-        in `m`) is read whole, still right."""
-        rnd = random.Random(5)
-        s, m = self.redis_store(), MemoryStore()
-        rels = [("debt:a", "owed_by", "acct:1"), ("debt:b.x@y-z", "r|2", "debt:a"), ("acct:1", "rel", "due:q")]
-        steps: list[list[tuple[list[Write], str | None]]] = []
-        for i in range(60):
-            sub, rel, obj = rels[i % 3]
-            point = d(rnd.randint(0, 20))
-            if i > 40 and rel == "r|2" and i % 2:
-                a = new_assertion(point, True, False, "s", f"ev{i}", point, None, point + DAY)   # an expiry
-                writes = [new_write(("r", sub, rel, obj), a)]
-            elif i > 40 and rel == "rel" and i % 2 == 0:
-                writes = [relation_write(sub, rel, obj, point, True, source=None, evidence=f"ev{i}",
-                                         recorded_at=point, by=None)]
-            else:
-                writes = [relation_write(sub, rel, obj, point, False, source="s", evidence=f"ev{i}",
-                                         recorded_at=point + rnd.choice([0, DAY]), by=None)]
-            steps.append([(writes, f"ev{i}")])
-        entities = ["debt:a", "debt:b.x@y-z", "acct:1", "due:q"]
-        for i, step in enumerate(steps):
-            s.commit_batch("acme", step, ("topic", 0, i))
-            for writes, event_id in step:
-                m.apply_writes("acme", writes, event_id)
-            if i in (10, 59):
-                assert_same_views(m, s, "acme", entities)
-        names = s.tenant_keys("acme")
-        ends = sorted(self.client.smembers(names.data(s.current_generation("acme")) + "re"))
-        assert ends == ["acct:1|r|rel|due:q|", "debt:b.x@y-z|r|r%7C2|debt:a|"], ends
-        view = reading.views(s, [ViewRequest("acme", "debt:a", None, "r")], at=d(30))[0]
-        linked = [r for r in view.relations if r["relation"] == "owed_by"]
-        assert len(linked) == 1 and linked[0]["valid_to"] is None
-        self.client.hdel(names.data(s.current_generation("acme")) + "m", "re")   # as a generation of before
-        assert_same_views(m, s, "acme", entities)
 
     def test_commit_batch_equals_event_by_event(self) -> None:
         batches = [(w, f"e{i}") for i, (w, _) in enumerate(random_batches(7, 200))]
@@ -491,19 +447,11 @@ class RedisChecks(RedisCase):
         assert loader.pending > 0
         loader.flush()
         assert loader.pending == 0
-        raw = self.store_class.layout == 1      # layout 2 loads through APPLY; where segments close may differ
-        if raw:
-            want = self.raw_generation(s, "acme", applied)
-            assert self.raw_generation(s, "acme", loaded) == want
-            assert {k.split(":")[0] for k in want} == {"ev", "m", "ents", "pv", "z", "x", "re", "ch"}
-            assert want["m"][1]["re"] == "1" and want["re"][1]          # relation ends kept, and some recorded
         assert digest(s.for_generation("acme", loaded), "acme") == digest(view, "acme")
         # APPLY goes on from a loaded generation as from its own
         more = random_batches(12, 60)
         view.commit_batch("acme", more, ("topic", 0, 400))
         s.for_generation("acme", loaded).commit_batch("acme", more, ("topic", 0, 400))
-        if raw:
-            assert self.raw_generation(s, "acme", loaded) == self.raw_generation(s, "acme", applied)
         assert digest(s.for_generation("acme", loaded), "acme") == digest(view, "acme")
         s.switch_generation("acme", loaded)
         m = MemoryStore()
@@ -532,31 +480,3 @@ class RedisChecks(RedisCase):
         s.for_generation("acme", gen).commit_batch("acme", [], ("topic", 0, 1))
         with pytest.raises(UsageError):
             s.load_generation("acme", gen)
-
-    @pytest.mark.parametrize("written", [False, True])
-    def test_a_failed_flush_flushed_again_writes_each_step_once(self, written: bool,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-        self.layout_1_only("GenerationLoader is layout 1's bulk loader")
-        s = self.redis_store()
-        steps = self.bulk_steps()[:3]
-        applied, loaded = s.new_generation("acme"), s.new_generation("acme")
-        loader = s.load_generation("acme", loaded)
-        for events, position in steps:
-            s.for_generation("acme", applied).commit_batch("acme", events, position)
-            loader.add(events, position)
-        loader.flush()
-        events, position = steps[0][0] + random_batches(13, 30), ("topic", 0, 500)
-        s.for_generation("acme", applied).commit_batch("acme", events, position)
-        loader.add(events, position)
-        where = "_answer" if written else "_send"            # written but the answer lost, or not sent
-        real = getattr(GenerationLoader, where)
-
-        def lost(self: GenerationLoader, *args: Any) -> None:
-            raise redis.ConnectionError("connection reset")
-        monkeypatch.setattr(GenerationLoader, where, lost)
-        with pytest.raises(StoreUnavailable):
-            loader.flush()
-        monkeypatch.setattr(GenerationLoader, where, real)
-        assert loader.pending == 1
-        loader.flush()
-        assert self.raw_generation(s, "acme", loaded) == self.raw_generation(s, "acme", applied)

@@ -193,8 +193,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
 def status(cartridge: Path, env: dict[str, str]) -> dict[str, Any]:
     from keel.config import resolve
     from workers.status import gather_status
-    settings = resolve({"kafka": env["KEEL_KAFKA_BOOTSTRAP"], "redis": env["KEEL_REDIS_URL"],
-                        "redis_layout": env.get("KEEL_REDIS_LAYOUT")})
+    settings = resolve({"kafka": env["KEEL_KAFKA_BOOTSTRAP"], "redis": env["KEEL_REDIS_URL"]})
     doc = gather_status(load_cartridge(cartridge), settings, per_tenant=False)
     if "kafka" in doc["unavailable"]:       # callers wait through an outage by catching this
         from keel.errors import KafkaUnavailable

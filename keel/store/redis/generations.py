@@ -10,20 +10,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import ColdTierNotConfigured, UsageError
-from .changelog import CHANGES
-from .cold import COLD, ColdTier, settings_key
+from .cold import ColdTier, settings_key
 from .keys import (
-    LAYOUT1_DATA_KEYS,
-    LAYOUT2_DATA_KEYS,
-    MARKS,
-    RELATION_ENDS,
+    LAYOUT1_ENTITY_KEYS,
+    LAYOUT1_KEYS,
     applied_key,
     escape,
+    gen_keys,
     layout_key,
     offset_field,
     watermarked_key,
 )
-from .loader import BulkLoader, GenerationLoader
 from .transport import Client, chunks
 
 
@@ -32,27 +29,19 @@ class GenerationAdmin:
 
     _client: Client
     _gens: dict[str, int]
-    _pv_len: dict[str, int]
     _registered: set[str]
     _registry: str
     _new_gen_script: Any
     _switch_script: Any
     _switch_if_script: Any
     namespace: str
-    cold: ColdTier | None = None     # the cold tier of layout 2's closed segments (cold.py), when configured
+    cold: ColdTier | None = None     # the cold tier of closed segments (cold.py), when configured
 
     def new_generation(self, tenant: str) -> int:
         """A generation number never handed out before for this tenant (empty, not current)."""
         n = self._n(tenant)
         with self._guard("new_generation", tenant):
             return int(self._new_gen_script(keys=[n.gen, n.gseq]))
-
-    def load_generation(self, tenant: str, gen: int) -> BulkLoader:
-        """A bulk loader of the empty generation `gen` of `tenant`, which must not be current (nobody reads it
-        until a switch): steps as `commit_batch` takes them, written without the APPLY script."""
-        if int(gen) < 1:
-            raise UsageError(f"bad generation {gen!r}: generations start at 1")
-        return GenerationLoader(self, tenant, int(gen))
 
     def switch_generation(self, tenant: str, gen: int) -> None:
         """Make `gen` the tenant's current generation, atomically for every reader and writer."""
@@ -90,7 +79,6 @@ class GenerationAdmin:
     def _drop_data(self, tenant: str, gen: int) -> int:
         self._drop_cold(tenant, gen)
         names = self.droppable_keys(tenant, gen)
-        self._pv_len.pop(self._n(tenant).data(gen), None)
         with self._guard("drop_generation", tenant):
             pipe = self._client.pipeline(transaction=False)
             for chunk in reversed(list(chunks(names))):    # the index keys (first chunk) go last
@@ -105,39 +93,28 @@ class GenerationAdmin:
             self.cold.drop_generation(self.namespace, tenant, gen)
             return
         with self._guard("drop_generation", tenant):
-            held = int(self._client.exists(self._n(tenant).data(int(gen)) + COLD))
+            held = int(self._client.exists(gen_keys(self._n(tenant).data(int(gen))).cold))
         if held:
             raise ColdTierNotConfigured(self.namespace, tenant)
 
     def droppable_keys(self, tenant: str, gen: int) -> list[str]:
-        """The keys a drop of one generation unlinks: every name either layout may have given its data (a
-        generation replaced while `keel replay --all --layout N` converts a namespace is in the other layout),
+        """The keys a drop of one generation unlinks: every name its data may have, layout 1's too (a generation
+        replaced while `keel replay --all` converts a namespace from the removed layout 1 is in it),
         from its entity set and closed-segment counts, without asking which exist (UNLINK skips the others).
         The fixed keys come first: the entity set, which names the rest, goes last."""
         d = self._n(tenant).data(int(gen))
         with self._guard("drop_generation", tenant):
-            entities = sorted(self._client.smembers(d + "ents"))
-            closed = self._client.hgetall(d + "sg")
-        fixed = dict.fromkeys(d + k for k in (*LAYOUT1_DATA_KEYS, MARKS, RELATION_ENDS, *LAYOUT2_DATA_KEYS, "sg",
-                                              COLD, CHANGES))
+            k = gen_keys(d)
+            entities = sorted(self._client.smembers(k.entities))
+            closed = self._client.hgetall(k.closed)
+        fixed = dict.fromkeys([*k.fixed, k.marks, k.closed, k.cold, k.changes, *(d + x for x in LAYOUT1_KEYS)])
         names = list(fixed)
         for e in entities:
             x = escape(e)
-            names += (d + "z:" + x, d + "x:" + x, d + "s:" + x, d + "i:" + x, d + "v:" + x, d + "k:" + x)
-        names += (f"{d}s:{x}|{j}" for x, n in closed.items() for j in range(int(n)))
+            names += (k.open_segment(x), k.incoming(x), k.valid_index(x), k.known_index(x),
+                      *(d + p + x for p in LAYOUT1_ENTITY_KEYS))
+        names += (k.closed_segment(x, j) for x, n in closed.items() for j in range(int(n)))
         return names
-
-    def key_names(self, tenant: str, gen: int | None = None) -> list[str]:
-        """Every Redis key of one generation of a tenant (default: the current one), from its index."""
-        with self._guard("key_names", tenant):
-            d = self._n(tenant).data(self._snapshot_gen(tenant) if gen is None else int(gen))
-            entities = sorted(self._client.smembers(d + "ents"))
-            extra = [d + k for k in (MARKS, RELATION_ENDS, CHANGES)]    # present only when written (keys.py)
-            pipe = self._client.pipeline(transaction=False)
-            for k in extra:
-                pipe.exists(k)
-            extra = [k for k, n in zip(extra, pipe.execute()) if n]
-        return [d + k for k in LAYOUT1_DATA_KEYS] + extra + [d + p + escape(e) for e in entities for p in ("z:", "x:")]
 
     def drop_tenant(self, tenant: str) -> int:
         """Delete every generation of a tenant and forget it (the log rebuilds it); returns keys deleted."""

@@ -1,9 +1,11 @@
 """The Redis key layout, defined once: key names, timeline prefixes and their escaping.
 
-Every module that names a Redis key of Keel (the store, the bulk loader, the replay state) builds it here.
+Every Python module that names a Redis key of Keel (the store, the bulk loader, the replay state, the cold tier)
+builds it here; the Lua scripts build the per-entity names below from a prefix they are given, spelled as here
+(segment_scripts.py).
 
-Key layout. Every key of a tenant carries the hash tag `{<namespace>/<tenant>}`, so a tenant lives in
-one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
+Key layout (version 2, layout.py). Every key of a tenant carries the hash tag `{<namespace>/<tenant>}`, so a
+tenant lives in one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
 
     keel:{<ns>}:tenants                    set: tenants ever written in the namespace (a registry)
     keel:{<ns>}:layout                     string: the layout version (layout.py), checked at start
@@ -11,48 +13,33 @@ one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
                                            record of the partition is applied (where a worker resumes)
     keel:{<ns>}:watermarked                string "1": set before the namespace's first write, so every write
                                            is under a watermark (a partition without one holds nothing)
+    keel:{<ns>}:cold                       hash: the cold tier's policy override and the mover's last pass (cold.py)
+    keel:{<ns>}:dlq:seen, keel:{<ns>}:dlq:count   dead letters counted once per source record (workers/dlq.py)
     keel:{<ns>/<t>}:gen                    string: the current generation (absent = 1)
     keel:{<ns>/<t>}:gseq                   string: the highest generation handed out
     keel:{<ns>/<t>}:replay                 string: the marker of a replay in progress (workers/replay_state.py)
-    keel:{<ns>}:dlq:seen, keel:{<ns>}:dlq:count   dead letters counted once per source record (workers/dlq.py)
-    keel:{<ns>/<t>}:g<N>:ev                set: applied event ids
-    keel:{<ns>/<t>}:g<N>:eh                hash: event id -> its mark (`<content hash> <where first seen>`)
-    keel:{<ns>/<t>}:g<N>:m                 hash: `sv` (write counter, the search version), applied offsets,
-                                           `rl` (the latest recorded_at of an applied event)
-                                           `kt` (latest recorded_at of a write applied), `lag` (at the last commit),
-                                           `re` = 1 when `re` below was kept since the generation's first write
-    keel:{<ns>/<t>}:g<N>:re                set: relation timelines holding an end or an expiry, as
-                                           `<escaped owner>|<P>` (absent while there is none)
-    keel:{<ns>/<t>}:g<N>:ents              set: the generation's entities (its explicit index)
-    keel:{<ns>/<t>}:g<N>:pv                list: provenance entries `[source, evidence, recorded_at, by]`
-    keel:{<ns>/<t>}:g<N>:ch                list: every write applied, in apply order, in compressed chunks
-                                           (changelog.py; both layouts)
-    keel:{<ns>/<t>}:g<N>:z:<entity>        sorted set: every assertion of the timelines the entity owns
-    keel:{<ns>/<t>}:g<N>:x:<entity>        list: [first recorded_at, one element per timeline involving it]
-    keel:{<ns>/<t>}:g<N>:cz                hash: layout 2's closed segments moved to the cold tier (cold.py)
-    keel:{<ns>}:cold                       hash: the cold tier's policy override and the mover's last pass (cold.py)
 
-A timeline is owned by the entity in its key's second place (the subject of a relation). All members
-of an entity's sorted set have score 0 and sort by bytes:
+and per generation N, after its data prefix `d` = `keel:{<ns>/<t>}:g<N>:` (GenerationKeys):
 
-    <P><point><#b><b><#w><w><#k><k><body>
+    d ev          set: applied event ids
+    d eh          hash: event id -> its mark (`<content hash> <where first seen>`)
+    d m           hash: `sv` (write counter, the search version), applied offsets, `rl` (the latest recorded_at
+                  of an applied event), `kt` (latest recorded_at of a write applied), `lag` (at the last commit)
+    d ents        set: the generation's entities (its explicit index)
+    d fr          hash: entity -> the least recorded_at of the writes involving it (its first)
+    d ch          list: every write applied, in apply order, in compressed chunks (changelog.py)
+    d sg          hash: escaped entity -> how many of its segments are closed
+    d s:<e>       string: the entity's open segment (segments.py); `d s:<e>|<n>` its closed segment n
+    d v:<e>       sorted set: the valid-time index of its closed segments (segment_scripts.py)
+    d k:<e>       sorted set: the recorded-time index of its closed segments (segment_scripts.py)
+    d i:<e>       set: `>` + escaped subject + `|` + P of each relation naming the entity as object
+    d cz          hash: `<e>|<n>` -> SHA-1 of each closed segment moved to the cold tier (cold.py)
 
-* P, the timeline prefix: the key's kind, then each key part after the owner, each followed by `|`
-  (`f|balance|` + scope + `|`, `l|ref|`, `r|owed_by|household:h1|`, `e|`); parts are escaped
-  (`%` → `%25`, `|` → `%7C`), so prefixes are prefix-free and `[P` .. `(P~` is exactly one timeline.
-* point: valid time in micros + 2**53, as 9 base-64 characters of an alphabet in ASCII order.
-* b: the provenance list length when the event was applied, w: the write's index in its batch; at one
-  point they order assertions by log order. k: the write's provenance entry is at index b + k.
-* body: `=<json value>`, `-` (an end), `!<json value>` (an end carrying a value), optionally preceded
-  by `~<expires_at - point>;`.
-`#x` is the length of x as one digit. Assertions are decoded with keel.timeline rules on the way out.
-
-A relation timeline outside `re` (in a generation whose `m` says `re` is kept) holds links only, so its
-coalesced versions are one run from its first point: a view reads its first member, not all of them
-(a relation linked again by every event would otherwise cost a read of every link).
-
-An index list element is P for a timeline the entity owns, `>` + owner + `|` + P for a relation
-naming it as object. Namespace and tenant match the tenant pattern (no braces), so the hash tag is
+`<e>` is the escaped entity name. A timeline is owned by the entity in its key's second place (the subject of a
+relation); P, the timeline prefix, is the key's kind, then each key part after the owner, each followed by `|`
+(`f|balance|` + scope + `|`, `l|ref|`, `r|owed_by|household:h1|`, `e|`); parts are escaped (`%` → `%25`, `|` →
+`%7C`), so prefixes are prefix-free. A point is valid time in micros + 2**53, as 9 base-64 characters of an
+alphabet in ASCII order (codec.py). Namespace and tenant match the tenant pattern (no braces), so the hash tag is
 always ours; entity names are escaped like key parts, so no user string can forge a key.
 """
 from __future__ import annotations
@@ -65,13 +52,15 @@ from ...identifiers import TENANT
 from ..base import GLOBAL_TENANT, Key
 
 ARITY = {"e": 0, "l": 1, "f": 2, "r": 2}      # key parts after the owner, by timeline kind
-# The fixed keys of a generation in each layout, after its data prefix: present exactly when it holds data.
-# `ev`, `m` and `ents` are both layouts'; layout 1 adds its provenance list, layout 2 (segment_scripts.py)
-# the first recorded_at of each entity.
-LAYOUT1_DATA_KEYS = ("ev", "m", "ents", "pv")
-LAYOUT2_DATA_KEYS = ("ev", "m", "ents", "fr")
+# The fixed keys of a generation, after its data prefix: present exactly when it holds data (segment_scripts.py).
+DATA_KEYS = ("ev", "m", "ents", "fr")
+# The names only a generation written in the removed layout 1 has: fixed keys, then per-entity prefixes. Kept so
+# that the replay converting such a namespace drops its old generations whole (generations.droppable_keys).
+LAYOUT1_KEYS = ("pv", "re")
+LAYOUT1_ENTITY_KEYS = ("z:", "x:")
 MARKS = "eh"             # the generation's event marks (written only with events that carry marks)
-RELATION_ENDS = "re"     # set of relation timelines with an end or expiry; also the `m` field saying it is kept
+CHANGES = "ch"           # the generation's change log (changelog.py)
+COLD = "cz"              # the generation's closed segments moved to the cold tier (cold.py)
 LATEST = "rl"            # field of `m`: the latest recorded_at of an applied event
 _ESCAPED = re.compile(r"%(25|7C)")
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -112,11 +101,6 @@ def key_of(owner: str, text: str) -> tuple[Key, int]:
 
 
 
-def ended_member(owner: str, prefix: str) -> str:
-    """A relation timeline's member of the RELATION_ENDS set: its escaped owner, `|`, its P."""
-    return f"{escape(owner)}|{prefix}"
-
-
 def check_name(what: str, name: str, allow_global: bool = False) -> str:
     if not isinstance(name, str) or not (TENANT.match(name) or (allow_global and name == GLOBAL_TENANT)):
         raise UsageError(f"bad {what} {name!r}: use [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
@@ -137,10 +121,61 @@ class TenantKeys:
         return f"{self.base}g{gen}:"
 
     def data_keys(self, gen: int) -> list[str]:
-        """The fixed keys of a generation in layout 1 (its index: present exactly when the generation holds
-        data; a probe of them finds a layout-2 generation too, by the keys both layouts share)."""
-        d = self.data(gen)
-        return [d + k for k in LAYOUT1_DATA_KEYS]
+        """The fixed keys of a generation: present exactly when it holds data."""
+        return GenerationKeys(self.data(gen)).fixed
+
+
+class GenerationKeys:
+    """Key names of one generation of a tenant, from its data prefix `d` (TenantKeys.data): the fixed keys as
+    attributes, the per-entity ones by method (each taking the escaped entity name)."""
+    __slots__ = ("changes", "closed", "cold", "d", "entities", "first", "ids", "marks", "meta", "segments",
+                 "valid_indexes")
+
+    def __init__(self, d: str) -> None:
+        self.d = d
+        self.ids = d + "ev"
+        self.marks = d + MARKS
+        self.meta = d + "m"
+        self.entities = d + "ents"
+        self.first = d + "fr"
+        self.changes = d + CHANGES
+        self.closed = d + "sg"
+        self.cold = d + COLD
+        self.segments = d + "s:"          # the prefix of segment names (the scripts append the entity)
+        self.valid_indexes = d + "v:"     # the prefix of valid-time index names (likewise)
+
+    @property
+    def fixed(self) -> list[str]:
+        """The fixed keys (DATA_KEYS): present exactly when the generation holds data."""
+        return [self.d + x for x in DATA_KEYS]
+
+    def open_segment(self, e: str) -> str:
+        return self.segments + e
+
+    def closed_segment(self, e: str, n: int | str) -> str:
+        return f"{self.segments}{e}|{n}"
+
+    def valid_index(self, e: str) -> str:
+        return self.valid_indexes + e
+
+    def known_index(self, e: str) -> str:
+        return self.d + "k:" + e
+
+    def incoming(self, e: str) -> str:
+        return self.d + "i:" + e
+
+
+_GENERATIONS: dict[str, GenerationKeys] = {}
+
+
+def gen_keys(d: str) -> GenerationKeys:
+    """The GenerationKeys of data prefix `d`, from a process-wide cache (a commit step asks for them)."""
+    keys = _GENERATIONS.get(d)
+    if keys is None:
+        if len(_GENERATIONS) > 10_000:
+            _GENERATIONS.clear()
+        keys = _GENERATIONS[d] = GenerationKeys(d)
+    return keys
 
 
 def offset_field(topic: str, partition: int) -> str:
@@ -179,9 +214,3 @@ def watermarked_key(namespace: str) -> str:
 def dead_letter_keys(namespace: str) -> tuple[str, str]:
     """(source records counted, counts by tenant) of a namespace's dead letters."""
     return f"keel:{{{namespace}}}:dlq:seen", f"keel:{{{namespace}}}:dlq:count"
-
-
-def entity_keys(d: str, entity: str) -> tuple[str, str]:
-    """(sorted set, index list) of an entity in the generation whose data prefix is `d`."""
-    e = escape(entity)
-    return d + "z:" + e, d + "x:" + e

@@ -93,7 +93,7 @@ local Mk = a + 1
 a = Mk + 2 * nM
 """
 
-# The meta hash (KEYS[3]) after a commit step (both layouts): `rl` (ARGV[7], the latest recorded_at of the
+# The meta hash (KEYS[3]) after a commit step: `rl` (ARGV[7], the latest recorded_at of the
 # ids), `kt` (ARGV[5], of the writes) and the offset (field ARGV[3], value `offset` of STEP_HELD) only move forward; `lag`
 # (ARGV[6]) is set with the offset.
 STEP_META = """

@@ -1,6 +1,6 @@
-"""Bulk loads of a layout-2 generation nobody reads yet (a replay's shadow).
+"""Bulk loads of a generation nobody reads yet (a replay's shadow).
 
-Layout 2's APPLY script costs Redis little per event (one APPEND per entity and step), so the loader sends the
+The APPLY script costs Redis little per event (one APPEND per entity and step), so the loader sends the
 steps through it, on a store pinned to the generation: the generation ends exactly as the same commits would
 leave it. `flush` sends the queued steps in one round trip, from a thread of the loader when not waited for (Redis
 runs them while the replay projects the next events); after a failure, the next flush sends them again and the
@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from ...errors import UsageError
 from ..base import BatchStep, EventWrites, Position
-from .keys import LAYOUT2_DATA_KEYS, MARKS
+from .keys import gen_keys
 from .loader import BulkLoader
 from .transport import guard
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 class SegmentLoader(BulkLoader):
-    """The BulkLoader (loader.py: add, flush, pending, abort, close) of layout 2's commits."""
+    """The BulkLoader (loader.py: add, flush, pending, abort, close) of the store's commits."""
 
     def __init__(self, store: RedisStore, tenant: str, gen: int) -> None:
         self.tenant = tenant
@@ -38,7 +38,8 @@ class SegmentLoader(BulkLoader):
                              f"load writes only a generation nobody reads")
         d = store.data_prefix(tenant, self.gen)
         with guard(store.namespace, "load_generation", tenant):
-            if int(store.client.exists(*(d + k for k in (*LAYOUT2_DATA_KEYS, MARKS)))):
+            k = gen_keys(d)
+            if int(store.client.exists(*k.fixed, k.marks)):
                 raise UsageError(f"generation {gen} of tenant {tenant!r} holds data: a bulk load starts from "
                                  f"an empty generation")
         store.register_tenant(tenant)
@@ -58,7 +59,7 @@ class SegmentLoader(BulkLoader):
 
     def add(self, events: Sequence[EventWrites], position: Position | None) -> None:
         """Queue one step, as `commit_batch(tenant, events, position)` takes it: an event whose id an earlier
-        step of this load carried is dropped here (as GenerationLoader does), so that the script never refuses
+        step of this load carried is dropped here so that the script never refuses
         a step for it and the steps are applied in their order."""
         ids = self.ids
         kept = []
@@ -99,7 +100,7 @@ class SegmentLoader(BulkLoader):
         write counter `sv` by one when it carries ids or writes, so the counter says how many ran (a step
         written twice would apply its id-less events twice). When the counter cannot be read, all of them."""
         try:
-            ran = int(self.view.client.hget(self.d + "m", "sv") or 0) - self.sv
+            ran = int(self.view.client.hget(gen_keys(self.d).meta, "sv") or 0) - self.sv
         except RedisError:
             return sent
         i = 0

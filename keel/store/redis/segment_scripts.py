@@ -1,12 +1,13 @@
-"""Lua scripts of layout 2 (segments.py): commit a step, close a segment, read an entity now or whole.
+"""Lua scripts of the Redis store (segments.py): commit a step, close a segment, read an entity now or whole.
 
-Like layout 1's scripts (scripts.py) each takes, as ARGV[1], the generation its key names were computed for,
-and answers `{0, <current generation>}` without doing anything when the tenant switched meanwhile. Keys not
+Each takes, as ARGV[1], the generation its key names were computed for, and answers `{0, <current generation>}`
+without doing anything when the tenant switched meanwhile (lua.GEN_CHECK). Keys not
 in KEYS (closed segments, the segments of a relation's subject) are built from the data prefix: they carry the
 tenant's hash tag, so they are in the script's hash slot.
 
-Per generation `d` (keys.py's prefix) layout 2 keeps `ev`, `eh`, `m` and `ents` as layout 1 does, and the keys
-below (its fixed keys, present exactly when it holds data, are keys.LAYOUT2_DATA_KEYS):
+Per generation `d` (keys.py's prefix, where keys.GenerationKeys builds these names in Python) the store keeps
+`ev`, `eh`, `m`, `ents` and `ch`, and the keys below (the fixed keys, present exactly when it holds data, are
+keys.DATA_KEYS):
     d fr               hash: entity -> the least recorded_at of the writes involving it (its first)
     d sg               hash: escaped entity -> how many of its segments are closed
     d s:<e>            string: the entity's open segment (segments.py)
@@ -27,7 +28,7 @@ from .lua import GEN_CHECK, LOG_CHUNKS, MULTI, STEP_HELD, STEP_IDS, STEP_META
 
 # KEYS: 1 gen, 2 ids (set), 3 meta (hash), 4 entities (set), 5 first recorded_at (hash), 6 marks (hash), then
 #       per entity e (1-based): 5 + 2e its open segment, 6 + 2e its incoming relations (set).
-# ARGV (3 to 9 as layout 1's APPLY): 1 expected gen, 2 the size past which a segment is reported, 3 offset field
+# ARGV (3 to 9 shared with lua.py's STEP_* parts): 1 expected gen, 2 the size past which a segment is reported, 3 offset field
 #       ("" = none), 4 offset, 5 the latest recorded_at of the writes ("" = none), 6 the partition's lag after this
 #       step ("" = unknown), 7 the latest recorded_at of the ids ("" = none), 8 nI, the ids, nM, nM pairs (id,
 #       mark), nE, then per entity: name, least recorded_at of the writes involving it, its delta block ("" =

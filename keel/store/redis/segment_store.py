@@ -1,7 +1,7 @@
-"""The Redis store in layout 2: one segment APPEND per touched entity and step (segments.py, segment_scripts.py).
+"""The Redis store (RedisStore): one segment APPEND per touched entity and step (segments.py, segment_scripts.py).
 
-Same Store contract, generations, hash tags and meta hash as layout 1 (store.py); what differs is where an
-entity's assertions live. A commit step is one APPLY script per tenant: the applied-ids check, one APPEND of a
+Its base (store.py's RedisBase) holds the namespace's connection, tenants, generations, offsets and meta hash;
+this module holds where an entity's assertions live. A commit step is one APPLY script per tenant: the applied-ids check, one APPEND of a
 JSON delta per entity, the first-recorded and entity sets, ids, marks and offsets. When an open segment grows
 past segments.ROLL_BYTES the writer closes it (ROLL) with a restatement it computes from that segment, and
 indexes it by valid time and by recorded time, so a read now decodes one bounded segment per entity and reads
@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...errors import ColdTierUnavailable
-from ...timeline import Assertion, Timeline, insert, is_void
+from ...timeline import Assertion, Timeline, Version, insert, is_void
 from ...times import Micros, now_micros
 from ..base import (
     BatchStep,
@@ -29,9 +29,9 @@ from ..base import (
 from . import cold as cold_tier
 from . import segment_scripts
 from .batch import PendingStep, latest_of, state_behind
-from .changelog import CHANGES, encode_copies
+from .changelog import encode_copies
 from .codec import clamped_point, decode_point
-from .keys import LAYOUT2_DATA_KEYS, MARKS, escape, index_key, key_of, prefix_of
+from .keys import escape, gen_keys, index_key, key_of, prefix_of
 from .loader import BulkLoader
 from .retries import KEPT_CONFLICTING, in_current, until_done
 from .segment_loader import SegmentLoader
@@ -50,13 +50,11 @@ from .segments import (
     recorded_range,
     restate,
 )
-from .store import GenerationChanged, RedisStore, store_of_layout
+from .store import GenerationChanged, RedisBase
 from .transport import CHUNK, chunks, eval_many, pipelined
 
-LAYOUT = 2
 WINDOW_SCAN = 2000      # index entries of a timeline with overlapping ranges a change's window scans at most
 _DELTA_HEAD = f"[{DELTA},"      # a segment's line holding a delta block (segments.py)
-OPTIONAL_KEYS = (MARKS, "sg", CHANGES, cold_tier.COLD)
 
 
 class _Step(PendingStep):
@@ -68,10 +66,8 @@ class _Step(PendingStep):
         self.blocks: StepBlocks | None = None
 
 
-@store_of_layout
-class SegmentStore(RedisStore):
-    """A Store over Redis in layout 2 (single node or Cluster); one namespace per instance."""
-    layout = LAYOUT
+class RedisStore(RedisBase):
+    """The Store over Redis (single node or Cluster): entities' data in segments; one namespace per instance."""
     roll_bytes = ROLL_BYTES             # an open segment larger than this is closed (tests use tiny ones)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -137,12 +133,13 @@ class SegmentStore(RedisStore):
         sb = p.blocks
         ids = [event_id for _, event_id in p.events if event_id]
         marks = [x for event_id in ids if getattr(event_id, "mark", None) for x in (event_id, event_id.mark)]
-        keys = [names.gen, d + "ev", d + "m", d + "ents", d + "fr", d + MARKS]
+        k = gen_keys(d)
+        keys = [names.gen, k.ids, k.meta, k.entities, k.first, k.marks]
         args: list[Any] = [expected, self.roll_bytes, p.field, p.offset_arg, p.latest, p.lag, latest_of(ids),
                            len(ids), *ids, len(marks) // 2, *marks, len(sb.entities)]
         for name, i in sb.entities.items():
             e = escape(name)
-            keys += (d + "s:" + e, d + "i:" + e)
+            keys += (k.open_segment(e), k.incoming(e))
             incoming = sb.incoming[i]
             if incoming:
                 args += (name, sb.min_recorded[i], sb.blocks[i] or "", len(incoming), *incoming)
@@ -156,7 +153,7 @@ class SegmentStore(RedisStore):
         """Close the open segments the APPLY answers reported, each with a restatement of its fold (a whole
         fold when the segment's own is not exact now). A segment appended to meanwhile is left for the next
         step that reports it."""
-        segs = pipelined(self._client, [("GET", d + "s:" + escape(name)) for _, d, _, name in rolls])
+        segs = pipelined(self._client, [("GET", gen_keys(d).open_segment(escape(name))) for _, d, _, name in rolls])
         now = now_micros()
         calls = []
         for (tenant, d, gen, name), seg in zip(rolls, segs):
@@ -173,7 +170,8 @@ class SegmentStore(RedisStore):
             index = [x for p, (lo, hi, ends) in delta_ranges(blocks).items()
                      for x in (p, clamped_point(lo), clamped_point(hi), "1" if ends else "")]
             first, last = recorded_range(blocks) or ("", "")
-            calls.append(([self._n(tenant).gen, d + "sg", d + "s:" + e, d + "v:" + e, d + "k:" + e],
+            k = gen_keys(d)
+            calls.append(([self._n(tenant).gen, k.closed, k.open_segment(e), k.valid_index(e), k.known_index(e)],
                           ["", e, len(seg.encode()), restate(fold.timelines, now, fold.anchors), first, last,
                            *index]))
         if calls:
@@ -193,8 +191,9 @@ class SegmentStore(RedisStore):
             out: dict[str, Fold] = {}
             for chunk in chunks(wanted):
                 with self._guard("versions", tenant):
-                    result = self._seg_full(keys=[names.gen, d + "sg"],
-                                            args=[expected, d + "s:", *(escape(e) for e in chunk)])
+                    k = gen_keys(d)
+                    result = self._seg_full(keys=[names.gen, k.closed],
+                                            args=[expected, k.segments, *(escape(e) for e in chunk)])
                 if result[0] == 0:
                     self._gens[tenant] = int(result[1])
                     return None
@@ -220,19 +219,19 @@ class SegmentStore(RedisStore):
 
     def entity_recorded_at(self, tenant: str, entity: str) -> Micros | None:
         with self._guard("entity_recorded_at", tenant):
-            value = self._tx(tenant, lambda p, d: p.hget(d + "fr", entity))[0]
+            value = self._tx(tenant, lambda p, d: p.hget(gen_keys(d).first, entity))[0]
         return None if value is None else int(value)
 
     def recorded_many(self, tenant: str, entities: list[str]) -> list[Micros | None]:
         if not entities:
             return []
         with self._guard("recorded_many", tenant):
-            values = self._tx(tenant, lambda p, d: p.hmget(d + "fr", entities))[0]
+            values = self._tx(tenant, lambda p, d: p.hmget(gen_keys(d).first, entities))[0]
         return [None if v is None else int(v) for v in values]
 
     def keys(self, tenant: str, entity: str) -> list[Key]:
         with self._guard("keys", tenant):
-            incoming = self._tx(tenant, lambda p, d: p.smembers(d + "i:" + escape(entity)))[0]
+            incoming = self._tx(tenant, lambda p, d: p.smembers(gen_keys(d).incoming(escape(entity))))[0]
         own = self._folds(tenant, [entity])[entity].keys(entity)
         return own + [index_key(entity, el) for el in sorted(incoming)]
 
@@ -258,7 +257,8 @@ class SegmentStore(RedisStore):
         used: list[str] = []
         with self._guard("changes", tenant):
             [result] = self._script_many(self._seg_around, [(tenant, lambda d: (
-                used.append(d), [], [d + "s:", d + "v:", WINDOW_SCAN, len(opens), *opens, *triples])[1:])])
+                used.append(d), [], [gen_keys(d).segments, gen_keys(d).valid_indexes, WINDOW_SCAN, len(opens),
+                                   *opens, *triples])[1:])])
         _, verdicts, segments = result
         missing = [(x, int(n)) for x, got in zip(opens, segments) for n, seg in zip(got[1::2], got[2::2]) if not seg]
         if missing:                         # closed segments in the cold tier (cold.py)
@@ -317,6 +317,13 @@ class SegmentStore(RedisStore):
                 found[item] = w
         return [found[item] for item in items]
 
+    def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
+        return [tl.versions(known_at) for tl in self._timelines(tenant, keys)] if keys else []
+
+    def recorded_versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None
+                               ) -> list[list[tuple[Version, Assertion | None]]]:
+        return [tl.recorded_versions(known_at) for tl in self._timelines(tenant, keys)] if keys else []
+
     def assertions_many(self, tenant: str, keys: list[Key]) -> list[list[Assertion]]:
         return [list(tl.assertions()) for tl in self._timelines(tenant, keys)] if keys else []
 
@@ -345,9 +352,10 @@ class SegmentStore(RedisStore):
         for chunk in chunks(entities):
             with self._guard("entity_indexes", tenant):
                 pipe = self._client.pipeline(transaction=False)
-                pipe.hmget(d + "fr", chunk)
+                k = gen_keys(d)
+                pipe.hmget(k.first, chunk)
                 for e in chunk:
-                    pipe.smembers(d + "i:" + escape(e))
+                    pipe.smembers(k.incoming(escape(e)))
                 first, *incoming = pipe.execute()
             folds = self._folds(tenant, chunk, gen)
             for e, rec, inc in zip(chunk, first, incoming):
@@ -360,27 +368,25 @@ class SegmentStore(RedisStore):
         """Every Redis key of one generation of a tenant (default: the current one), from its entity set."""
         with self._guard("key_names", tenant):
             d = self._n(tenant).data(self._snapshot_gen(tenant) if gen is None else int(gen))
-            entities = sorted(self._client.smembers(d + "ents"))
-            extra = [d + k for k in OPTIONAL_KEYS]
-            found = [int(n) for n in pipelined(self._client, [("EXISTS", k) for k in extra])]
+            k = gen_keys(d)
+            entities = sorted(self._client.smembers(k.entities))
+            extra = [k.marks, k.closed, k.changes, k.cold]       # present only when written
+            found = [int(n) for n in pipelined(self._client, [("EXISTS", x) for x in extra])]
             closed: dict[str, int] = {}
             if found[1]:
-                closed = {k: int(v) for k, v in self._client.hgetall(d + "sg").items()}
-        out = [d + k for k in LAYOUT2_DATA_KEYS] + [k for k, n in zip(extra, found) if n]
-        per_entity = [d + p + escape(e) for e in entities for p in ("s:", "i:", "v:", "k:")]
+                closed = {x: int(n) for x, n in self._client.hgetall(k.closed).items()}
+        out = k.fixed + [x for x, n in zip(extra, found) if n]
+        per_entity = [name for e in map(escape, entities)
+                      for name in (k.open_segment(e), k.incoming(e), k.valid_index(e), k.known_index(e))]
         for chunk in chunks(per_entity):
             with self._guard("key_names", tenant):
-                out += (k for k, n in zip(chunk, pipelined(self._client, [("EXISTS", k) for k in chunk])) if n)
-        out += (f"{d}s:{x}|{j}" for x, n in closed.items() for j in range(n))
+                out += (x for x, n in zip(chunk, pipelined(self._client, [("EXISTS", x) for x in chunk])) if n)
+        out += (k.closed_segment(x, j) for x, n in closed.items() for j in range(n))
         return out
 
     def load_generation(self, tenant: str, gen: int) -> BulkLoader:
         return SegmentLoader(self, tenant, int(gen))
 
-    def for_generation(self, tenant: str, gen: int) -> SegmentStore:
-        view = super().for_generation(tenant, gen)
-        assert isinstance(view, SegmentStore)
-        return view        # type(self): a subclass's settings stay
 
 
-__all__ = ["CHUNK", "LAYOUT", "SegmentStore"]
+__all__ = ["CHUNK", "RedisStore"]

@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 import redis
 
 from ..base import TenantStart
-from .keys import LATEST, MARKS, TenantKeys, offset_field
+from .keys import LATEST, MARKS, TenantKeys, gen_keys, offset_field
 from .retries import until_done
 from .transport import Client, chunks
 
@@ -56,9 +56,9 @@ class TenantStarts:
             d = names.data(gen)
             if expected:
                 pipe.get(names.gen)
-            pipe.smembers(d + "ev")
+            pipe.smembers(gen_keys(d).ids)
             pipe.hgetall(d + MARKS)
-            pipe.hmget(d + "m", LATEST, *[offset_field(*tp) for tp in tps])
+            pipe.hmget(gen_keys(d).meta, LATEST, *[offset_field(*tp) for tp in tps])
             checked.append(expected)
         results = iter(pipe.execute())
         left = []

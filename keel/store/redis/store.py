@@ -1,60 +1,52 @@
-"""The Redis store: the Store contract on a single redis-server or on Redis Cluster (layout: keys.py).
+"""The base of the Redis store (RedisBase): the Store contract's parts that do not depend on where an entity's
+data lives, on a single redis-server or on Redis Cluster (key names: keys.py). segment_store.RedisStore, its one
+subclass, adds the entities' segments.
 
-Reads go through the current generation: each script or MULTI block re-reads `gen` and the client
-retries (retries.py) when a switch happened since it computed its key names. `view` (what `context` reads)
-is one VIEW script per entity, and `views` sends several in one pipeline. VIEW is the one script that reads keys
-it was not given: the sorted sets of the subjects of relations naming the entity as object, named from its index
-list; they carry the tenant's hash tag, so they are in the script's hash slot. `for_generation` gives a view pinned
-to one generation of one tenant (to rebuild it while the current one keeps serving).
+Reads go through the current generation: each script or MULTI block re-reads `gen` and the client retries
+(retries.py) when a switch happened since it computed its key names. `for_generation` gives a view pinned to one
+generation of one tenant (to rebuild it while the current one keeps serving).
 """
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from abc import abstractmethod
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Self
 
 from redis.exceptions import RedisError, ResponseError
 
 from ...errors import StateBehind, StoreUnavailable, UsageError
-from ...timeline import Assertion, Timeline, Version
 from ...times import Micros
 from ..base import (
     BatchStep,
-    EntityView,
     EventWrites,
     Freshness,
-    Key,
     PartitionOffsets,
     Position,
     Store,
-    ViewRequest,
     Write,
 )
-from . import lua, scripts
-from .batch import ApplyBatch, PendingStep, state_behind
+from . import lua
 from .changelog import ChangeLogReads
-from .codec import ProvenanceCache, clamped_point, decode_view, freshness_of, timeline_of
+from .codec import freshness_of
 from .connection import connect, redacted
 from .generations import GenerationAdmin
 from .keys import (
     LATEST,
     MARKS,
-    RELATION_ENDS,
     TenantKeys,
     applied_key,
     check_name,
-    escape,
-    index_key,
+    gen_keys,
     offset_field,
-    prefix_of,
     registry_key,
     watermarked_key,
 )
-from .layout import LAYOUT_VERSION, LAYOUTS, check_layout
-from .retries import KEPT_CONFLICTING, in_current, until_done
+from .layout import check_layout
+from .retries import in_current, until_done
 from .starts import TenantStarts
-from .transport import Client, chunks, eval_many, guard, is_oom
+from .transport import Client, eval_many, guard, is_oom
 from .walks import TenantWalks
 
 Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
@@ -75,25 +67,6 @@ def redis_condition(info: dict[str, Any]) -> str | None:
     return None
 
 
-_LAYOUT_CLASSES: dict[int, type[RedisStore]] = {}
-
-
-def store_of_layout(store_class: type[RedisStore]) -> type[RedisStore]:
-    """Class decorator: `store_class` reads and writes the key layout it names (`layout`); `from_url` opens it
-    for a namespace in that layout. RedisStore is layout 1's; a layout built on it registers from its own
-    module (segment_store.SegmentStore, layout 2, which the package imports), so this one never names it."""
-    _LAYOUT_CLASSES[store_class.layout] = store_class
-    return store_class
-
-
-def layout_class(layout: int) -> type[RedisStore]:
-    """The store class reading and writing a key layout (1: this module's, 2: segment_store.SegmentStore)."""
-    found = _LAYOUT_CLASSES.get(layout)
-    if found is None:
-        raise UsageError(f"bad Redis key layout {layout!r}: this Keel writes layouts {', '.join(map(str, LAYOUTS))}")
-    return found
-
-
 class GenerationChanged(StoreUnavailable):
     """A strict writer's batch met a new current generation (a replay cut over): drop what was computed
     from the old one and plan again from the new generation."""
@@ -105,11 +78,10 @@ class GenerationChanged(StoreUnavailable):
         self.new = new
 
 
-@store_of_layout
-class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Store):
-    """A Store over Redis (single node or Cluster) in key layout 1; one namespace (a cartridge) per instance.
-    `from_url` opens the class of the namespace's layout (layout 2: segment_store.SegmentStore)."""
-    layout = 1
+class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Store):
+    """What a Store over Redis (single node or Cluster) does whatever its entities' keys: the namespace's
+    connection, tenants, generations, offsets and meta hash; one namespace (a cartridge) per instance. Its one
+    subclass, segment_store.RedisStore, keeps the entities' data in segments."""
 
     def __init__(self, client: Client, *, namespace: str, pins: dict[str, int] | None = None,
                  owns_client: bool = True, strict_generations: bool = False) -> None:
@@ -122,11 +94,7 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
         self._gens: dict[str, int] = {}
         self._names: dict[str, TenantKeys] = {}
         self._registered: set[str] = set()
-        self._pv_len: dict[str, int] = {}     # data prefix -> provenance list length after our last write
         self._owns_client = owns_client
-        self._apply_script = client.register_script(scripts.APPLY)
-        self._read_script = client.register_script(scripts.READ)
-        self._view_script = client.register_script(scripts.VIEW)
         self._switch_script = client.register_script(lua.SWITCH)
         self._new_gen_script = client.register_script(lua.NEW_GENERATION)
         self._switch_if_script = client.register_script(lua.SWITCH_IF_CAUGHT_UP)
@@ -134,26 +102,21 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None,
-                 strict_generations: bool = False, upgrading_layout: bool = False, layout: int | None = None,
-                 convert_to: int | None = None, **options: Any) -> RedisStore:
+                 strict_generations: bool = False, upgrading_layout: bool = False, **options: Any) -> Self:
         """Connect to `redis://…`; `cluster=None` asks the server (`INFO cluster`) whether it is a Cluster node.
-        With `cluster=None` (what every process uses) it also reads the namespace's key layout (layout.py: a new
-        namespace is stamped with `layout`, default 1; a replay is `upgrading_layout`) and opens the store class
-        of that layout, or of `convert_to` (`keel replay --all --layout N` rewriting every tenant in layout N);
-        with `cluster` given it connects lazily, in this class's layout."""
+        With `cluster=None` (what every process uses) it also checks the namespace's key layout (layout.py: a
+        new namespace is stamped; one in layout 1 is refused unless `upgrading_layout`, the replay that
+        rewrites it); with `cluster` given it connects lazily."""
         options.setdefault("socket_connect_timeout", 5)
         options.setdefault("socket_timeout", 30)
         probed = cluster is None
         try:
             client = connect(url, cluster=cluster, **options)
-            store_class: type[RedisStore] = cls
             if probed:                       # a process opening its store: connected now, check the layout
-                found = check_layout(client, check_name("namespace", namespace), upgrading=upgrading_layout,
-                                     default=layout or cls.layout)
-                store_class = layout_class(convert_to or (found if found in LAYOUTS else LAYOUT_VERSION))
+                check_layout(client, check_name("namespace", namespace), upgrading=upgrading_layout)
         except RedisError as e:
             raise StoreUnavailable(f"cannot connect to Redis at {redacted(url)}: {type(e).__name__}: {e}") from e
-        return store_class(client, namespace=namespace, strict_generations=strict_generations)
+        return cls(client, namespace=namespace, strict_generations=strict_generations)
 
     @property
     def client(self) -> Client:
@@ -204,8 +167,8 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
             self._registered.update(unregistered)
 
     def invalidate(self, tenant: str, gen: int) -> None:
-        """Forget what this store cached of a generation another writer (a bulk load) changed."""
-        self._pv_len.pop(self.data_prefix(tenant, gen), None)
+        """Forget what this store cached of a generation another writer (a bulk load) changed: nothing (the
+        segment writer keeps no guess of a generation's contents)."""
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -304,86 +267,15 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
         """
         self._commit(steps, "commit_many")
 
+    @abstractmethod
     def _commit(self, steps: Sequence[BatchStep], what: str) -> None:
-        pending = [PendingStep(tenant, events, position) for tenant, events, position in steps
-                   if events or position is not None]
-        if not pending:
-            return
-        with self._guard(what, pending[0].tenant if len(pending) == 1 else None):
-            self._register_all(p.tenant for p in pending)
-            self._load_pv_lengths(pending)
-            until_done(pending, self._apply_once, lambda p: p.tenant, failure=KEPT_CONFLICTING)
-
-    def _apply_once(self, pending: list[PendingStep]) -> list[PendingStep]:
-        """Send each step's APPLY once, with the current guesses; the steps to send again."""
-        tries: list[str] = []
-        calls = self._attempts(pending, tries)
-        results = eval_many(self._client, self._apply_script, list(calls) if len(pending) == 1 else calls)
-        return [p for p, d, result in zip(pending, tries, results) if not self._settle(p, d, result)]
-
-    def _attempts(self, pending: list[PendingStep], tries: list[str]) -> Iterator[tuple[list[str], list[Any]]]:
-        """The APPLY (keys, args) of each step, encoded as they are sent (the server runs the steps sent
-        before meanwhile); the data prefix each was planned on goes to `tries`."""
-        for p in pending:
-            keys, args, d = self._attempt(p)
-            tries.append(d)
-            yield keys, args
-
-    def _load_pv_lengths(self, pending: list[PendingStep]) -> None:
-        """The provenance list lengths this client does not know yet, in one round trip (the APPLY
-        script checks them anyway: a wrong one costs a retry of that step)."""
-        missing = []
-        for p in pending:
-            d = self._n(p.tenant).data(self._gen_guess(p.tenant)[0])
-            if d not in self._pv_len:
-                missing.append(d)
-        if len(missing) < 2:
-            return          # _attempt reads a single one
-        pipe = self._client.pipeline(transaction=False)
-        for d in missing:
-            pipe.llen(d + "pv")
-        for d, n in zip(missing, pipe.execute()):
-            self._pv_len[d] = int(n)
-
-
-    def _attempt(self, p: PendingStep) -> tuple[list[str], list[Any], str]:
-        """Keys and arguments of the APPLY script for a step, with the current guesses; and the data prefix."""
-        names = self._n(p.tenant)
-        gen, expected = self._gen_guess(p.tenant)
-        d = names.data(gen)
-        base = self._pv_len.get(d)
-        if base is None:
-            base = self._pv_len[d] = int(self._client.llen(d + "pv"))
-        if p.batch is None or p.batch.args[0] != str(base):
-            p.batch = ApplyBatch(p.events, base, p.field, p.offset_arg, p.latest, p.lag)
-        return [names.gen, *p.batch.keys(d)], [expected, *p.batch.args], d
-
-    def _settle(self, p: PendingStep, d: str, result: list[Any]) -> bool:
-        """Take the APPLY script's answer; True when the step is done, else the guesses are corrected."""
-        code = int(result[0])
-        if code == 1:
-            self._pv_len[d] = int(result[1])
-            return True
-        if code == 0:
-            old = self._gens.get(p.tenant, 1)
-            self._gens[p.tenant] = int(result[1])
-            if self.strict_generations and p.tenant not in self._pins:
-                raise GenerationChanged(p.tenant, old, int(result[1]))
-        elif code == 2:
-            self._pv_len[d] = int(result[1])
-        elif code == 4:
-            raise state_behind(p, result[1])
-        else:
-            applied = set(result[1:])
-            p.events = [e for e in p.events if e[1] not in applied]
-            p.batch = None
-        return False
+        """Apply the steps, each atomically (the subclass's APPLY script)."""
 
     # ---- primitive reads -----------------------------------------------------------------------
 
     def has_event(self, tenant: str, event_id: str) -> bool:
         with self._guard("has_event", tenant):
-            return bool(self._tx(tenant, lambda p, d: p.sismember(d + "ev", event_id))[0])
+            return bool(self._tx(tenant, lambda p, d: p.sismember(gen_keys(d).ids, event_id))[0])
 
     # ---- the partitions' applied watermarks (namespace-wide: where a worker resumes) ---------------
 
@@ -425,93 +317,17 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
     def applied_offset(self, tenant: str, topic: str, partition: int) -> int | None:
         """The offset stored by the last commit_batch for (topic, partition) of the tenant, or None."""
         with self._guard("applied_offset", tenant):
-            value = self._tx(tenant, lambda p, d: p.hget(d + "m", offset_field(topic, partition)))[0]
+            value = self._tx(tenant, lambda p, d: p.hget(gen_keys(d).meta, offset_field(topic, partition)))[0]
         return None if value is None else int(value)
-
-    def entity_recorded_at(self, tenant: str, entity: str) -> Micros | None:
-        with self._guard("entity_recorded_at", tenant):
-            value = self._tx(tenant, lambda p, d: p.lindex(d + "x:" + escape(entity), 0))[0]
-        return None if value is None else int(value)
-
-    def recorded_many(self, tenant: str, entities: list[str]) -> list[Micros | None]:
-        """First recorded_at of several entities in one transaction."""
-        if not entities:
-            return []
-
-        def fill(p: Any, d: str) -> None:
-            for e in entities:
-                p.lindex(d + "x:" + escape(e), 0)
-        with self._guard("recorded_many", tenant):
-            values = self._tx(tenant, fill)
-        return [None if v is None else int(v) for v in values]
-
-    def keys(self, tenant: str, entity: str) -> list[Key]:
-        with self._guard("keys", tenant):
-            raw = self._tx(tenant, lambda p, d: p.lrange(d + "x:" + escape(entity), 1, -1))[0]
-        return [index_key(entity, element) for element in raw]
-
-    def versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None) -> list[list[Version]]:
-        if not keys:
-            return []
-        return [tl.versions(known_at) for tl in self._timelines(tenant, keys)]
-
-    def recorded_versions_many(self, tenant: str, keys: list[Key], known_at: Micros | None
-                               ) -> list[list[tuple[Version, Assertion | None]]]:
-        if not keys:
-            return []
-        return [tl.recorded_versions(known_at) for tl in self._timelines(tenant, keys)]
-
-    def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
-        """Each view by one VIEW script call (index, as-of winners, relation timelines, provenance), all
-        requests in one round trip; with `known_at`, whole timelines folded here."""
-        if not requests:
-            return []
-        common = ["1" if known_at is not None else "", clamped_point(at)]
-
-        def build(r: ViewRequest) -> Build:
-            e = escape(r.entity)
-            scopes = ["0"] if r.scopes is None else ["1", *(escape(s) for s in r.scopes)]
-            return lambda d: ([d + "pv", d + "x:" + e, d + "z:" + e, d + "m", d + RELATION_ENDS],
-                              [*common, r.parts, d + "z:", *scopes])
-        with self._guard("view", requests[0].tenant if len(requests) == 1 else None):
-            results = self._script_many(self._view_script, [(r.tenant, build(r)) for r in requests])
-        return [decode_view(r.entity, result, at, known_at) for r, result in zip(requests, results)]
-
-    def _timelines(self, tenant: str, keys: list[Key], gen: int | None = None,
-                   provenance: ProvenanceCache | None = None) -> list[Timeline]:
-        """Whole timelines with provenance, by the READ script in chunks: all of the current generation
-        (restarting when it switches between chunks), or all of `gen` when given."""
-        names = self._n(tenant)
-        resolve = "0" if provenance is not None else "1"
-
-        def attempt() -> list[Timeline] | None:
-            g, expected = (gen, "") if gen is not None else self._gen_guess(tenant)
-            d = names.data(g)
-            out: list[Timeline] = []
-            for chunk in chunks(keys):
-                zsets = [d + "z:" + escape(k[1]) for k in chunk]
-                with self._guard("versions", tenant):
-                    result = self._read_script(keys=[names.gen, d + "pv", *zsets],
-                                        args=[expected, resolve, *(prefix_of(k) for k in chunk)])
-                if result[0] == 0:
-                    self._gens[tenant] = int(result[1])
-                    return None
-                prov = provenance or ProvenanceCache()
-                pairs = result[2]
-                for i in range(0, len(pairs), 2):
-                    prov.add(pairs[i], pairs[i + 1])
-                out += (timeline_of(members, prov) for members in result[1])
-            return out
-        return in_current(tenant, attempt)
 
     def event_ids(self, tenant: str) -> list[str]:
         with self._guard("event_ids", tenant):
-            return sorted(self._tx(tenant, lambda p, d: p.smembers(d + "ev"))[0])
+            return sorted(self._tx(tenant, lambda p, d: p.smembers(gen_keys(d).ids))[0])
 
     def freshness(self, tenant: str) -> Freshness:
         """known_through and lag from the meta hash (what the workers' last commits stored)."""
         with self._guard("freshness", tenant):
-            return freshness_of(self._tx(tenant, lambda p, d: p.hmget(d + "m", "kt", "lag"))[0])
+            return freshness_of(self._tx(tenant, lambda p, d: p.hmget(gen_keys(d).meta, "kt", "lag"))[0])
 
     def event_mark(self, tenant: str, event_id: str) -> str | None:
         with self._guard("event_mark", tenant):
@@ -523,23 +339,19 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
 
     def latest_recorded(self, tenant: str) -> Micros | None:
         with self._guard("latest_recorded", tenant):
-            value = self._tx(tenant, lambda p, d: p.hget(d + "m", LATEST))[0]
+            value = self._tx(tenant, lambda p, d: p.hget(gen_keys(d).meta, LATEST))[0]
         return None if value is None else int(value)
 
     def search_version(self, tenant: str) -> object:
         """(generation, write counter): changes with every applied write and every generation switch."""
         with self._guard("search_version", tenant):
-            value = self._tx(tenant, lambda p, d: p.hget(d + "m", "sv"))[0]
+            value = self._tx(tenant, lambda p, d: p.hget(gen_keys(d).meta, "sv"))[0]
         return (self._gen_guess(tenant)[0], int(value or 0))
 
     def has_tenant(self, tenant: str) -> bool:
         """Whether the tenant's current generation holds data (one transaction)."""
         with self._guard("has_tenant", tenant):
-            return bool(self._tx(tenant, lambda p, d: p.exists(d + "ev", d + "ents"))[0])
-
-    def assertions_many(self, tenant: str, keys: list[Key]) -> list[list[Assertion]]:
-        return [list(tl.assertions()) for tl in self._timelines(tenant, keys)] if keys else []
-
+            return bool(self._tx(tenant, lambda p, d: p.exists(gen_keys(d).ids, gen_keys(d).entities))[0])
 
     # ---- generations ---------------------------------------------------------------------------
 
@@ -550,7 +362,7 @@ class RedisStore(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Sto
         self._gens[tenant] = gen
         return gen
 
-    def for_generation(self, tenant: str, gen: int) -> RedisStore:
+    def for_generation(self, tenant: str, gen: int) -> Self:
         """A view sharing this connection whose reads and writes of `tenant` go to generation `gen`."""
         self._n(tenant)
         if int(gen) < 1:

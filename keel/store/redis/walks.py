@@ -6,15 +6,12 @@ transaction: a walk may see writes applied while it runs, never another generati
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from ...timeline import Assertion, Timeline
-from ...times import Micros
-from ..base import Key
-from .codec import ProvenanceCache
-from .keys import TenantKeys, escape, index_key
-from .transport import CHUNK, Client, chunks
+from ...timeline import Timeline
+from .keys import TenantKeys, gen_keys
+from .transport import Client
 
 
 class TenantWalks:
@@ -41,7 +38,7 @@ class TenantWalks:
             pipe = self._client.pipeline(transaction=False)
             for t, g in zip(members, gens):
                 d = self._n(t).data(g)
-                pipe.exists(d + "ev", d + "ents")
+                pipe.exists(gen_keys(d).ids, gen_keys(d).entities)
             return [t for t, n in zip(members, pipe.execute()) if n]
 
     # ---- whole-tenant walks (of the generation current when they start) -----------------------
@@ -59,51 +56,7 @@ class TenantWalks:
         with self._guard(what, tenant):
             gen = self._snapshot_gen(tenant)
             d = self._n(tenant).data(gen)
-            entities = sorted(self._client.smembers(d + "ents"))
+            entities = sorted(self._client.smembers(gen_keys(d).entities))
         if type is not None:
             entities = [e for e in entities if e.startswith(type + ":")]
         return gen, d, entities
-
-    def _entity_index(self, d: str) -> dict[str, list[str]]:
-        """Every entity of a generation with its index list elements (first recorded_at dropped)."""
-        entities = sorted(self._client.smembers(d + "ents"))
-        out: dict[str, list[str]] = {}
-        for chunk in chunks(entities):
-            pipe = self._client.pipeline(transaction=False)
-            for e in chunk:
-                pipe.lrange(d + "x:" + escape(e), 1, -1)
-            for e, elements in zip(chunk, pipe.execute()):
-                out[e] = elements
-        return out
-
-    def _all_provenance(self, d: str) -> ProvenanceCache:
-        prov = ProvenanceCache(fetch=lambda n: self._client.lindex(d + "pv", n))
-        size = int(self._client.llen(d + "pv"))
-        for start in range(0, size, 10 * CHUNK):
-            entries = self._client.lrange(d + "pv", start, start + 10 * CHUNK - 1)
-            for i, text in enumerate(entries):
-                prov.add(start + i, text)
-        return prov
-
-    def dump(self, tenant: str) -> Iterator[tuple[Key, list[Assertion]]]:
-        with self._guard("dump", tenant):
-            gen = self._snapshot_gen(tenant)
-            d = self._n(tenant).data(gen)
-            keys = sorted({index_key(e, el) for e, elements in self._entity_index(d).items() for el in elements})
-            prov = self._all_provenance(d)
-        for chunk in chunks(keys):
-            for key, tl in zip(chunk, self._timelines(tenant, chunk, gen=gen, provenance=prov)):
-                yield key, list(tl.assertions())
-
-    def entity_indexes(self, tenant: str, type: str | None = None) -> Iterator[tuple[str, Micros, list[Key]]]:
-        """Every entity (of `type`) of the generation current when the walk starts, from its index list."""
-        _, d, entities = self._walk_entities(tenant, "entity_indexes", type)
-        for chunk in chunks(entities):
-            with self._guard("entity_indexes", tenant):
-                pipe = self._client.pipeline(transaction=False)
-                for e in chunk:
-                    pipe.lrange(d + "x:" + escape(e), 0, -1)
-                rows = pipe.execute()
-            for e, row in zip(chunk, rows):
-                if row:
-                    yield e, int(row[0]), [index_key(e, element) for element in row[1:]]
