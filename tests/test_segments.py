@@ -69,12 +69,24 @@ def test_an_open_segment_serves_exactly_what_whole_timelines_answer(ops: list[tu
         assert served.serves(max(now, 12)), "a clean open segment serves every read from its roll's now on"
 
 
-def test_a_void_at_a_cut_makes_the_segment_fall_back_to_whole_timelines() -> None:
+def test_a_void_at_a_cut_falls_to_the_point_kept_before_it_and_one_below_forces_whole_timelines() -> None:
+    """A restatement keeps the point deciding before its cut (segments.restate), so a void at the cut (a
+    correction after a roll) falls to that point: the open segment still serves, and answers as the whole
+    timeline. A void below the cut may hit that very point: then only whole timelines are exact."""
     key = KEYS[0]
-    segment = "".join(b for b in encode_step([([(key, _assertion(0, 1, "value", 5)),
-                                                (key, _assertion(1, 4, "value", 6))], "e1")]).blocks if b)
-    fold = Fold(decode(segment), whole=False)
+
+    def step(*writes: tuple[int, int, str, int]) -> str:
+        return "".join(b for b in encode_step([([(key, _assertion(*w)) for w in writes], "e")]).blocks if b)
+    history = step((0, 1, "value", 5), (1, 4, "value", 6))
+    fold = Fold(decode(history), whole=False)
     segment = restate(fold.timelines, 10, fold.anchors)
     assert Fold(decode(segment), whole=False).serves(10)
-    segment += "".join(b for b in encode_step([([(key, _assertion(2, 4, "void", 0))], "e2")]).blocks if b)
-    assert not Fold(decode(segment), whole=False).serves(10)
+    void_at_cut = step((2, 4, "void", 0))
+    served = Fold(decode(segment + void_at_cut), whole=False)
+    whole = Fold(decode(history + void_at_cut), whole=True)
+    assert served.serves(10)
+    for p, tl in whole.timelines.items():
+        for t in (4, 10):
+            assert served.timelines[p].as_of(t) == tl.as_of(t), (p, t)
+        assert tl.as_of(10).assertion.value == 5            # the void at 4 falls to the value at 1
+    assert not Fold(decode(segment + void_at_cut + step((3, 1, "void", 0))), whole=False).serves(10)
