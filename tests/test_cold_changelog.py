@@ -23,8 +23,8 @@ from keel.cold_pg import CHANGES_TABLE, ColdStore
 from keel.embedded import build_embedded
 from keel.errors import ColdTierNotConfigured, ColdTierUnavailable
 from keel.store.redis import RedisStore
-from keel.store.redis.cold import CHANGES_LOG as CHANGES
 from keel.store.redis.cold import changes_moved, cold_count, move_changes
+from keel.store.redis.keys import CHANGES
 from workers.archive import ArchiveOptions, Mover, set_policy
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]

@@ -34,7 +34,8 @@ from keel.config import Settings
 from keel.connect import open_redis_store
 from keel.errors import ServiceUnavailable, UsageError
 from keel.store.redis import RedisStore
-from keel.store.redis.cold import COLD, KEEP_CHUNKS, Candidate, candidates, move, move_changes, settings_key
+from keel.store.redis.cold import KEEP_CHUNKS, Candidate, candidates, move, move_changes, settings_key
+from keel.store.redis.keys import gen_keys
 from keel.times import format_time, now_micros, parse_duration
 
 log = logging.getLogger("keel.archive")
@@ -197,7 +198,7 @@ class Mover:
         for tenant, gen in held:
             d = store.data_prefix(tenant, gen)
             with store._guard("cold sweep", tenant):
-                alive = int(store.client.exists(d + "ents", d + COLD))
+                alive = int(store.client.exists(gen_keys(d).entities, gen_keys(d).cold))
             if not alive:
                 deleted += cold.drop_generation(store.namespace, tenant, gen)
         return deleted

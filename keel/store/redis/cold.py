@@ -29,13 +29,13 @@ from typing import Any, NamedTuple, Protocol
 
 from ...errors import ColdTierNotConfigured, ColdTierUnavailable
 from .codec import decode_point
+from .keys import COLD, gen_keys
 from .transport import chunks, eval_many, pipelined
 
-COLD = "cz"                    # per generation: hash `<escaped entity>|<n>` -> SHA-1 of each cold closed segment
+# keys.COLD, per generation: hash `<escaped entity>|<n>` -> SHA-1 of each cold closed segment
 CHANGES_MOVED = "ch"           # ... and its field `ch` -> `<chunks>|<writes>`: the change log's chunks moved
 KEEP_CHUNKS = 256              # the change log's newest chunks that always stay in Redis (recent pages, appends)
 Piece = tuple[str, int]        # (escaped entity, segment number)
-CHANGES_LOG = "ch"             # the change log's key after the data prefix (changelog.CHANGES)
 OLDEST = -(2 ** 53)            # the newest point of a segment without delta rows (only a restatement): any age
 
 # KEYS: 1 the tenant's gen key, 2 the closed segment, 3 the generation's cold hash.
@@ -166,7 +166,8 @@ def candidates(store: SegmentStore, tenant: str, gen: int) -> list[Candidate]:
     d = store.data_prefix(tenant, gen)
     client = store.client
     with store._guard("cold candidates", tenant):
-        counts, cold = pipelined(client, [("HGETALL", d + "sg"), ("HKEYS", d + COLD)])
+        k = gen_keys(d)
+        counts, cold = pipelined(client, [("HGETALL", k.closed), ("HKEYS", k.cold)])
     if isinstance(counts, list):          # the raw reply of HGETALL through `pipelined` is a flat list
         counts = dict(zip(counts[::2], counts[1::2]))
     cold_set = set(cold or [])
@@ -174,8 +175,8 @@ def candidates(store: SegmentStore, tenant: str, gen: int) -> list[Candidate]:
     wanted = {e: ns for e, ns in wanted.items() if ns}
     out: list[Candidate] = []
     for chunk in chunks(list(wanted), 500):
-        calls: list[tuple[str, ...]] = [("ZRANGE", d + "v:" + e, "0", "-1") for e in chunk]
-        calls += (("STRLEN", f"{d}s:{e}|{n}") for e in chunk for n in wanted[e])
+        calls: list[tuple[str, ...]] = [("ZRANGE", k.valid_index(e), "0", "-1") for e in chunk]
+        calls += (("STRLEN", k.closed_segment(e, n)) for e in chunk for n in wanted[e])
         with store._guard("cold candidates", tenant):
             got = pipelined(client, calls)
         sizes = iter(got[len(chunk):])
@@ -212,13 +213,14 @@ def move(store: SegmentStore, tenant: str, gen: int, pieces: Sequence[Candidate]
     d = store.data_prefix(tenant, gen)
     client = store.client
     with store._guard("cold move", tenant):
-        bodies = pipelined(client, [("GET", f"{d}s:{c.entity}|{c.n}") for c in pieces])
+        bodies = pipelined(client, [("GET", gen_keys(d).closed_segment(c.entity, c.n)) for c in pieces])
     rows = [(c.entity, c.n, content_hash(b), b) for c, b in zip(pieces, bodies) if isinstance(b, str) and b]
     if not rows:
         return 0, 0
     cold.put(store.namespace, tenant, gen, rows)
     gen_key = store.tenant_keys(tenant).gen
-    calls = [([gen_key, f"{d}s:{e}|{n}", d + COLD], [str(gen), f"{e}|{n}", sha]) for e, n, sha, _ in rows]
+    k = gen_keys(d)
+    calls = [([gen_key, k.closed_segment(e, n), k.cold], [str(gen), f"{e}|{n}", sha]) for e, n, sha, _ in rows]
     with store._guard("cold move", tenant):
         answers = eval_many(client, store._cold_move, calls)
     moved = nbytes = 0
@@ -240,7 +242,7 @@ def move(store: SegmentStore, tenant: str, gen: int, pieces: Sequence[Candidate]
 
 def cold_count(store: SegmentStore, tenant: str, gen: int) -> int:
     """How many closed segments of a generation are cold."""
-    d = store.data_prefix(tenant, gen) + COLD
+    d = gen_keys(store.data_prefix(tenant, gen)).cold
     with store._guard("cold count", tenant):
         n, marker = pipelined(store.client, [("HLEN", d), ("HEXISTS", d, CHANGES_MOVED)])
     return int(n) - int(marker)
@@ -249,7 +251,7 @@ def cold_count(store: SegmentStore, tenant: str, gen: int) -> int:
 def changes_moved(store: SegmentStore, tenant: str, gen: int) -> tuple[int, int]:
     """(chunks, writes) of a generation's change log moved to the cold tier."""
     with store._guard("cold count", tenant):
-        marker = store.client.hget(store.data_prefix(tenant, gen) + COLD, CHANGES_MOVED)
+        marker = store.client.hget(gen_keys(store.data_prefix(tenant, gen)).cold, CHANGES_MOVED)
     chunks_, writes = (marker or "0|0").split("|")
     return int(chunks_), int(writes)
 
@@ -273,7 +275,7 @@ def move_changes(store: SegmentStore, tenant: str, gen: int, *, keep: int = KEEP
     if cold is None:
         raise ColdTierNotConfigured(store.namespace, tenant)
     d = store.data_prefix(tenant, gen)
-    key, gen_key = d + CHANGES_LOG, store.tenant_keys(tenant).gen
+    key, gen_key = gen_keys(d).changes, store.tenant_keys(tenant).gen
     client = store.client
     trim = client.register_script(TRIM_CHANGES)        # a local object (SHA-1 of the text): EVALSHA, once loaded
     moved = nbytes = 0
@@ -288,7 +290,7 @@ def move_changes(store: SegmentStore, tenant: str, gen: int, *, keep: int = KEEP
         cold.put_changes(store.namespace, tenant, gen, [(*h, e) for h, e in zip(heads, elements)])
         end = heads[-1][0] + heads[-1][1]
         with store._guard("cold move of the change log", tenant):
-            code = int(trim(keys=[gen_key, key, d + COLD], args=[str(gen), str(len(heads)), str(heads[0][0]),
+            code = int(trim(keys=[gen_key, key, gen_keys(d).cold], args=[str(gen), str(len(heads)), str(heads[0][0]),
                                                                  str(end)]))
         if code == 1:
             moved += len(heads)
