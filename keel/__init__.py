@@ -48,8 +48,9 @@ from .results import (
 )
 from .store.base import Store
 from .store.memory import MemoryStore
+from .tool_args import Time
 from .tool_set import ToolSet
-from .tools import Time, Tools
+from .tools import Tools
 
 # The public names, listed once; docs/python.md says which are stable.
 __all__ = [

@@ -32,7 +32,8 @@ from .results import (
     SearchResult,
 )
 from .times import Micros, format_time, parse_time
-from .tools import NO_VALUE, Time, Tools, changes_limit, of_an_entity, time_arg
+from .tool_args import Time, changes_limit, of_an_entity, time_arg
+from .tools import NO_VALUE, Tools
 
 _R = TypeVar("_R", bound=Known)
 _OPAQUE = frozenset({"value", "labels", "old", "new", "rules", "evidence", "superseded_by", "corrected_by",

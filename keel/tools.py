@@ -7,20 +7,17 @@ server and the CLI call these same methods, so a method's result is the MCP tool
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
-from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from . import reading
 from .cartridge import Cartridge
-from .changes import DEFAULT_CHANGES, MAX_CHANGES, parse_cursor, read_changes
+from .changes import parse_cursor, read_changes
 from .envelope import ANNOTATED, MAX_REASON
 from .errors import NoteRefused, UnknownEntity, UnknownTenant, UsageError, WriteTimeout
 from .eventlog import EventLog
-from .identifiers import ENTITY, TENANT
-from .limits import ValueRefused, check_value
+from .identifiers import TENANT
 from .notes import (
     NotePolicy,
     anonymous,
@@ -53,6 +50,7 @@ from .store.base import GLOBAL_TENANT, Freshness, Store, ViewRequest, of_relatio
 from .store.writes import Key, scope_key
 from .timeline import Assertion, Version
 from .times import Micros, format_time, now_micros, parse_time
+from .tool_args import Time, changes_limit, clip, entity_arg, note_value, of_an_entity, opt_text, time_arg
 
 if TYPE_CHECKING:
     from .log_lag import LogLag
@@ -61,8 +59,6 @@ MAX_LIMIT = 100
 NO_VALUE: Any = type("NoValue", (), {"__repr__": lambda self: "NO_VALUE"})()   # annotate without a value
 MAX_TEXT = 4096
 
-Time = str | date | datetime | None
-"""A time argument: RFC 3339 text or a date (`2026-09-15`), a `date` (midnight UTC), an aware `datetime`."""
 SearchIndexes = dict[str, tuple[object, SearchIndex]]     # tenant -> (the store's search_version, the index)
 _R = TypeVar("_R", bound=Known)
 
@@ -164,7 +160,7 @@ class Tools:
     def _history(self, entity: str, predicate: str | None, known_at: Time) -> HistoryResult:
         entity = self._entity_arg(entity, foreign=True)
         k = time_arg(known_at, "known_at")
-        predicate = _opt_text(predicate, "predicate")
+        predicate = opt_text(predicate, "predicate")
         self._require(entity, k)
         scopes = self.policy.visible_scopes(task=self.task, agent=self.agent)
         versions = self._with_withdrawals(entity, reading.history(self.store, self.tenant, entity, predicate=predicate,
@@ -182,7 +178,7 @@ class Tools:
             facts = {v["predicate"]
                      for v in reading.history(self.store, self.tenant, entity, known_at=k, scopes=scopes)}
             names = sorted(facts | {key[2] for key in keys if key[0] in "lr"})
-            raise UsageError(f"predicate: {_clip(predicate)} is not a fact, label or relation of {entity}; use one "
+            raise UsageError(f"predicate: {clip(predicate)} is not a fact, label or relation of {entity}; use one "
                              f"of {', '.join(names) or '(none)'}")
         result: HistoryResult = {
             "entity": entity, "versions": cast(list[FactVersion], _owned_values(versions)),
@@ -231,7 +227,7 @@ class Tools:
 
     def _related(self, entity: str, relation: str | None, at: Time, known_at: Time) -> RelatedResult:
         entity = self._entity_arg(entity, foreign=True)
-        relation = _opt_text(relation, "relation")
+        relation = opt_text(relation, "relation")
         if relation is not None:
             self._name_arg("relation", "a relation", relation, self.cartridge.spec.relations)
         t, k = time_arg(at, "at"), time_arg(known_at, "known_at")
@@ -253,7 +249,7 @@ class Tools:
         `reason`) closes the caller's own note of that name and scope on the entity now instead, as a
         keel.annotated event with `withdraw: true`; the result's fact is the closed version with `withdrawn`."""
         if not isinstance(withdraw, bool):
-            raise UsageError(f"withdraw: true (close your note of that name) or false, got {_clip(withdraw)}")
+            raise UsageError(f"withdraw: true (close your note of that name) or false, got {clip(withdraw)}")
         if scope is None:
             raise UsageError("scope: required, one of tenant, task, agent, global")
         with self._writing:
@@ -271,9 +267,9 @@ class Tools:
                   evidence: str | None) -> AnnotateResult:
         entity = self._entity_arg(entity, notes_on=scope == "global")
         predicate = check_note_name(predicate)
-        evidence = _opt_text(evidence, "evidence")
+        evidence = opt_text(evidence, "evidence")
         task = self.task
-        value = _check_note_value(value, self.cartridge.spec.limits.value_bytes)     # the caller's object stays theirs
+        value = note_value(value, self.cartridge.spec.limits.value_bytes)     # the caller's object stays theirs
         if self.log is None:
             raise UsageError("this Tools instance has no event log to write notes to")
         self._require_tenant()
@@ -318,9 +314,9 @@ class Tools:
                   reason: object) -> AnnotateResult:
         entity = self._entity_arg(entity, notes_on=scope == "global")
         predicate = check_note_name(predicate)
-        evidence = _opt_text(evidence, "evidence")
+        evidence = opt_text(evidence, "evidence")
         if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON):
-            raise UsageError(f"reason: expected a string of at most {MAX_REASON} characters, got {_clip(reason)}")
+            raise UsageError(f"reason: expected a string of at most {MAX_REASON} characters, got {clip(reason)}")
         if self.log is None:
             raise UsageError("this Tools instance has no event log to write notes to")
         self._require_tenant()
@@ -445,7 +441,7 @@ class Tools:
         types (the same for every tool). `notes_on`: global notes also attach to type:<t> and rule:<r>, which
         the memory policy checks. `foreign`: history and related also read the other cartridges' entities
         that this cartridge's relations end at (`<cartridge>.<type>` ends), by their own ids."""
-        entity = _entity_arg(entity)
+        entity = entity_arg(entity)
         kind = entity.partition(":")[0]
         types = self.cartridge.spec.entities
         if foreign and kind in self.cartridge.foreign_types():
@@ -453,7 +449,7 @@ class Tools:
         if kind not in types and not (notes_on and kind in ("type", "rule")):
             where = " (global notes attach to type:<entity type> or rule:<rule name>)" if kind in ("type", "rule") \
                 else ""
-            raise UsageError(f"entity {_clip(entity)}: {_clip(kind)} is not an entity type of the cartridge; use "
+            raise UsageError(f"entity {clip(entity)}: {clip(kind)} is not an entity type of the cartridge; use "
                              f"one of {', '.join(sorted(types))}{where}")
         return entity
 
@@ -461,7 +457,7 @@ class Tools:
     def _name_arg(arg: str, what: str, name: object, names: Iterable[str]) -> None:
         """A name the cartridge declares, or a usage error listing the names it does."""
         if not isinstance(name, str) or name not in names:
-            raise UsageError(f"{arg}: {_clip(name)} is not {what} of the cartridge; use one of "
+            raise UsageError(f"{arg}: {clip(name)} is not {what} of the cartridge; use one of "
                              f"{', '.join(sorted(names))}")
 
     def _search_index(self) -> SearchIndex:
@@ -493,12 +489,6 @@ def _by(agent: str | None) -> str | None:
     return None if not agent else agent if ":" in agent else f"agent:{agent}"
 
 
-def _entity_arg(entity: object) -> str:
-    if not isinstance(entity, str) or len(entity) > 300 or not ENTITY.fullmatch(entity):
-        raise UsageError(f"entity {_clip(entity)}: use '<entity type>:<id>', e.g. from search results")
-    return entity
-
-
 def _own(value: Any) -> Any:
     """A JSON value the caller may change: objects and arrays copied (an embedded graph, the search index and
     the cartridge keep theirs in memory and would hand out their own)."""
@@ -519,76 +509,3 @@ def _owned_values(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if isinstance(row["value"], (dict, list)):
             row["value"] = copy.deepcopy(row["value"])
     return rows
-
-
-def _check_note_value(value: Any, limit: int) -> Any:
-    """A note's value: any JSON of at most `limit` bytes (the cartridge's limits.value_bytes) in UTF-8, the
-    check the projector makes when the note is applied (keel.limits.check_value), so a note this passes is
-    never refused for its size after it reached the log (events file or Kafka topic). Returns the value as
-    JSON reads it back: a copy, so the caller's object stays theirs."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        raise UsageError("value: give text, a number or a JSON object") from None
-    try:
-        check_value(value, limit, "value")
-    except ValueRefused as e:       # measured as check_value measures: a string's text, else its JSON
-        size = len((value if isinstance(value, str) else text).encode("utf-8", "surrogatepass"))
-        if size <= limit:
-            raise UsageError(str(e)) from None
-        raise UsageError(f"value: at most {limit} bytes of JSON in UTF-8 (got {size}; a character outside ASCII "
-                         f"takes 2 to 4); keep notes short, and put a document behind a pointer") from None
-    return json.loads(text)
-
-
-def _clip(value: object, limit: int = 60) -> str:
-    """A repr short enough for an error message an agent reads."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def of_an_entity(entity: str | None, predicate: str | None, known_at: Time, since: Time, type: str | None,
-                 cursor: str | None, limit: int | None) -> bool:
-    """Which history a call of `history` asks for (Tools and ToolSet): an entity's (True, entity given) or the
-    tenant's changes (False); the arguments of the other one are refused (UsageError)."""
-    if entity is None or entity == "":
-        if predicate is not None or known_at is not None:
-            raise UsageError("predicate and known_at go with an entity; without one, history lists the "
-                             "changes since `since`")
-        return False
-    if since is not None or type is not None or cursor is not None or limit is not None:
-        raise UsageError("since, type, cursor and limit go without an entity (the tenant's changes); "
-                         "leave entity out to list them")
-    return True
-
-
-def changes_limit(limit: object) -> int:
-    """The `limit` of a changes answer: DEFAULT_CHANGES when None, else an integer from 1 to MAX_CHANGES."""
-    if limit is None:
-        return DEFAULT_CHANGES
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CHANGES:
-        raise UsageError(f"limit: an integer from 1 to {MAX_CHANGES}")
-    return limit
-
-
-def time_arg(value: object, name: str) -> Micros | None:
-    """A time argument: text (RFC 3339 or a date), a date (midnight UTC) or an aware datetime (JSON gives
-    text only, so the MCP tools see the first kind)."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime) and (value.tzinfo is None or value.utcoffset() is None):
-        raise UsageError(f"{name}: {_clip(value)} has no time zone; give an aware datetime, e.g. "
-                         f"datetime(2026, 9, 15, tzinfo=timezone.utc)")
-    try:
-        return parse_time(value if isinstance(value, date) else str(value))
-    except UsageError:
-        raise UsageError(f"{name}: {_clip(value)} is neither RFC 3339 (2026-09-15T00:00:00Z) nor a date "
-                         f"(2026-09-15)") from None
-
-
-def _opt_text(value: object, name: str) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str) or len(value) > 256:
-        raise UsageError(f"{name}: expected a string of at most 256 characters, got {_clip(value)}")
-    return value
