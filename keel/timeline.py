@@ -330,7 +330,8 @@ def version_at(winner: Assertion, seen: int, next_point: Micros | None, t: Micro
     """THE version rule, as of world time t: the version of the winning assertion at the greatest point <= t,
     or None when that winner is an end or its version ended by t. `seen` counts the assertions visible at
     the winner's point (more than one: a correction), `next_point` is the next visible point. Every store
-    uses it (the Redis VIEW script's Lua `winner_at` mirrors it; tests/test_version_rule.py checks both)."""
+    decodes into Timeline, which uses it (the Redis store's scripts only choose segments; tests/test_version_rule.py
+    and test_version_rule_differential.py compare the store's answers with it)."""
     if winner.closed:
         return None
     version = _version(winner, seen, next_point)
