@@ -194,3 +194,28 @@ def test_a_mover_stopped_between_copy_and_trim_loses_and_doubles_nothing(tmp_pat
         assert move_changes(store, TENANT, gen, keep=KEEP) == (0, 0)
     finally:
         pair.close()
+
+
+def test_keel_archive_keep_chunks_sets_how_much_of_the_log_stays_in_redis(tmp_path: Path,
+                                                                          cold_dsn: str) -> None:  # noqa: F811
+    """`keel archive --once --keep-chunks N` leaves each tenant's newest N chunks in Redis and moves the rest;
+    the pages are what they were."""
+    from support.workers import keel, unique_cartridge
+    folder = unique_cartridge(tmp_path)
+    cartridge = load_cartridge(folder)
+    store = _stamped(service_env("KEEL_REDIS_URL"), cartridge.name)
+    try:
+        assert not build_embedded(cartridge, daily_history(tmp_path / "history.jsonl", 40), store=store)[1].rejected
+        before, chunks = store.change_page(TENANT, count=100_000), _llen(store)
+        assert chunks > 20
+        set_policy(store, "30d")
+        env = {"KEEL_REDIS_URL": service_env("KEEL_REDIS_URL"), "KEEL_COLD_DSN": cold_dsn}
+        keel("archive", str(folder), "--once", "--keep-chunks", "5", "--quiet", env=env)
+        assert _llen(store) == 5 and _chunk_rows(cold_dsn, cartridge.name) == chunks - 5
+        store.cold = ColdStore(cold_dsn)
+        assert store.change_page(TENANT, count=100_000) == before
+        refused = keel("archive", str(folder), "--once", "--keep-chunks", "0", env=env, check=False)
+        assert refused.returncode == 2 and "--keep-chunks" in refused.stderr, refused.stderr
+    finally:
+        store.drop_namespace()
+        store.close()

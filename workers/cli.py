@@ -164,6 +164,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set-cold-after", metavar="DURATION", help="set the namespace's cold_after (e.g. 30d, or "
                    "never) over the cartridge's, in Redis, and exit")
     p.add_argument("--reset-cold-after", action="store_true", help="go back to the cartridge's cold_after, and exit")
+    p.add_argument("--keep-chunks", type=positive_int, default=None, metavar="N",
+                   help="the newest change-log chunks of each tenant that stay in Redis (a chunk is one commit "
+                        "step's writes, at most 256; default 256): pages of them never read PostgreSQL")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
     add_log_arguments(p)
     p.set_defaults(run=cmd_archive)
@@ -380,7 +383,8 @@ def cmd_archive(args: argparse.Namespace) -> int:
             store.close()
         return 0
     options = ArchiveOptions(once=args.once, interval_s=args.interval, batch=args.batch,
-                             budget=None if args.budget is None else _bytes(args.budget), quiet=args.quiet)
+                             budget=None if args.budget is None else _bytes(args.budget),
+                             quiet=args.quiet, **({"keep_chunks": args.keep_chunks} if args.keep_chunks else {}))
     report = archive(cartridge, settings, options)
     if not args.quiet:
         print(report.summary())
