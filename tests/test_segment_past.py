@@ -26,7 +26,7 @@ from keel import reading
 from keel.cartridge import load_cartridge
 from keel.projector import Projector
 from keel.store.memory import MemoryStore
-from keel.store.redis import RedisStore, segment_past
+from keel.store.redis import RedisStore
 from keel.store.redis.segment_views import ViewReader
 from keel.store.writes import event_key, relation_write
 from keel.times import parse_time
@@ -132,25 +132,6 @@ def test_past_views_are_exact_without_whole_histories(stores: tuple[Recorder, Re
             reads += 1
     assert reads > 50
     assert whole == []
-
-
-@pytest.mark.parametrize("shape", ["late", "voids"])
-def test_overlapping_ranges_are_read_in_a_window_the_widest_range_bounds(
-        stores: tuple[Recorder, RedisStore, dict[str, str]], shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Late data and corrections after a roll make a timeline's ranges overlap: INDEX then answers a window of
-    its entries and the widest range ("o"), never every entry ("a"), and the views stay exact."""
-    memory, store, entities = stores
-    kinds: list[str] = []
-    real = segment_past.spans_of
-    monkeypatch.setattr(segment_past, "spans_of",
-                        lambda answer, *a: kinds.append(answer if answer == "*" else answer[0]) or real(answer, *a))
-    for known_at in (None, parse_time(stamp(N // 2))):
-        for d in range(-45, N + 5, 23):
-            at = parse_time(day(d))
-            assert reading.view(store, "acme", entities[shape], at=at, known_at=known_at) == \
-                reading.view(memory, "acme", entities[shape], at=at, known_at=known_at), (d, known_at)
-    assert "o" in kinds
-    assert "a" not in kinds and "*" not in kinds
 
 
 late_strategy = st.lists(st.tuples(st.integers(0, 60), st.booleans()), min_size=20, max_size=120)
