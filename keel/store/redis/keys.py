@@ -128,8 +128,8 @@ class TenantKeys:
 class GenerationKeys:
     """Key names of one generation of a tenant, from its data prefix `d` (TenantKeys.data): the fixed keys as
     attributes, the per-entity ones by method (each taking the escaped entity name)."""
-    __slots__ = ("changes", "closed", "cold", "d", "entities", "first", "ids", "marks", "meta", "segments",
-                 "valid_indexes")
+    __slots__ = ("changes", "closed", "cold", "d", "entities", "first", "ids", "known_indexes", "marks", "meta",
+                 "segments", "valid_indexes")
 
     def __init__(self, d: str) -> None:
         self.d = d
@@ -143,6 +143,7 @@ class GenerationKeys:
         self.cold = d + COLD
         self.segments = d + "s:"          # the prefix of segment names (the scripts append the entity)
         self.valid_indexes = d + "v:"     # the prefix of valid-time index names (likewise)
+        self.known_indexes = d + "k:"     # the prefix of recorded-time index names (likewise)
 
     @property
     def fixed(self) -> list[str]:
@@ -159,10 +160,10 @@ class GenerationKeys:
         return self.valid_indexes + e
 
     def known_index(self, e: str) -> str:
-        return self.d + "k:" + e
+        return self.known_indexes + e
 
     def incoming(self, e: str) -> str:
-        return self.d + "i:" + e
+        return self.d + "i:" + e   # the scripts build no incoming names: no prefix attribute
 
 
 _GENERATIONS: dict[str, GenerationKeys] = {}

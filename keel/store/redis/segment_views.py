@@ -19,7 +19,7 @@ from ..base import EntityView, Key, ViewRequest, entity_view, select_keys
 from . import cold as cold_tier
 from . import segment_past, segment_scripts
 from .codec import clamped_point, freshness_of
-from .keys import escape, index_key, key_of, prefix_of, unescape
+from .keys import escape, gen_keys, index_key, key_of, prefix_of, unescape
 from .segments import Fold, decode, past_timelines, recorded_range
 
 
@@ -56,9 +56,12 @@ class ViewReader:
             return []
 
         def build(r: ViewRequest) -> Any:
-            e = escape(r.entity)
-            return lambda d: ([d + "s:" + e, d + "i:" + e, d + "m", d + "fr"],
-                              [d + "s:", r.entity, "1" if "r" in r.parts else ""])
+            e, relations = escape(r.entity), "1" if "r" in r.parts else ""
+
+            def keys_and_args(d: str) -> tuple[list[str], list[Any]]:
+                k = gen_keys(d)
+                return [k.open_segment(e), k.incoming(e), k.meta, k.first], [k.segments, r.entity, relations]
+            return keys_and_args
         with self.store._guard("view", requests[0].tenant if len(requests) == 1 else None):
             results = self.store._script_many(self._view_script, [(r.tenant, build(r)) for r in requests])
         known = self._known_segments(requests, results, known_at) if known_at is not None else {}
@@ -112,7 +115,11 @@ class ViewReader:
         used: list[str] = []
 
         def build(entities: list[str]) -> Any:
-            return lambda d: (used.append(d), [d + "sg"], [d + "s:", d + "k:", known_at, *map(escape, entities)])[1:]
+            def keys_and_args(d: str) -> tuple[list[str], list[Any]]:
+                used.append(d)
+                k = gen_keys(d)
+                return [k.closed], [k.segments, k.known_indexes, known_at, *map(escape, entities)]
+            return keys_and_args
         with self.store._guard("view", requests[0].tenant if len(requests) == 1 else None):
             answers = self.store._script_many(self._known_script, [(requests[i].tenant, build(es)) for i, es in asked])
         out: dict[int, dict[str, tuple[int, str] | None]] = {}
@@ -154,7 +161,8 @@ class ViewReader:
         used: list[str] = []
         with self.store._guard("view", r.tenant):
             [result] = self.store._script_many(self._past_script, [(r.tenant, lambda d: (
-                used.append(d), [], [d + "s:", d + "v:", t9, len(opens), *opens, *triples])[1:])])
+                used.append(d), [], [gen_keys(d).segments, gen_keys(d).valid_indexes, t9, len(opens), *opens,
+                                   *triples])[1:])])
         _, verdicts, segments = result
         missing = [(x, int(n)) for x, got in zip(opens, segments) for n, seg in zip(got[1::2], got[2::2]) if not seg]
         if missing:                         # closed segments in the cold tier (cold.py)
@@ -208,7 +216,7 @@ class ViewReader:
             with self.store._guard("view", tenant):
                 [result] = self.store._script_many(self._index_script, [(tenant, lambda d, used=used, k=window,
                                                                           triples=triples: (
-                    used.append(d), [], [d + "v:", k, segment_past.SCAN, *triples])[1:])])
+                    used.append(d), [], [gen_keys(d).valid_indexes, k, segment_past.SCAN, *triples])[1:])])
             d = used[-1]
             answers = iter(result[1])
             for e, ps in todo.items():
@@ -232,7 +240,7 @@ class ViewReader:
         used: list[str] = []
         with self.store._guard("view", tenant):
             [result] = self.store._script_many(self._segments_script, [(tenant, lambda d: (
-                used.append(d), [], [d + "s:", x, *numbers])[1:])])
+                used.append(d), [], [gen_keys(d).segments, x, *numbers])[1:])])
         if used[-1] != d:
             return None
         return self._cold(tenant, d, x, dict(zip(numbers, result[1])))
