@@ -168,3 +168,27 @@ def old_layout_keys(client: redis.Redis, namespace: str) -> list[str]:
         client.rpush(d + "x:" + entity, "1")
     assert names
     return names
+
+
+def test_a_writer_that_meets_an_emptied_redis_stamps_before_it_registers(env: dict[str, str]) -> None:
+    """Redis failing over to a replica that held none of a namespace leaves the running writers with their
+    cache of registered tenants and no stamp under them; a writer registering a tenant there stamps the
+    namespace first, so the next process opens it instead of taking it for a namespace from before stamps
+    (seen in the Sentinel fault test, where `keel status` then refused it as layout 1)."""
+    url = env["KEEL_REDIS_URL"]
+    ns = f"lay{uuid.uuid4().hex[:10]}"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    writer = RedisStore.from_url(url, namespace=ns)
+    try:
+        writer.commit_batch("t1", [([], "e1")], ("keel.x.events", 0, 1))
+        for key in client.scan_iter(match=f"keel:{{{ns}*", count=1000):      # the replica promoted held nothing
+            client.delete(key)
+        writer.commit_batch("t2", [([], "e2")], ("keel.x.events", 0, 2))      # a tenant new to this writer
+        assert client.get(layout_key(ns)) == str(LAYOUT_VERSION) and client.exists(watermarked_key(ns))
+        later = RedisStore.from_url(url, namespace=ns)                       # opens it, refuses nothing
+        assert later.has_event("t2", "e2") and not later.predates_watermarks()
+        later.close()
+    finally:
+        writer.drop_namespace()
+        writer.close()
+        client.close()

@@ -39,11 +39,12 @@ from .keys import (
     applied_key,
     check_name,
     gen_keys,
+    layout_key,
     offset_field,
     registry_key,
     watermarked_key,
 )
-from .layout import check_layout
+from .layout import LAYOUT_VERSION, check_layout
 from .retries import in_current, until_done
 from .starts import TenantStarts
 from .transport import Client, eval_many, guard, is_oom
@@ -154,17 +155,29 @@ class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Stor
         """Add the tenant to the namespace's registry (once per store)."""
         if tenant not in self._registered:
             with self._guard("register", tenant):
-                self._client.sadd(self._registry, tenant)
+                self._registry_add([tenant])
             self._registered.add(tenant)
 
     def _register_all(self, tenants: Iterable[str]) -> None:
-        """Add the tenants this store has not registered yet to the registry, in one command (names checked)."""
+        """Add the tenants this store has not registered yet to the registry, in one round trip (names checked)."""
         unregistered = sorted(set(tenants) - self._registered)
         for tenant in unregistered:
             self._n(tenant)
         if unregistered:
-            self._client.sadd(self._registry, *unregistered)
+            self._registry_add(unregistered)
             self._registered.update(unregistered)
+
+    def _registry_add(self, tenants: list[str]) -> None:
+        """SADD to the registry, after the layout stamp and the watermark mark (SET NX, the same hash slot, in
+        that order): a namespace whose registry a writer fills always carries this layout's stamp. Redis that
+        failed over to a replica holding none of the namespace would otherwise get a registry without a stamp
+        from the running writers, and the next process to open it would take it for one written before stamps
+        (layout 1) and refuse it (layout.py)."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(layout_key(self.namespace), LAYOUT_VERSION, nx=True)
+        pipe.set(watermarked_key(self.namespace), 1, nx=True)
+        pipe.sadd(self._registry, *tenants)
+        pipe.execute()
 
     def invalidate(self, tenant: str, gen: int) -> None:
         """Forget what this store cached of a generation another writer (a bulk load) changed: nothing (the
