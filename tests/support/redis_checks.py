@@ -24,6 +24,7 @@ from keel.store.base import (
 )
 from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
+from keel.store.redis.keys import layout_key, registry_key, watermarked_key
 from keel.store.roles import StoreReads
 from keel.timeline import covering, new_assertion, void_of
 from keel.times import format_time, parse_time
@@ -300,7 +301,8 @@ class RedisChecks(RedisCase):
             assert len(slots) == 1
         else:
             scanned = set(self.client.scan_iter(match=f"keel:{{{s.namespace}*", count=1000))
-            assert scanned == set(names) | {f"keel:{{{s.namespace}}}:tenants"}
+            namespace_keys = {registry_key(s.namespace), layout_key(s.namespace), watermarked_key(s.namespace)}
+            assert scanned == set(names) | namespace_keys       # the registry, written after the layout stamps
 
     def test_entity_ids_and_names_with_special_characters(self) -> None:
         s, m = self.redis_store(), MemoryStore()
