@@ -196,12 +196,7 @@ class Fold:
                 self._check(block[2])
             provs = block[1]
             for p, rows in block[2].items():
-                tl = tls.get(p)
-                if tl is None:
-                    tl = tls[p] = Timeline()
-                entries = tl.entries
-                for a in _assertions(provs, rows):
-                    insert(entries, a)
+                add_rows(tls, p, provs, rows)
 
     def _starts(self, tls: dict[str, list[Any]]) -> None:
         """The relations a restatement kept with the start of the run covering their anchor (`restate`): rows
@@ -352,13 +347,18 @@ def wanted_timelines(blocks: Iterable[list[Any]], wanted: Iterable[str],
                 continue
             if stop is not None and any(stop(p, row) for row in rows):
                 return None
-            tl = tls.get(p)
-            if tl is None:
-                tl = tls[p] = Timeline()
-            entries = tl.entries
-            for a in _assertions(provs, rows):
-                insert(entries, a)
+            add_rows(tls, p, provs, rows)
     return tls
+
+
+def add_rows(tls: dict[str, Timeline], p: str, provs: list[Any], rows: list[Any]) -> None:
+    """Fold a block's rows of timeline P (with the block's provenance entries) into `tls`."""
+    tl = tls.get(p)
+    if tl is None:
+        tl = tls[p] = Timeline()
+    entries = tl.entries
+    for a in _assertions(provs, rows):
+        insert(entries, a)
 
 
 def _looks_past(p: str, row: list[Any]) -> bool:
