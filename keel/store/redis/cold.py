@@ -99,8 +99,8 @@ class ColdTier(Protocol):
     def close(self) -> None: ...
 
 
-class SegmentStore(Protocol):
-    """What this module uses of segment_store.SegmentStore (named here, not imported: that module imports this
+class ColdTierHost(Protocol):
+    """What this module uses of segment_store.RedisStore (named here, not imported: that module imports this
     one, through the store's generations)."""
     namespace: str
     cold: ColdTier | None
@@ -138,7 +138,7 @@ def generation_of(prefix: str) -> int:
     return int(prefix[prefix.rindex(":g") + 2:-1])
 
 
-def fill(store: SegmentStore, tenant: str, gen: int, missing: Sequence[Piece]) -> dict[Piece, str]:
+def fill(store: ColdTierHost, tenant: str, gen: int, missing: Sequence[Piece]) -> dict[Piece, str]:
     """The bodies of closed segments a read found missing in Redis, from the cold tier; ColdTierNotConfigured
     when this process has none, ColdTierUnavailable when it is down or lacks one of them."""
     if not missing:
@@ -149,7 +149,7 @@ def fill(store: SegmentStore, tenant: str, gen: int, missing: Sequence[Piece]) -
     return cold.fetch(store.namespace, tenant, gen, missing)
 
 
-def fill_current(store: SegmentStore, tenant: str, gen: int, missing: Sequence[Piece]) -> dict[Piece, str] | None:
+def fill_current(store: ColdTierHost, tenant: str, gen: int, missing: Sequence[Piece]) -> dict[Piece, str] | None:
     """`fill` for a read that follows the tenant's current generation: None when the pieces are missing because
     a cut-over happened meanwhile (it drops the old generation's rows first): read the new generation."""
     try:
@@ -160,7 +160,7 @@ def fill_current(store: SegmentStore, tenant: str, gen: int, missing: Sequence[P
         raise
 
 
-def candidates(store: SegmentStore, tenant: str, gen: int) -> list[Candidate]:
+def candidates(store: ColdTierHost, tenant: str, gen: int) -> list[Candidate]:
     """The closed segments of a tenant's generation still in Redis, with their newest valid time (from the
     valid-time index `v:`, no segment read) and size."""
     d = store.data_prefix(tenant, gen)
@@ -203,7 +203,7 @@ def _newest(members: Iterable[str]) -> dict[int, int]:
     return out
 
 
-def move(store: SegmentStore, tenant: str, gen: int, pieces: Sequence[Candidate]) -> tuple[int, int]:
+def move(store: ColdTierHost, tenant: str, gen: int, pieces: Sequence[Candidate]) -> tuple[int, int]:
     """Move closed segments of one generation to the cold tier: copy (one PostgreSQL transaction), then MOVE
     each (one round trip). Returns (segments moved, their bytes). A segment whose generation stopped being
     current meanwhile is forgotten in PostgreSQL again (its generation is being dropped)."""
@@ -240,7 +240,7 @@ def move(store: SegmentStore, tenant: str, gen: int, pieces: Sequence[Candidate]
     return moved, nbytes
 
 
-def cold_count(store: SegmentStore, tenant: str, gen: int) -> int:
+def cold_count(store: ColdTierHost, tenant: str, gen: int) -> int:
     """How many closed segments of a generation are cold."""
     d = gen_keys(store.data_prefix(tenant, gen)).cold
     with store._guard("cold count", tenant):
@@ -248,7 +248,7 @@ def cold_count(store: SegmentStore, tenant: str, gen: int) -> int:
     return int(n) - int(marker)
 
 
-def changes_moved(store: SegmentStore, tenant: str, gen: int) -> tuple[int, int]:
+def changes_moved(store: ColdTierHost, tenant: str, gen: int) -> tuple[int, int]:
     """(chunks, writes) of a generation's change log moved to the cold tier."""
     with store._guard("cold count", tenant):
         marker = store.client.hget(gen_keys(store.data_prefix(tenant, gen)).cold, CHANGES_MOVED)
@@ -265,7 +265,7 @@ def _heads(elements: Sequence[str]) -> list[tuple[int, int, int]]:
     return out
 
 
-def move_changes(store: SegmentStore, tenant: str, gen: int, *, keep: int = KEEP_CHUNKS, batch: int = 200,
+def move_changes(store: ColdTierHost, tenant: str, gen: int, *, keep: int = KEEP_CHUNKS, batch: int = 200,
                  stop: Any = None) -> tuple[int, int]:
     """Move a generation's oldest change-log chunks to the cold tier: all but the newest `keep` (at least 1),
     `batch` at a time, each batch copied (one PostgreSQL transaction) then trimmed from the list's head by
@@ -303,7 +303,7 @@ def move_changes(store: SegmentStore, tenant: str, gen: int, *, keep: int = KEEP
     return moved, nbytes
 
 
-def cold_changes(store: SegmentStore, tenant: str, gen: int, below: int, count: int, start: int | None,
+def cold_changes(store: ColdTierHost, tenant: str, gen: int, below: int, count: int, start: int | None,
                  since: int | None) -> list[str] | None:
     """The cold chunks a page of the change log needs (ColdTier.changes), for a read that follows the tenant's
     current generation: None when they are missing because a cut-over happened meanwhile (read the new one);

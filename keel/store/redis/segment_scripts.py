@@ -135,7 +135,7 @@ return {1, first, seg, elements, segs, meta}
 # KEYS: 1 gen, 2 closed-segment counts (hash).
 # ARGV: 1 expected gen, 2 the prefix of segment keys ("<data prefix>s:"), 3 the prefix of recorded-time index keys
 #       ("<data prefix>k:"), 4 known_at, 5.. escaped entities.
-# For a read with known_at (SegmentStore._known_segments): per entity, "" when every closed segment was known
+# For a read with known_at (segment_views.ViewReader._known_segments): per entity, "" when every closed segment was known
 # then (the open segment stands for it), {m, closed segment m ("" in the cold tier)} for the first closed segment
 # holding a write recorded after known_at, or "*" when the index cannot tell (a segment closed without it, or
 # writes whose recorded_at went back).
@@ -239,7 +239,7 @@ end
 return {1, verdicts, wanted_segments(wanted, nO)}
 """
 
-# A window of each asked timeline around a change's point (SegmentStore.windows_many, keel/changes.py): the
+# A window of each asked timeline around a change's point (RedisStore.windows_many, keel/changes.py): the
 # closed segments the valid-time index names for it, and the open segment. For a timeline and point t: every
 # segment whose delta range reaches from L to t or above (L: the greatest point below t that ends a range, so
 # the segments holding points in [L, t] are all read), and those with the least first point above t (the next

@@ -23,8 +23,8 @@ from .keys import escape, gen_keys, index_key, key_of, prefix_of, unescape
 from .segments import Fold, decode, past_timelines, recorded_range
 
 
-class SegmentStore(cold_tier.SegmentStore, Protocol):
-    """What the view reads use of segment_store.SegmentStore (named here, not imported: that module imports
+class ViewHost(cold_tier.ColdTierHost, Protocol):
+    """What the view reads use of segment_store.RedisStore (named here, not imported: that module imports
     this one): its generation-checked script calls, whole folds and pinned generations."""
     _pins: Any
 
@@ -33,9 +33,9 @@ class SegmentStore(cold_tier.SegmentStore, Protocol):
 
 
 class ViewReader:
-    """The view reads of one SegmentStore (its `read_views`), with the scripts they run."""
+    """The view reads of one RedisStore (its `read_views`), with the scripts they run."""
 
-    def __init__(self, store: SegmentStore) -> None:
+    def __init__(self, store: ViewHost) -> None:
         self.store = store
         client = store.client
         self._view_script = client.register_script(segment_scripts.VIEW)
@@ -262,7 +262,7 @@ class ViewReader:
 
 def _known_after(open_segment: str, known_at: Micros | None) -> bool:
     """Whether every delta of an open segment was recorded after `known_at`: then a closed segment can stand in
-    for what was known (`SegmentStore._known_segments`), which the closed ones' index alone cannot promise."""
+    for what was known (`ViewReader._known_segments`), which the closed ones' index alone cannot promise."""
     got = recorded_range(decode(open_segment))
     return known_at is not None and (got is None or got[0] > known_at)
 
