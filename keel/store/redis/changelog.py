@@ -220,10 +220,10 @@ class ChangeLogReads:
         are read by windows_many)."""
         if self._changes_script is None:
             self._changes_script = self.client.register_script(READ)
-        return in_current(tenant, lambda: self._page(tenant, start, since, generation, count, window, keep))
+        return in_current(tenant, lambda: self._page(tenant, start, since, generation, count))
 
-    def _page(self, tenant: str, start: int | None, since: Micros | None, generation: int | None, count: int,
-              window: int, keep: Callable[[Key], bool] | None) -> ChangePage | None:
+    def _page(self, tenant: str, start: int | None, since: Micros | None, generation: int | None,
+              count: int) -> ChangePage | None:
         read: dict[str, int] = {}
 
         def build(d: str) -> tuple[list[str], list[Any]]:

@@ -17,8 +17,7 @@ _ALPHABET = "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"  
 _DIGIT = {c: i for i, c in enumerate(_ALPHABET)}
 _TO_ALPHABET = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", _ALPHABET)
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-STR = json.encoder.encode_basestring      # JSON string literal, non-ASCII kept (like ensure_ascii=False)
-_STR = STR
+_STR = json.encoder.encode_basestring     # JSON string literal, non-ASCII kept (like ensure_ascii=False)
 
 
 def encode_point(point: int) -> str:

@@ -1,15 +1,13 @@
-"""Whole-tenant walks of RedisStore: the tenants of a namespace, every key of a tenant (`dump`, the digest's
-input) and every entity's index (search, rules), all read from the generation current when the walk starts.
-
-Walks read the generation's entity set and index lists in chunks of pipelined commands, not in one
-transaction: a walk may see writes applied while it runs, never another generation.
+"""Where whole-tenant walks start (a part of RedisBase): the tenants of a namespace, and the entities of the
+generation current when a walk starts, which RedisStore's `dump` (the digest's input) and `entity_indexes`
+(search, rules) then read in chunks of pipelined commands, not in one transaction: a walk may see writes applied
+while it runs, never another generation.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from ...timeline import Timeline
 from .keys import TenantKeys, gen_keys
 from .transport import Client
 
@@ -23,7 +21,6 @@ class TenantWalks:
     _registry: str
     _guard: Callable[..., AbstractContextManager[None]]
     _n: Callable[[str], TenantKeys]
-    _timelines: Callable[..., list[Timeline]]
 
     def tenants(self) -> list[str]:
         """Tenants of the namespace whose current generation holds data, sorted."""
