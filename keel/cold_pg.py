@@ -27,6 +27,7 @@ import threading
 import zlib
 from binascii import a2b_base64
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import psycopg
@@ -97,6 +98,13 @@ class ColdStore:
         with self._lock, self._guard("ping"):
             self._connection().execute("SELECT 1")
 
+    def _upsert(self, what: str, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """Rows written by one statement in one transaction (an interrupted copy leaves none of them)."""
+        with self._lock, self._guard(what):
+            conn = self._connection()
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany(sql, rows)
+
     # ---- segments ----------------------------------------------------------------------------
 
     def put(self, namespace: str, tenant: str, gen: int, pieces: Sequence[tuple[str, int, str, str]]) -> None:
@@ -104,14 +112,11 @@ class ColdStore:
         already stored is overwritten by the same content (segments are immutable), never doubled."""
         if not pieces:
             return
-        with self._lock, self._guard("copy of closed segments"):
-            conn = self._connection()
-            with conn.transaction(), conn.cursor() as cur:
-                cur.executemany(
-                    f"INSERT INTO {TABLE} (namespace, tenant, generation, entity, seg, sha1, body) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (namespace, tenant, generation, entity, seg) "
-                    "DO UPDATE SET sha1 = EXCLUDED.sha1, body = EXCLUDED.body",
-                    [(namespace, tenant, int(gen), e, int(n), sha, body) for e, n, sha, body in pieces])
+        self._upsert("copy of closed segments",
+                     f"INSERT INTO {TABLE} (namespace, tenant, generation, entity, seg, sha1, body) "
+                     "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (namespace, tenant, generation, entity, seg) "
+                     "DO UPDATE SET sha1 = EXCLUDED.sha1, body = EXCLUDED.body",
+                     [(namespace, tenant, int(gen), e, int(n), sha, body) for e, n, sha, body in pieces])
 
     def fetch(self, namespace: str, tenant: str, gen: int, pieces: Sequence[Piece]) -> dict[Piece, str]:
         """The bodies of the named pieces of one generation, each checked against its hash; a piece missing here
@@ -157,16 +162,13 @@ class ColdStore:
         same content (chunks never change), never doubled."""
         if not chunks:
             return
-        with self._lock, self._guard("copy of change-log chunks"):
-            conn = self._connection()
-            with conn.transaction(), conn.cursor() as cur:
-                cur.executemany(
-                    f"INSERT INTO {CHANGES_TABLE} (namespace, tenant, generation, position, writes, recorded_at, sha1, "
-                    "chunk) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (namespace, tenant, generation, "
-                    "position) DO UPDATE SET writes = EXCLUDED.writes, recorded_at = EXCLUDED.recorded_at, "
-                    "sha1 = EXCLUDED.sha1, chunk = EXCLUDED.chunk",
-                    [(namespace, tenant, int(gen), int(p), int(w), int(r), content_hash(c), c)
-                     for p, w, r, c in chunks])
+        self._upsert("copy of change-log chunks",
+                     f"INSERT INTO {CHANGES_TABLE} (namespace, tenant, generation, position, writes, recorded_at, "
+                     "sha1, chunk) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (namespace, tenant, "
+                     "generation, position) DO UPDATE SET writes = EXCLUDED.writes, recorded_at = "
+                     "EXCLUDED.recorded_at, sha1 = EXCLUDED.sha1, chunk = EXCLUDED.chunk",
+                     [(namespace, tenant, int(gen), int(p), int(w), int(r), content_hash(c), c)
+                      for p, w, r, c in chunks])
 
     def changes(self, namespace: str, tenant: str, gen: int, below: int, count: int, *, start: int | None = None,
                 since: int | None = None) -> list[str]:
