@@ -83,7 +83,7 @@ def redis_bytes(store: RedisStore) -> dict[str, int]:
     pipe = store.client.pipeline(transaction=False)
     for k in names:
         pipe.execute_command("MEMORY", "USAGE", k, "SAMPLES", "0")
-    out = {"closed segments": 0, "open segments": 0, "change log": 0, "event ids (ev)": 0, "event marks (eh)": 0,
+    out = {"closed segments": 0, "open segments": 0, "change log": 0, "event ids and marks (e:)": 0,
            "valid-time index": 0, "other (fr, ents, i:, m, sg, cz)": 0}
     for k, n in zip(names, pipe.execute()):
         if n is None:
@@ -95,10 +95,8 @@ def redis_bytes(store: RedisStore) -> dict[str, int]:
             out["open segments"] += int(n)
         elif local == "ch":
             out["change log"] += int(n)
-        elif local == "ev":
-            out["event ids (ev)"] += int(n)
-        elif local == "eh":
-            out["event marks (eh)"] += int(n)
+        elif local.startswith("e:"):          # the event ids' buckets, id -> packed mark (event_ids.py)
+            out["event ids and marks (e:)"] += int(n)
         elif local.startswith("v:"):
             out["valid-time index"] += int(n)
         else:
@@ -179,7 +177,7 @@ def main() -> int:
             print(f"  {kind:32}{a:>12.1f}{b:>12.1f}{(b / a if a else 0):>9.3f}")
         total_off, total_on = sum(sizes["off"].values()) / events, sum(sizes["on"].values()) / events
         print(f"  {'total':32}{total_off:>12.1f}{total_on:>12.1f}{total_on / total_off:>9.3f}   (goal <= 0.200)")
-        for what, out in (("w/o change log", ("change log",)), ("w/o change log, ids", ("change log", "event ids (ev)", "event marks (eh)"))):
+        for what, out in (("w/o change log", ("change log",)), ("w/o change log, ids", ("change log", "event ids and marks (e:)"))):
             a = sum(v for k, v in sizes["off"].items() if k not in out) / events
             b = sum(v for k, v in sizes["on"].items() if k not in out) / events
             print(f"  {'total ' + what:32}{a:>12.1f}{b:>12.1f}{b / a:>9.3f}")

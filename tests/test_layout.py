@@ -1,6 +1,6 @@
 """The Redis layout version: stamped on a new namespace, checked by every process at start; a namespace in the
-removed layout 1 (or an unknown one) is refused with a message saying what to run, and rewritten by `keel replay
---all` (real Redis and Kafka)."""
+removed layouts 1 and 2 (or an unknown one) is refused with a message saying what to run, and rewritten by `keel
+replay --all` (real Redis and Kafka)."""
 from __future__ import annotations
 
 import uuid
@@ -23,7 +23,8 @@ from keel.cartridge import load_cartridge
 from keel.config import resolve
 from keel.errors import UsageError
 from keel.store.redis import RedisStore
-from keel.store.redis.keys import TenantKeys, escape, layout_key, registry_key, watermarked_key
+from keel.store.redis.event_ids import unpack_mark
+from keel.store.redis.keys import BUCKETS, IDS, TenantKeys, escape, layout_key, registry_key, watermarked_key
 from keel.store.redis.layout import LAYOUT_VERSION, LayoutIncompatible
 
 pytestmark = [services, pytest.mark.timeout(300)]
@@ -86,12 +87,15 @@ def test_processes_refuse_an_old_layout_and_replay_all_upgrades_it(env: dict[str
         client.close()
 
 
-def test_replay_all_rewrites_a_layout_1_namespace(env: dict[str, str], tmp_path: Path) -> None:
-    """The documented upgrade from layout 1: a namespace stamped 1 whose generations hold layout 1's keys (a
-    sorted set `z:` and an index list `x:` per entity, the provenance list `pv`, written here as that layout named
-    them). The replay is refused while a worker runs, and for some tenants only; with the workers stopped, `keel
-    replay --all` rebuilds every tenant from the log (old keys gone, digests as embedded), stamps the namespace,
-    and a worker started again goes on from there."""
+@pytest.mark.parametrize("old", [1, 2])
+def test_replay_all_rewrites_an_old_layout_namespace(env: dict[str, str], tmp_path: Path, old: int) -> None:
+    """The documented upgrades from layouts 1 and 2: a namespace stamped 1 whose generations hold layout 1's keys
+    (a sorted set `z:` and an index list `x:` per entity, the provenance list `pv`), or stamped 2 whose event ids
+    are in one set `ev` and their marks in one hash `eh` (each written here as that layout named them). Processes
+    refuse it with one line naming the replay; the replay is refused while a worker runs, and for some tenants
+    only; with the workers stopped, `keel replay --all` rebuilds every tenant from the log (old keys gone, digests
+    as embedded, every event id applied and marked again), stamps the namespace, and a worker started again goes
+    on from there (the same events again are all duplicates)."""
     folder = unique_cartridge(tmp_path)
     ns = load_cartridge(folder).name
     events = folder / "events.jsonl"
@@ -102,21 +106,33 @@ def test_replay_all_rewrites_a_layout_1_namespace(env: dict[str, str], tmp_path:
         try:
             count = sum(1 for line in events.read_text().splitlines() if line.strip())
             wait_applied(folder, env, count, worker)
-            old = old_layout_keys(client, ns)
-            client.set(layout_key(ns), 1)
+            store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=ns)
+            marks = {t: store.event_marks(t) for t in client.smembers(registry_key(ns))}
+            store.close()
+            olds = old_layout_keys(client, ns) if old == 1 else layout_2_keys(client, ns)
+            client.set(layout_key(ns), old)
             refused = keel("replay", str(folder), "--all", "--quiet", env=env, check=False)
             assert refused.returncode == 2 and "stop the workers" in refused.stderr, refused.stderr
         finally:
             worker.terminate()               # it may have stopped by itself: its namespace turned layout 1
+        status = keel("status", str(folder), env=env, check=False, timeout=120)
+        assert status.returncode == 2 and len(status.stderr.strip().splitlines()) == 1, status.stderr
+        assert f"in key layout {old}" in status.stderr and "keel replay <cartridge folder> --all" in status.stderr
         some = keel("replay", str(folder), "--tenant", "hogar-demo", "--quiet", env=env, check=False)
         assert some.returncode == 2 and "--all" in some.stderr, some.stderr
-        assert client.get(layout_key(ns)) == "1" and client.exists(*old) == len(old)
+        assert client.get(layout_key(ns)) == str(old) and client.exists(*olds) == len(olds)
         expected = embedded_digests(load_cartridge(folder), events)
         keel("replay", str(folder), "--all", "--quiet", env=env)
-        assert client.get(layout_key(ns)) == "2"
-        left = [k for k in client.scan_iter(match=f"keel:{{{ns}/*", count=1000) if ":z:" in k or ":x:" in k]
+        assert client.get(layout_key(ns)) == str(LAYOUT_VERSION)
+        left = [k for k in client.scan_iter(match=f"keel:{{{ns}/*", count=1000)
+                if ":z:" in k or ":x:" in k or k.endswith((":pv", ":ev", ":eh"))]
         assert left == []
         assert redis_digests(folder, env, expected) == expected
+        store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=ns)
+        try:                    # the marks again: content hashes, where each event was read from the topic
+            assert {t: store.event_marks(t) for t in marks} == marks and all(marks.values())
+        finally:
+            store.close()
         keel("publish", str(folder), str(events), env=env)           # the same events again: all duplicates
         worker = WorkerProcess([folder], env, tmp_path / "worker2.log")
         try:
@@ -126,6 +142,27 @@ def test_replay_all_rewrites_a_layout_1_namespace(env: dict[str, str], tmp_path:
             assert worker.terminate() == 0
     finally:
         client.close()
+
+
+def layout_2_keys(client: redis.Redis, namespace: str) -> list[str]:
+    """Layout 2's event ids and marks: each tenant's current generation with its ids moved from layout 3's buckets
+    into one set `ev` and its marks, unpacked, into one hash `eh`, as that layout kept them."""
+    names = []
+    for tenant in client.smembers(registry_key(namespace)):
+        keys = TenantKeys(namespace, tenant)
+        d = keys.data(int(client.get(keys.gen) or 1))
+        packed: dict[str, str] = {}
+        buckets = [f"{d}e:{b}" for b in range(int(client.hget(d + "m", BUCKETS) or 1))]
+        for bucket in buckets:
+            packed.update(client.hgetall(bucket))
+        assert packed
+        client.delete(*buckets)
+        client.hdel(d + "m", IDS, BUCKETS)
+        client.sadd(d + "ev", *packed)
+        client.hset(d + "eh", mapping={i: unpack_mark(v) for i, v in packed.items() if v})
+        names += [d + "ev", d + "eh"]
+    assert names
+    return names
 
 
 def test_a_namespace_begun_with_watermarks_never_resumes_from_a_kafka_commit(env: dict[str, str]) -> None:

@@ -103,7 +103,8 @@ def test_replay_killed_midway_leaves_the_served_graph_and_a_rerun_completes(tmp_
     try:
         # The replay loads 20,000 events in about a second: poll often, and stop it before looking, so that
         # it is killed midway (shadow generation partly filled, not switched) and the test says so if not.
-        wait_until(lambda: client.exists(marker) and client.scard(f"keel:{{{ns}/{TARGET}}}:g2:ev") >= 600
+        shadow_ids = f"keel:{{{ns}/{TARGET}}}:g2:m"          # its meta hash counts the event ids applied (`ne`)
+        wait_until(lambda: client.exists(marker) and int(client.hget(shadow_ids, "ne") or 0) >= 600
                    or proc.poll() is not None, 60, "the shadow generation to fill", interval=0.005)
         assert proc.poll() is None, (tmp_path / "replay.log").read_text()
         proc.send_signal(signal.SIGSTOP)

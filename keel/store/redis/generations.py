@@ -12,8 +12,10 @@ from typing import Any
 from ...errors import ColdTierNotConfigured, UsageError
 from .cold import ColdTier, settings_key
 from .keys import (
+    BUCKETS,
     LAYOUT1_ENTITY_KEYS,
     LAYOUT1_KEYS,
+    LAYOUT2_KEYS,
     applied_key,
     escape,
     gen_keys,
@@ -98,17 +100,19 @@ class GenerationAdmin:
             raise ColdTierNotConfigured(self.namespace, tenant)
 
     def droppable_keys(self, tenant: str, gen: int) -> list[str]:
-        """The keys a drop of one generation unlinks: every name its data may have, layout 1's too (a generation
-        replaced while `keel replay --all` converts a namespace from the removed layout 1 is in it),
-        from its entity set and closed-segment counts, without asking which exist (UNLINK skips the others).
-        The fixed keys come first: the entity set, which names the rest, goes last."""
+        """The keys a drop of one generation unlinks: every name its data may have, layouts 1's and 2's too (a
+        generation replaced while `keel replay --all` converts a namespace from a removed layout is in it),
+        from its entity set, closed-segment counts and event-id buckets, without asking which exist (UNLINK skips
+        the others). The fixed keys come first: the entity set and the meta hash, which name the rest, go last."""
         d = self._n(tenant).data(int(gen))
         with self._guard("drop_generation", tenant):
             k = gen_keys(d)
             entities = sorted(self._client.smembers(k.entities))
             closed = self._client.hgetall(k.closed)
-        fixed = dict.fromkeys([*k.fixed, k.marks, k.closed, k.cold, k.changes, *(d + x for x in LAYOUT1_KEYS)])
+            buckets = int(self._client.hget(k.meta, BUCKETS) or 1)
+        fixed = dict.fromkeys([*k.fixed, k.closed, k.cold, k.changes, *(d + x for x in (*LAYOUT1_KEYS, *LAYOUT2_KEYS))])
         names = list(fixed)
+        names += (k.id_bucket(b) for b in range(buckets))
         for e in entities:
             x = escape(e)
             names += (k.open_segment(x), k.incoming(x), k.valid_index(x), k.known_index(x),

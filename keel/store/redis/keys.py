@@ -4,7 +4,7 @@ Every Python module that names a Redis key of Keel (the store, the bulk loader, 
 builds it here; the Lua scripts build the per-entity names below from a prefix they are given, spelled as here
 (segment_scripts.py).
 
-Key layout (version 2, layout.py). Every key of a tenant carries the hash tag `{<namespace>/<tenant>}`, so a
+Key layout (version 3, layout.py). Every key of a tenant carries the hash tag `{<namespace>/<tenant>}`, so a
 tenant lives in one hash slot and its scripts and MULTI/EXEC blocks are legal on Cluster:
 
     keel:{<ns>}:tenants                    set: tenants ever written in the namespace (a registry)
@@ -21,10 +21,13 @@ tenant lives in one hash slot and its scripts and MULTI/EXEC blocks are legal on
 
 and per generation N, after its data prefix `d` = `keel:{<ns>/<t>}:g<N>:` (GenerationKeys):
 
-    d ev          set: applied event ids
-    d eh          hash: event id -> its mark (`<content hash> <where first seen>`)
+    d e:<b>       hash: bucket b of the applied event ids, id -> its packed mark (event_ids.py: `<content hash>
+                  <where first seen>` in about 15 bytes, exact; "" for an id without one); buckets 0 to `eb` - 1,
+                  by linear hashing of the id (lua.STEP_IDS), about 64 ids each: small enough for Redis to keep each
+                  one as a listpack (about 33 bytes per id and mark, bench/cold_tier.py)
     d m           hash: `sv` (write counter, the search version), applied offsets, `rl` (the latest recorded_at
-                  of an applied event), `kt` (latest recorded_at of a write applied), `lag` (at the last commit)
+                  of an applied event), `kt` (latest recorded_at of a write applied), `lag` (at the last commit),
+                  `ne` (event ids applied) and `eb` (their buckets; absent: one)
     d ents        set: the generation's entities (its explicit index)
     d fr          hash: entity -> the least recorded_at of the writes involving it (its first)
     d ch          list: every write applied, in apply order, in compressed chunks (changelog.py)
@@ -53,12 +56,15 @@ from ..base import GLOBAL_TENANT, Key
 
 ARITY = {"e": 0, "l": 1, "f": 2, "r": 2}      # key parts after the owner, by timeline kind
 # The fixed keys of a generation, after its data prefix: present exactly when it holds data (segment_scripts.py).
-DATA_KEYS = ("ev", "m", "ents", "fr")
+DATA_KEYS = ("m", "ents", "fr")
 # The names only a generation written in the removed layout 1 has: fixed keys, then per-entity prefixes. Kept so
 # that the replay converting such a namespace drops its old generations whole (generations.droppable_keys).
 LAYOUT1_KEYS = ("pv", "re")
 LAYOUT1_ENTITY_KEYS = ("z:", "x:")
-MARKS = "eh"             # the generation's event marks (written only with events that carry marks)
+# Likewise for layout 2: its applied-ids set and its marks hash, replaced by layout 3's buckets (`e:<b>`).
+LAYOUT2_KEYS = ("ev", "eh")
+IDS = "ne"               # field of `m`: how many event ids the generation applied
+BUCKETS = "eb"           # field of `m`: how many buckets hold them (absent: one)
 CHANGES = "ch"           # the generation's change log (changelog.py)
 COLD = "cz"              # the generation's closed segments moved to the cold tier (cold.py)
 LATEST = "rl"            # field of `m`: the latest recorded_at of an applied event
@@ -128,13 +134,12 @@ class TenantKeys:
 class GenerationKeys:
     """Key names of one generation of a tenant, from its data prefix `d` (TenantKeys.data): the fixed keys as
     attributes, the per-entity ones by method (each taking the escaped entity name)."""
-    __slots__ = ("changes", "closed", "cold", "d", "entities", "first", "ids", "known_indexes", "marks", "meta",
+    __slots__ = ("changes", "closed", "cold", "d", "entities", "first", "id_buckets", "known_indexes", "meta",
                  "segments", "valid_indexes")
 
     def __init__(self, d: str) -> None:
         self.d = d
-        self.ids = d + "ev"
-        self.marks = d + MARKS
+        self.id_buckets = d + "e:"         # the prefix of the event ids' buckets (lua.STEP_IDS appends b)
         self.meta = d + "m"
         self.entities = d + "ents"
         self.first = d + "fr"
@@ -149,6 +154,9 @@ class GenerationKeys:
     def fixed(self) -> list[str]:
         """The fixed keys (DATA_KEYS): present exactly when the generation holds data."""
         return [self.d + x for x in DATA_KEYS]
+
+    def id_bucket(self, b: int) -> str:
+        return f"{self.id_buckets}{b}"
 
     def open_segment(self, e: str) -> str:
         return self.segments + e

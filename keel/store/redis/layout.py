@@ -1,14 +1,16 @@
 """The Redis key layout's version, checked by every process when it opens a namespace.
 
 `keel:{<namespace>}:layout` holds the layout version the namespace was written with (same hash tag as the
-namespace's tenant registry). This Keel reads and writes one layout, version 2 (segments appended per step:
-segments.py, segment_store.py). A namespace without the stamp is new, and is stamped 2, or was written by a Keel
-from before the stamp, whose layout was version 1. Layout 1 (a sorted set per entity) was removed: a namespace in
-it, or in a version this Keel does not know, is refused with one line saying what to run, never read or written
-in a mix of two layouts. `keel replay <cartridge> --all` (the only opener that may meet layout 1: `upgrading`)
-rewrites every tenant in layout 2 and then stamps the namespace. A new namespace is also marked `watermarked`
-before its first write: its partitions' applied watermarks are complete, so a worker trusts them over any Kafka
-commit (workers/resume.py). CHANGELOG.md lists each layout change and its upgrade step.
+namespace's tenant registry). This Keel reads and writes one layout, version 3 (segments appended per step:
+segments.py, segment_store.py; event ids and their marks in small bucketed hashes: event_ids.py). A namespace
+without the stamp is new, and is stamped 3, or was written by a Keel from before the stamp, whose layout was
+version 1. Layouts 1 (a sorted set per entity) and 2 (segments, with the event ids in one set and their marks in
+one hash) were removed: a namespace in either, or in a version this Keel does not know, is refused with one line
+saying what to run, never read or written in a mix of two layouts. `keel replay <cartridge> --all` (the only
+opener that may meet an older layout: `upgrading`) rewrites every tenant in layout 3, drops the old generations
+with their old keys (generations.droppable_keys) and then stamps the namespace. A new namespace is also marked
+`watermarked` before its first write: its partitions' applied watermarks are complete, so a worker trusts them
+over any Kafka commit (workers/resume.py). CHANGELOG.md lists each layout change and its upgrade step.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any
 from ...errors import UsageError
 from .keys import layout_key, registry_key, watermarked_key
 
-LAYOUT_VERSION = 2                # the one layout this Keel reads and writes
+LAYOUT_VERSION = 3                # the one layout this Keel reads and writes
 BEFORE_STAMP = 1                  # the layout of a namespace written before the stamp existed
 
 

@@ -39,7 +39,7 @@ class SegmentLoader(BulkLoader):
         d = store.data_prefix(tenant, self.gen)
         with guard(store.namespace, "load_generation", tenant):
             k = gen_keys(d)
-            if int(store.client.exists(*k.fixed, k.marks)):
+            if int(store.client.exists(*k.fixed, k.id_bucket(0))):
                 raise UsageError(f"generation {gen} of tenant {tenant!r} holds data: a bulk load starts from "
                                  f"an empty generation")
         store.register_tenant(tenant)

@@ -6,8 +6,8 @@ in KEYS (closed segments, the segments of a relation's subject) are built from t
 tenant's hash tag, so they are in the script's hash slot.
 
 Per generation `d` (keys.py's prefix, where keys.GenerationKeys builds these names in Python) the store keeps
-`ev`, `eh`, `m`, `ents` and `ch`, and the keys below (the fixed keys, present exactly when it holds data, are
-keys.DATA_KEYS):
+`m`, `ents`, `ch`, the event ids' buckets `e:<b>` (lua.STEP_IDS) and the keys below (the fixed keys, present
+exactly when it holds data, are keys.DATA_KEYS):
     d fr               hash: entity -> the least recorded_at of the writes involving it (its first)
     d sg               hash: escaped entity -> how many of its segments are closed
     d s:<e>            string: the entity's open segment (segments.py)
@@ -24,16 +24,16 @@ keys.DATA_KEYS):
 """
 from __future__ import annotations
 
-from .lua import GEN_CHECK, LOG_CHUNKS, MULTI, STEP_HELD, STEP_IDS, STEP_META
+from .lua import GEN_CHECK, LOG_CHUNKS, MULTI, STEP_HELD, STEP_IDS, STEP_IDS_ADD, STEP_META
 
-# KEYS: 1 gen, 2 ids (set), 3 meta (hash), 4 entities (set), 5 first recorded_at (hash), 6 marks (hash), then
-#       per entity e (1-based): 5 + 2e its open segment, 6 + 2e its incoming relations (set).
+# KEYS: 1 gen, 2 meta (hash), 3 entities (set), 4 first recorded_at (hash), then per entity e (1-based): 3 + 2e its
+#       open segment, 4 + 2e its incoming relations (set).
 # ARGV (3 to 9 shared with lua.py's STEP_* parts): 1 expected gen, 2 the size past which a segment is reported, 3 offset field
 #       ("" = none), 4 offset, 5 the latest recorded_at of the writes ("" = none), 6 the partition's lag after this
-#       step ("" = unknown), 7 the latest recorded_at of the ids ("" = none), 8 nI, the ids, nM, nM pairs (id,
-#       mark), nE, then per entity: name, least recorded_at of the writes involving it, its delta block ("" =
-#       none), nX, nX elements to add to its incoming relations; then the change-log chunks of the step's writes
-#       (changelog.py), appended to `<data prefix>ch`.
+#       step ("" = unknown), 7 the latest recorded_at of the ids ("" = none), 8 nI, nI pairs (id, packed mark or
+#       "": lua.STEP_IDS), nE, then per entity: name, least recorded_at of the writes involving it, its delta
+#       block ("" = none), nX, nX elements to add to its incoming relations; then the change-log chunks of the
+#       step's writes (changelog.py), appended to `<data prefix>ch`.
 # Answers {1, e...}: the entities (1-based) whose open segment is now larger than ARGV[2] (the writer closes
 # them); {3, id...} when ids were applied already (nothing written: the writer drops them and retries); {4, stored}
 # when the tenant's state went back (scripts.STEP_HELD).
@@ -46,17 +46,17 @@ for e = 1, nE do
   names[e], mins[e] = ARGV[a], ARGV[a + 1]
   local block = ARGV[a + 2]
   if block ~= '' then
-    if redis.call('APPEND', KEYS[5 + 2 * e], block) > roll then big[#big + 1] = e end
+    if redis.call('APPEND', KEYS[3 + 2 * e], block) > roll then big[#big + 1] = e end
   end
   local nX = tonumber(ARGV[a + 3])
-  if nX > 0 then multi('SADD', KEYS[6 + 2 * e], ARGV, a + 4, a + 3 + nX) end
+  if nX > 0 then multi('SADD', KEYS[4 + 2 * e], ARGV, a + 4, a + 3 + nX) end
   a = a + 4 + nX
 end
-log_chunks(string.sub(KEYS[3], 1, -2) .. 'ch', a)     -- the change log (changelog.py)
+log_chunks(string.sub(KEYS[2], 1, -2) .. 'ch', a)     -- the change log (changelog.py)
 local set, fresh = {}, {}
 for i = 1, nE, 2000 do
   local j = math.min(i + 1999, nE)
-  local cur = redis.call('HMGET', KEYS[5], unpack(names, i, j))
+  local cur = redis.call('HMGET', KEYS[4], unpack(names, i, j))
   for e = i, j do
     local c = cur[e - i + 1]
     if not c then
@@ -67,12 +67,10 @@ for i = 1, nE, 2000 do
     end
   end
 end
-multi('SADD', KEYS[4], fresh)
-multi('HSET', KEYS[5], set)
-multi('SADD', KEYS[2], ARGV, I, I + nI - 1)
-multi('HSET', KEYS[6], ARGV, Mk, Mk + 2 * nM - 1)
-""" + STEP_META + """
-if nI > 0 or nE > 0 then redis.call('HINCRBY', KEYS[3], 'sv', 1) end
+multi('SADD', KEYS[3], fresh)
+multi('HSET', KEYS[4], set)
+""" + STEP_IDS_ADD + STEP_META + """
+if nI > 0 or nE > 0 then redis.call('HINCRBY', KEYS[2], 'sv', 1) end
 return big
 """
 

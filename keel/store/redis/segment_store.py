@@ -31,7 +31,8 @@ from . import segment_scripts
 from .batch import PendingStep, latest_of, state_behind
 from .changelog import encode_copies
 from .codec import clamped_point, decode_point
-from .keys import escape, gen_keys, index_key, key_of, prefix_of
+from .event_ids import pack_mark
+from .keys import BUCKETS, escape, gen_keys, index_key, key_of, prefix_of
 from .loader import BulkLoader
 from .retries import KEPT_CONFLICTING, in_current, until_done
 from .segment_loader import SegmentLoader
@@ -132,11 +133,13 @@ class RedisStore(RedisBase):
             p.blocks = encode_step(p.events)
         sb = p.blocks
         ids = [event_id for _, event_id in p.events if event_id]
-        marks = [x for event_id in ids if getattr(event_id, "mark", None) for x in (event_id, event_id.mark)]
         k = gen_keys(d)
-        keys = [names.gen, k.ids, k.meta, k.entities, k.first, k.marks]
+        keys = [names.gen, k.meta, k.entities, k.first]
         args: list[Any] = [expected, self.roll_bytes, p.field, p.offset_arg, p.latest, p.lag, latest_of(ids),
-                           len(ids), *ids, len(marks) // 2, *marks, len(sb.entities)]
+                           len(ids)]
+        for event_id in ids:                    # each id with its packed mark (event_ids.py)
+            args += (event_id, pack_mark(getattr(event_id, "mark", None)))
+        args.append(len(sb.entities))
         for name, i in sb.entities.items():
             e = escape(name)
             keys += (k.open_segment(e), k.incoming(e))
@@ -370,15 +373,16 @@ class RedisStore(RedisBase):
             d = self._n(tenant).data(self._snapshot_gen(tenant) if gen is None else int(gen))
             k = gen_keys(d)
             entities = sorted(self._client.smembers(k.entities))
-            extra = [k.marks, k.closed, k.changes, k.cold]       # present only when written
-            found = [int(n) for n in pipelined(self._client, [("EXISTS", x) for x in extra])]
+            extra = [k.closed, k.changes, k.cold]       # present only when written
+            *found, buckets = pipelined(self._client, [*(("EXISTS", x) for x in extra), ("HGET", k.meta, BUCKETS)])
             closed: dict[str, int] = {}
-            if found[1]:
+            if int(found[0]):
                 closed = {x: int(n) for x, n in self._client.hgetall(k.closed).items()}
-        out = k.fixed + [x for x, n in zip(extra, found) if n]
-        per_entity = [name for e in map(escape, entities)
-                      for name in (k.open_segment(e), k.incoming(e), k.valid_index(e), k.known_index(e))]
-        for chunk in chunks(per_entity):
+        out = k.fixed + [x for x, n in zip(extra, found) if int(n)]
+        probed = [k.id_bucket(b) for b in range(int(buckets or 1))]      # the event ids (event_ids.py)
+        probed += (name for e in map(escape, entities)
+                   for name in (k.open_segment(e), k.incoming(e), k.valid_index(e), k.known_index(e)))
+        for chunk in chunks(probed):
             with self._guard("key_names", tenant):
                 out += (x for x, n in zip(chunk, pipelined(self._client, [("EXISTS", x) for x in chunk])) if n)
         out += (k.closed_segment(x, j) for x, n in closed.items() for j in range(n))

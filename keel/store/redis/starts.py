@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 import redis
 
 from ..base import TenantStart
-from .keys import LATEST, MARKS, TenantKeys, gen_keys, offset_field
+from .event_ids import unpack_mark
+from .keys import BUCKETS, LATEST, TenantKeys, gen_keys, offset_field
 from .retries import until_done
 from .transport import Client, chunks
 
@@ -26,6 +28,8 @@ class TenantStarts:
     _guard: Callable[..., AbstractContextManager[None]]
     _n: Callable[[str], TenantKeys]
     _gen_guess: Callable[[str], tuple[int, str]]
+    queue_buckets: Callable[[Any, str], int]
+    take_buckets: Callable[[str, int, Any, list[dict[str, str]]], dict[str, str] | None]
 
     def tenant_starts(self, wanted: Sequence[tuple[str, Iterable[tuple[str, int]]]]) -> list[TenantStart]:
         """Store.tenant_starts in one MULTI/EXEC per `STARTS_CHUNK` tenants on a single node (each tenant's
@@ -46,7 +50,8 @@ class TenantStarts:
     def _starts(self, asked: list[tuple[str, list[tuple[str, int]]]], chunk: list[int],
                 out: list[TenantStart | None]) -> list[int]:
         """Read the TenantStarts of `chunk` (indexes into `asked`) in one transaction; returns the indexes
-        whose generation switched (guess corrected, to be read again)."""
+        whose generation switched or whose event ids had more buckets than guessed (guesses corrected, to be
+        read again: event_ids.py)."""
         pipe = self._client.pipeline(transaction=True)
         checked = []
         for i in chunk:
@@ -56,19 +61,22 @@ class TenantStarts:
             d = names.data(gen)
             if expected:
                 pipe.get(names.gen)
-            pipe.smembers(gen_keys(d).ids)
-            pipe.hgetall(d + MARKS)
-            pipe.hmget(gen_keys(d).meta, LATEST, *[offset_field(*tp) for tp in tps])
-            checked.append(expected)
+            pipe.hmget(gen_keys(d).meta, LATEST, BUCKETS, *[offset_field(*tp) for tp in tps])
+            checked.append((expected, d, self.queue_buckets(pipe, d)))
         results = iter(pipe.execute())
         left = []
-        for i, expected in zip(chunk, checked):
+        for i, (expected, d, guess) in zip(chunk, checked):
             current = (next(results) or "1") if expected else expected
-            ids, marks, meta = next(results), next(results), next(results)
+            meta = next(results)
+            ids = self.take_buckets(d, guess, meta[1], [next(results) for _ in range(guess)])
             if current != expected:
                 self._gens[asked[i][0]] = int(current)
                 left.append(i)
                 continue
-            offsets = {tp: None if v is None else int(v) for tp, v in zip(asked[i][1], meta[1:])}
-            out[i] = (sorted(ids), offsets, dict(marks), None if meta[0] is None else int(meta[0]))
+            if ids is None:
+                left.append(i)
+                continue
+            offsets = {tp: None if v is None else int(v) for tp, v in zip(asked[i][1], meta[2:])}
+            marks = {event_id: mark for event_id, value in ids.items() if (mark := unpack_mark(value)) is not None}
+            out[i] = (sorted(ids), offsets, marks, None if meta[0] is None else int(meta[0]))
         return left

@@ -31,10 +31,11 @@ from . import lua
 from .changelog import ChangeLogReads
 from .codec import freshness_of
 from .connection import connect, redacted
+from .event_ids import EventIdReads
 from .generations import GenerationAdmin
 from .keys import (
+    IDS,
     LATEST,
-    MARKS,
     TenantKeys,
     applied_key,
     check_name,
@@ -79,7 +80,7 @@ class GenerationChanged(StoreUnavailable):
         self.new = new
 
 
-class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Store):
+class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, EventIdReads, Store):
     """What a Store over Redis (single node or Cluster) does whatever its entities' keys: the namespace's
     connection, tenants, generations, offsets and meta hash; one namespace (a cartridge) per instance. Its one
     subclass, segment_store.RedisStore, keeps the entities' data in segments."""
@@ -100,6 +101,8 @@ class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Stor
         self._new_gen_script = client.register_script(lua.NEW_GENERATION)
         self._switch_if_script = client.register_script(lua.SWITCH_IF_CAUGHT_UP)
         self._advance_script = client.register_script(lua.ADVANCE)
+        self._id_lookup = client.register_script(lua.ID_LOOKUP)
+        self._id_guesses: dict[str, int] = {}         # data prefix -> buckets of its event ids (event_ids.py)
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, cluster: bool | None = None,
@@ -286,10 +289,6 @@ class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Stor
 
     # ---- primitive reads -----------------------------------------------------------------------
 
-    def has_event(self, tenant: str, event_id: str) -> bool:
-        with self._guard("has_event", tenant):
-            return bool(self._tx(tenant, lambda p, d: p.sismember(gen_keys(d).ids, event_id))[0])
-
     # ---- the partitions' applied watermarks (namespace-wide: where a worker resumes) ---------------
 
     def advance_partitions(self, through: PartitionOffsets, held: dict[tuple[str, int], int | None]) -> None:
@@ -333,22 +332,10 @@ class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Stor
             value = self._tx(tenant, lambda p, d: p.hget(gen_keys(d).meta, offset_field(topic, partition)))[0]
         return None if value is None else int(value)
 
-    def event_ids(self, tenant: str) -> list[str]:
-        with self._guard("event_ids", tenant):
-            return sorted(self._tx(tenant, lambda p, d: p.smembers(gen_keys(d).ids))[0])
-
     def freshness(self, tenant: str) -> Freshness:
         """known_through and lag from the meta hash (what the workers' last commits stored)."""
         with self._guard("freshness", tenant):
             return freshness_of(self._tx(tenant, lambda p, d: p.hmget(gen_keys(d).meta, "kt", "lag"))[0])
-
-    def event_mark(self, tenant: str, event_id: str) -> str | None:
-        with self._guard("event_mark", tenant):
-            return self._tx(tenant, lambda p, d: p.hget(d + MARKS, event_id))[0]
-
-    def event_marks(self, tenant: str) -> dict[str, str]:
-        with self._guard("event_marks", tenant):
-            return dict(self._tx(tenant, lambda p, d: p.hgetall(d + MARKS))[0])
 
     def latest_recorded(self, tenant: str) -> Micros | None:
         with self._guard("latest_recorded", tenant):
@@ -364,7 +351,7 @@ class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Stor
     def has_tenant(self, tenant: str) -> bool:
         """Whether the tenant's current generation holds data (one transaction)."""
         with self._guard("has_tenant", tenant):
-            return bool(self._tx(tenant, lambda p, d: p.exists(gen_keys(d).ids, gen_keys(d).entities))[0])
+            return any(self._tx(tenant, _holds_data))
 
     # ---- generations ---------------------------------------------------------------------------
 
@@ -385,3 +372,9 @@ class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Stor
         view._registered = self._registered
         view.cold = self.cold
         return view
+
+
+def _holds_data(pipe: Any, d: str) -> None:
+    """Queue what says whether generation `d` holds data: its entity set, its count of event ids."""
+    pipe.exists(gen_keys(d).entities)
+    pipe.hexists(gen_keys(d).meta, IDS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from .keys import TenantKeys, gen_keys
+from .keys import IDS, TenantKeys, gen_keys
 from .transport import Client
 
 
@@ -34,9 +34,11 @@ class TenantWalks:
             gens = [self._pins.get(t) or int(g or 1) for t, g in zip(members, pipe.execute())]
             pipe = self._client.pipeline(transaction=False)
             for t, g in zip(members, gens):
-                d = self._n(t).data(g)
-                pipe.exists(gen_keys(d).ids, gen_keys(d).entities)
-            return [t for t, n in zip(members, pipe.execute()) if n]
+                k = gen_keys(self._n(t).data(g))
+                pipe.exists(k.entities)
+                pipe.hexists(k.meta, IDS)            # event ids applied (their buckets: event_ids.py)
+            found = pipe.execute()
+            return [t for t, ents, ids in zip(members, found[::2], found[1::2]) if ents or ids]
 
     # ---- whole-tenant walks (of the generation current when they start) -----------------------
 

@@ -1,0 +1,169 @@
+"""A generation's applied event ids and their marks (layout 3): small hashes id -> packed mark, read back exactly.
+
+The APPLY script keeps them in buckets `d e:<b>` by linear hashing (lua.STEP_IDS, the one place of the bucket
+rule), about 64 ids a bucket, which Redis keeps as listpacks: about 33 bytes per id and mark instead of ~130 in
+a set of ids plus a hash of marks (layout 2). Reads of single ids ask the ID_LOOKUP script, which finds an id's
+bucket; reads of every id read every bucket by name, the bucket count (`eb` of the meta hash) in the same
+MULTI/EXEC, and again with more buckets when it grew.
+
+A mark (EventId.mark, `<content hash> <where first seen>`, the projector's) is packed exactly, in Python only
+(Lua stores it as given): the 16 hex digits of the hash as 11 base64 characters, then the origin: nothing for
+"earlier in the log", `L<n>` for "at line <n>", `K<partition>.<offset>.<topic>` for "at <topic> partition <p>
+offset <o>" (numbers in base 64), or " " and the origin as it is. A mark of any other shape is kept whole after
+"/" (never a base64 character). Unpacking gives back the same string: the Redis store answers as the memory store.
+"""
+from __future__ import annotations
+
+import binascii
+import re
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ...errors import StoreUnavailable
+from .keys import BUCKETS, gen_keys
+from .retries import RETRIES
+from .transport import Client, chunks
+
+EARLIER = "earlier in the log"          # the origin the projector gives an event read from no known place
+_HEAD = re.compile(r"[0-9a-f]{16} ")
+_LINE = re.compile(r"at line ([1-9][0-9]{0,17})")
+_RECORD = re.compile(r"at ([A-Za-z0-9._-]+) partition (0|[1-9][0-9]{0,17}) offset (0|[1-9][0-9]{0,17})")
+_DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"     # base64url's
+_VALUE = {c: i for i, c in enumerate(_DIGITS)}
+_TO_URL, _FROM_URL = bytes.maketrans(b"+/", b"-_"), bytes.maketrans(b"-_", b"+/")
+_GUESSES = 10_000                      # bucket counts remembered (by data prefix) before the cache is cleared
+
+
+def _number(n: int) -> str:
+    out = _DIGITS[n & 63]
+    n >>= 6
+    while n:
+        out = _DIGITS[n & 63] + out
+        n >>= 6
+    return out
+
+
+def _value(text: str) -> int:
+    n = 0
+    for c in text:
+        n = n * 64 + _VALUE[c]
+    return n
+
+
+def pack_mark(mark: str | None) -> str:
+    """What the store keeps for an event id's mark ("" for none: an id without a mark)."""
+    if not mark:
+        return ""
+    if not _HEAD.match(mark):
+        return "/" + mark
+    head = binascii.b2a_base64(bytes.fromhex(mark[:16]), newline=False)[:11].translate(_TO_URL).decode()
+    origin = mark[17:]
+    if origin == EARLIER:
+        return head
+    m = _LINE.fullmatch(origin)
+    if m is not None:
+        return f"{head}L{_number(int(m[1]))}"
+    m = _RECORD.fullmatch(origin)
+    if m is not None:
+        return f"{head}K{_number(int(m[2]))}.{_number(int(m[3]))}.{m[1]}"
+    return f"{head} {origin}"
+
+
+def unpack_mark(value: str) -> str | None:
+    """The mark pack_mark kept as `value` (None for "")."""
+    if not value:
+        return None
+    if value[0] == "/":
+        return value[1:]
+    digest = binascii.a2b_base64(value[:11].encode().translate(_FROM_URL) + b"=").hex()
+    code = value[11:12]
+    if not code:
+        return f"{digest} {EARLIER}"
+    if code == "L":
+        return f"{digest} at line {_value(value[12:])}"
+    if code == "K":
+        partition, offset, topic = value[12:].split(".", 2)
+        return f"{digest} at {topic} partition {_value(partition)} offset {_value(offset)}"
+    return f"{digest}{value[11:]}"
+
+
+class EventIdReads:
+    """The applied ids and marks of RedisBase (a mixin over its client, guard, transactions and scripts)."""
+
+    _client: Client
+    _id_lookup: Any                         # lua.ID_LOOKUP, registered
+    _guard: Callable[..., AbstractContextManager[None]]
+    _tx: Callable[[str, Callable[[Any, str], None]], list[Any]]
+    _script_many: Callable[..., list[list[Any]]]
+
+    def has_event(self, tenant: str, event_id: str) -> bool:
+        with self._guard("has_event", tenant):
+            return self._lookup(tenant, [event_id])[0] is not None
+
+    def event_mark(self, tenant: str, event_id: str) -> str | None:
+        with self._guard("event_mark", tenant):
+            value = self._lookup(tenant, [event_id])[0]
+        return None if value is None else unpack_mark(value)
+
+    def event_ids(self, tenant: str) -> list[str]:
+        with self._guard("event_ids", tenant):
+            return sorted(self._all_ids(tenant))
+
+    def event_marks(self, tenant: str) -> dict[str, str]:
+        with self._guard("event_marks", tenant):
+            packed = self._all_ids(tenant)
+        return {event_id: mark for event_id, value in packed.items() if (mark := unpack_mark(value)) is not None}
+
+    def _lookup(self, tenant: str, ids: Sequence[str]) -> list[str | None]:
+        """The packed mark ("" none) of each id, None for one not applied, from the current generation."""
+        out: list[str | None] = []
+        for chunk in chunks(list(ids), 2000):
+            [result] = self._script_many(self._id_lookup, [(tenant, lambda d, ids=chunk: ([gen_keys(d).meta], ids))])
+            out += result[1:]
+        return out
+
+    def _all_ids(self, tenant: str) -> dict[str, str]:
+        """Every applied id of the current generation -> its packed mark, in one MULTI/EXEC (again with more
+        buckets when they were more than guessed)."""
+        asked: list[tuple[str, int]] = []
+
+        def fill(pipe: Any, d: str) -> None:
+            pipe.hget(gen_keys(d).meta, BUCKETS)
+            asked.append((d, self.queue_buckets(pipe, d)))
+        for _ in range(RETRIES):
+            result = self._tx(tenant, fill)
+            d, guess = asked[-1]
+            got = self.take_buckets(d, guess, result[0], result[1:])
+            if got is not None:
+                return got
+        raise StoreUnavailable(f"the event ids of tenant {tenant!r} kept growing while read", tenant=tenant)
+
+    # ---- reading every bucket (here and in a worker's tenant starts: starts.py) ------------------------
+
+    _id_guesses: dict[str, int]
+
+    def queue_buckets(self, pipe: Any, d: str) -> int:
+        """Queue an HGETALL of each bucket of generation `d` as far as guessed; returns the guess."""
+        guess = self._id_guesses.get(d, 1)
+        k = gen_keys(d)
+        for b in range(guess):
+            pipe.hgetall(k.id_bucket(b))
+        return guess
+
+    def take_buckets(self, d: str, guess: int, count: Any, buckets: Sequence[dict[str, str]]) -> dict[str, str] | None:
+        """The ids -> packed marks of the buckets read (queue_buckets), or None when the bucket count read in the
+        same transaction (`count`, `eb` of the meta hash) is above the guess (the guess is raised: read again)."""
+        n = int(count or 1)
+        if n > guess:
+            if len(self._id_guesses) > _GUESSES:
+                self._id_guesses.clear()
+            self._id_guesses[d] = n + n // 16 + 1         # room for the buckets a writer adds meanwhile
+            return None
+        out: dict[str, str] = {}
+        for bucket in buckets:
+            out.update(bucket)
+        return out
+
+
+__all__ = ["EARLIER", "EventIdReads", "pack_mark", "unpack_mark"]

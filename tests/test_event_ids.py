@@ -1,0 +1,99 @@
+"""A generation's applied event ids and their marks in Redis (keel/store/redis/event_ids.py, lua.STEP_IDS): marks
+packed exactly whatever their text; ids in buckets that split by linear hashing as they grow, each bucket small
+enough to stay a listpack, every id found again by the Lua lookup and by the reads of every bucket, and the commit
+step's dedupe exact across splits (real Redis for the buckets)."""
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.services import service_env
+
+from keel.store.memory import MemoryStore
+from keel.store.redis import RedisStore
+from keel.store.redis.event_ids import EARLIER, pack_mark, unpack_mark
+from keel.store.redis.keys import BUCKETS, IDS, TenantKeys
+from keel.store.redis.lua import IDS_PER_BUCKET
+from keel.store.writes import event_key
+
+_HEX = st.text("0123456789abcdef", min_size=16, max_size=16)
+_NUMBER = st.one_of(st.integers(0, 2 ** 63).map(str), st.text("0123456789", min_size=1, max_size=22))
+_ORIGINS = st.one_of(
+    st.just(EARLIER), st.text(),
+    st.builds("at line {}".format, _NUMBER),
+    st.builds("at {} partition {} offset {}".format, st.text("abcxyz.-_09", min_size=1, max_size=40), _NUMBER,
+              _NUMBER),
+    st.builds("at {} partition {} offset {}".format, st.text(max_size=20), st.text(max_size=5), st.text(max_size=5)))
+_MARKS = st.one_of(st.builds("{} {}".format, _HEX, _ORIGINS), st.text(min_size=1),
+                   st.builds("{}{}".format, _HEX, st.text()))
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_MARKS)
+def test_a_mark_packs_exactly(mark: str) -> None:
+    packed = pack_mark(mark)
+    assert packed and unpack_mark(packed) == mark
+
+
+def test_the_projectors_marks_pack_small() -> None:
+    """The marks the projector writes: a 16-hex-digit content hash and where the event was read first."""
+    digest = "0123456789abcdef"
+    assert pack_mark(None) == pack_mark("") == "" and unpack_mark("") is None
+    for origin, size in ((EARLIER, 11), ("at line 15600", 15), ("at keel.finance.events partition 11 offset 123456789",
+                                                                  11 + 1 + 1 + 1 + 5 + 1 + len("keel.finance.events"))):
+        packed = pack_mark(f"{digest} {origin}")
+        assert len(packed) == size and unpack_mark(packed) == f"{digest} {origin}", packed
+
+
+@pytest.fixture
+def store() -> Iterator[RedisStore]:
+    probe = RedisStore.from_url(service_env("KEEL_REDIS_URL"), namespace=f"ids{uuid.uuid4().hex[:10]}")
+    yield probe
+    probe.drop_namespace()
+    probe.close()
+
+
+def test_ids_split_into_small_buckets_and_stay_exact(store: RedisStore) -> None:
+    """5,000 ids in steps of 1 to 400, some recommitted: every id in exactly one bucket, each bucket a listpack of
+    at most a few times IDS_PER_BUCKET ids, the buckets about ids / IDS_PER_BUCKET; every id (and no other) found
+    by has_event, its mark by event_mark, all of them by event_ids, event_marks and tenant_starts, as the memory
+    store answers; a step repeating applied ids applies only its new ones."""
+    rnd = random.Random(25)
+    memory = MemoryStore()
+    n, offset = 0, 0
+    while n < 5000:
+        size = rnd.choice([1, 1, 2, 7, 60, 400])
+        events = []
+        for _ in range(size):
+            n += 1
+            mark = rnd.choice([None, f"{rnd.getrandbits(64):016x} at line {n}", f"{rnd.getrandbits(64):016x} {EARLIER}",
+                               f"{rnd.getrandbits(64):016x} at keel.t.events partition 2 offset {n * 3}", "odd | mark"])
+            events.append(([], event_key(f"ev-{n}-{rnd.getrandbits(20)}", mark, 1_000 + n)))
+        if rnd.random() < 0.2:              # a step repeating some applied ids (their marks as first seen stay)
+            events += [([], event_key(i, "ffffffffffffffff at line 1", 5)) for i in memory.event_ids("t")[:5]]
+        offset += 1
+        for s in (store, memory):
+            s.commit_batch("t", events, ("keel.t.events", 2, offset))
+    client = store.client
+    d = TenantKeys(store.namespace, "t").data(1)
+    count, buckets = (int(x) for x in client.hmget(d + "m", IDS, BUCKETS))
+    assert count == len(memory.event_ids("t")) == n
+    assert (buckets - 1) * IDS_PER_BUCKET < count <= buckets * IDS_PER_BUCKET
+    held: list[str] = []
+    for b in range(buckets):
+        assert client.object("encoding", f"{d}e:{b}") == "listpack"
+        held += client.hkeys(f"{d}e:{b}")
+    assert sorted(held) == memory.event_ids("t")          # each id in one bucket
+    assert store.event_ids("t") == memory.event_ids("t")
+    assert store.event_marks("t") == memory.event_marks("t")
+    for event_id in rnd.sample(held, 300) + ["ev-0", "nope"]:
+        assert store.has_event("t", event_id) == memory.has_event("t", event_id)
+        assert store.event_mark("t", event_id) == memory.event_mark("t", event_id)
+    tps = [("keel.t.events", 2)]
+    assert store.tenant_starts([("t", tps)]) == memory.tenant_starts([("t", tps)])
+    scanned = set(client.scan_iter(match=d.replace("{", "\\{").replace("}", "\\}") + "*", count=1000))
+    assert scanned <= set(store.key_names("t")) and {f"{d}e:{b}" for b in range(buckets)} <= scanned
