@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from keel.store.redis.segments import Fold, decode, encode_step, restate
@@ -42,6 +42,8 @@ def _reads(tl: Any, kind: str, t: int) -> Any:
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(write, min_size=1, max_size=30), st.integers(0, 12))
+@example([(0, 1, "value", 1, False), (0, 8, "value", 2, True), (0, 8, "void", 0, True), (0, 4, "value", 3, True),
+          (0, 4, "void", 0, False)], 12)      # a later cut keeps an earlier one whose point is void by then
 def test_an_open_segment_serves_exactly_what_whole_timelines_answer(ops: list[tuple[int, int, str, int, bool]],
                                                                     now: int) -> None:
     closed: list[str] = []
@@ -90,3 +92,30 @@ def test_a_void_at_a_cut_falls_to_the_point_kept_before_it_and_one_below_forces_
             assert served.timelines[p].as_of(t) == tl.as_of(t), (p, t)
         assert tl.as_of(10).assertion.value == 5            # the void at 4 falls to the value at 1
     assert not Fold(decode(segment + void_at_cut + step((3, 1, "void", 0))), whole=False).serves(10)
+
+
+def test_a_cut_kept_from_an_earlier_restatement_whose_point_is_void_forces_whole_timelines_on_a_void_below() -> None:
+    """A restatement whose fold serves keeps the earlier cut as its anchor when the point deciding now lies below
+    it (segments.restate): here every point from the anchor down to a late value is void, so reads at the
+    anchor already fall to that late value. A void of that value must then make the open segment inexact (the
+    point below it, kept by an earlier restatement only, is gone from this one), as a void at an anchor does."""
+    key = KEYS[0]
+
+    def step(i: int, point: int, kind: str, value: int = 0) -> str:
+        return "".join(b for b in encode_step([([(key, _assertion(i, point, kind, value))], f"e{i}")]).blocks if b)
+
+    def roll(segment: str) -> str:
+        fold = Fold(decode(segment), whole=False)
+        assert fold.serves(12)
+        return restate(fold.timelines, 12, fold.anchors)
+    history = step(0, 1, "value", 1) + step(1, 8, "value", 2)
+    segment = roll(history)                     # cut at 8, keeps 1 (the point deciding before it)
+    history += step(2, 8, "void")
+    segment = roll(segment + step(2, 8, "void"))
+    history += step(3, 4, "value", 3)
+    segment = roll(segment + step(3, 4, "value", 3))     # the anchor stays 8 (void); rows from 4 on
+    history += step(4, 4, "void")
+    served = Fold(decode(segment + step(4, 4, "void")), whole=False)
+    whole = Fold(decode(history), whole=True)
+    assert whole.timelines["f|balance||"].as_of(10).assertion.value == 1
+    assert not served.serves(10)

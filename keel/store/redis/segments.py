@@ -197,6 +197,8 @@ class Fold:
             provs = block[1]
             for p, rows in block[2].items():
                 add_rows(tls, p, provs, rows)
+            if block[0] == RESTATEMENT:
+                self._void_anchors(block[3])
 
     def _starts(self, tls: dict[str, list[Any]]) -> None:
         """The relations a restatement kept with the start of the run covering their anchor (`restate`): rows
@@ -213,6 +215,18 @@ class Fold:
                     self.fallbacks.add(p)
             elif below and all(len(row) == 3 for row in below):
                 self.starts[p] = min(row[0] for row in below)
+
+    def _void_anchors(self, anchors: dict[str, Micros]) -> None:
+        """Timelines other than relations whose anchor, as restated, is no point deciding reads at it: a later
+        cut keeps the earlier cut as its anchor (`restate`), whose winner may be a void by then. A read at or
+        after the anchor then already falls below it, as after a void at the anchor (`_check`): any void below
+        the anchor may reach past the rows kept, and without rows below the anchor nothing answers it."""
+        for p, anchor in anchors.items():
+            tl = self.timelines.get(p)
+            if p[0] != "r" and (tl is None or tl.deciding_point(anchor) != anchor):
+                self.voided[p] = (True, False)
+                if p not in self.fallbacks:
+                    self.dirty = True
 
     def _check(self, tls: dict[str, list[Any]]) -> None:
         """Whether rows of a delta after the restatement could make a restated cut inexact.
