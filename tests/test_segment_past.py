@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support.services import service_env
 
@@ -26,7 +26,8 @@ from keel import reading
 from keel.cartridge import load_cartridge
 from keel.projector import Projector
 from keel.store.memory import MemoryStore
-from keel.store.redis import RedisStore
+from keel.store.redis import RedisStore, segment_past
+from keel.store.redis.codec import encode_point
 from keel.store.redis.segment_views import ViewReader
 from keel.store.writes import event_key, relation_write
 from keel.times import parse_time
@@ -134,6 +135,25 @@ def test_past_views_are_exact_without_whole_histories(stores: tuple[Recorder, Re
     assert whole == []
 
 
+@pytest.mark.parametrize("shape", ["late", "voids"])
+def test_overlapping_ranges_are_read_in_a_window_the_widest_range_bounds(
+        stores: tuple[Recorder, RedisStore, dict[str, str]], shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Late data and corrections after a roll make a timeline's ranges overlap: INDEX then answers a window of
+    its entries and the widest range ("o"), never every entry ("a"), and the views stay exact."""
+    memory, store, entities = stores
+    kinds: list[str] = []
+    real = segment_past.spans_of
+    monkeypatch.setattr(segment_past, "spans_of",
+                        lambda answer, *a: kinds.append(answer if answer == "*" else answer[0]) or real(answer, *a))
+    for known_at in (None, parse_time(stamp(N // 2))):
+        for d in range(-45, N + 5, 23):
+            at = parse_time(day(d))
+            assert reading.view(store, "acme", entities[shape], at=at, known_at=known_at) == \
+                reading.view(memory, "acme", entities[shape], at=at, known_at=known_at), (d, known_at)
+    assert "o" in kinds
+    assert "a" not in kinds and "*" not in kinds
+
+
 late_strategy = st.lists(st.tuples(st.integers(0, 60), st.booleans()), min_size=20, max_size=120)
 
 
@@ -141,6 +161,13 @@ late_strategy = st.lists(st.tuples(st.integers(0, 60), st.booleans()), min_size=
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(history=late_strategy, roll=st.sampled_from([300, 900, 3000]), reads=st.lists(
     st.tuples(st.integers(-70, 130), st.integers(0, 120)), min_size=4, max_size=10))
+@example(history=[(0, False), (0, True), (0, True), (0, False), (0, True), (0, False), (0, False), (0, True),
+                  (0, False), (0, False), (0, True), (0, False), (0, True), (0, False), (0, True), (0, True),
+                  (0, False), (0, False), (0, True), (0, True), (0, False), (0, True), (0, True), (0, False),
+                  (0, True), (0, True), (0, True), (0, True), (0, True), (59, False), (12, False), (0, True),
+                  (44, False), (0, True), (0, True), (42, False), (57, False), (27, False), (0, True), (0, True),
+                  (58, False), (52, False), (51, False), (37, True), (0, True), (0, True), (20, True)],
+         roll=900, reads=[(34, 0)] * 4)    # a restatement keeping an earlier cut whose point is void by then
 def test_views_over_late_data_and_retractions_equal_the_memory_store(
         history: list[tuple[int, bool]], roll: int, reads: list[tuple[int, int]]) -> None:
     """Snapshots each some days late (or not), some retracted at once, in small segments: past views, believed now
@@ -175,3 +202,46 @@ def test_views_over_late_data_and_retractions_equal_the_memory_store(
     finally:
         store.drop_namespace()
         client.close()
+
+
+points = st.integers(0, 400)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ranges=st.lists(st.tuples(points, st.integers(0, 60)), min_size=1, max_size=40), t=points,
+       window=st.integers(1, 6), before=st.one_of(st.none(), st.integers(0, 40)), relation=st.booleans(),
+       widenings=st.lists(st.tuples(st.one_of(st.none(), points), st.one_of(st.none(), points)), max_size=4))
+def test_a_window_of_overlapping_ranges_is_sound_only_when_it_holds_every_entry_meeting_its_range(
+        ranges: list[tuple[int, int]], t: int, window: int, before: int | None, relation: bool,
+        widenings: list[tuple[int | None, int | None]]) -> None:
+    """INDEX's window of a timeline whose ranges overlap ("o": entries around t, the lowest ones and an upper
+    bound of the widest range, as ROLL keeps it), with or without a segment standing in for the open one
+    (`before`): whenever the Span calls itself sound, every segment counted (numbered below `before`) whose range
+    meets [B, U] is held, however it widened; and a relation's kept first entries hold every segment starting at
+    or below the point `_covered_from_first` vouches for. Pure Python: INDEX's answer built as the Lua does."""
+    prefix = "r|owed_by|household:acme|" if relation else "f|balance_cop||"
+    entries = [(lo, lo + w, n) for n, (lo, w) in enumerate(ranges)]
+    members = sorted(f"{prefix}{encode_point(lo)}{encode_point(hi)}{n}" for lo, hi, n in entries)
+    t9 = encode_point(t)
+    below = [m for m in members if m[len(prefix):len(prefix) + 9] <= t9][::-1][:window]
+    above = [m for m in members if m[len(prefix):len(prefix) + 9] > t9][:window]
+    widest = max(hi - lo for lo, hi, _ in entries) + 1
+    span = segment_past.spans_of(["o", below, above, members[:window], "", str(widest)], prefix, t9, before, window)
+    assert span is not None
+    counted = [(lo, hi, n) for lo, hi, n in entries if before is None or n < before]
+    for step in [None, *widenings]:
+        if step is not None:
+            reach = tuple(None if x is None else encode_point(x) for x in step)
+            if not span.widen(reach):   # type: ignore[arg-type]
+                break
+        held = span.held()
+        assert all(before is None or n < before for n in held)
+        if span.sound():
+            b, u = span.floor, span.ceiling
+            meeting = {n for lo, hi, n in counted
+                       if (b is None or encode_point(hi) >= b) and (u is None or encode_point(lo) <= u)}
+            assert meeting <= held, (b, u)
+        if span.first is not None:
+            for x in range(0, 401, 7):
+                if span._covered_from_first(encode_point(x)):
+                    assert {n for lo, _, n in counted if lo <= x} <= held, x

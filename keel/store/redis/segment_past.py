@@ -4,8 +4,10 @@ The PAST script (segment_scripts.py) serves a read at a past t from the closed s
 decides it and the next one, exact while the timeline's segments hold disjoint ranges, no void and no end. Late
 data (ranges that overlap), a void (a retraction or correction: the version before runs on) or a relation's end
 (its run starts after the last end) can make the answer depend on points further away. Rather than decoding the
-entity's whole history, this reads the index entries of each such timeline around t (INDEX: a window of them,
-or all of them when ranges overlap), holds the closed segments whose ranges meet [B, U], folds them with the open
+entity's whole history, this reads the index entries of each such timeline around t (INDEX: a window of them;
+when ranges overlap, a window and the widest range, which bounds how far below the window an entry meeting the
+held range can start (`Span.sound`), or all of them for a timeline whose first segment was closed before ROLL
+kept that width), holds the closed segments whose ranges meet [B, U], folds them with the open
 segment (which holds every point) and asks `Timeline.reach` which points the answer depends on. Inside [B, U]:
 exact. Otherwise [B, U] widens by the next entries below or above, twice as many each round, and the missing
 segments are fetched (SEGMENTS), until the reach fits, every entry is held on that side, or the rounds run out
@@ -18,20 +20,35 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...timeline import Timeline, covering
 from ...times import Micros
-from .codec import clamped_point
+from .codec import clamped_point, decode_point
 from .segments import decode, wanted_timelines
 
 WINDOWS = (8, 256, 4000)  # index entries read each side of t for a timeline whose ranges do not overlap, in turn
-SCAN = 4000               # index entries read at most for one whose ranges overlap (more: the whole history)
+SCAN = 4000               # index entries read at most for one whose ranges overlap, width unknown (more: whole)
 ROUNDS = 12               # widenings within one window before giving up
 
 Entry = tuple[str, str, int]      # (least point, greatest point, segment number) of one index entry; points as
 #                                 point9 text (codec.encode_point), whose order is the points': compared undecoded
 Reach = tuple[str | None, str | None]    # Timeline.reach's (low, high) as point9 text
+
+
+class Width(NamedTuple):
+    """What bounds a window of a timeline whose ranges overlap (INDEX's "o" answer): `micros`, at least its widest
+    range; `least`/`greatest`: the least and greatest least point of the window read; `bottom`/`top`: the window
+    reaches its first/last entry; `lowest`: the timeline's entries with the least least points, in order (some
+    left out for a read with known_at); `beyond`: None when those are all its entries, else the least point
+    every other entry starts at or above."""
+    micros: int
+    least: str
+    greatest: str
+    bottom: bool
+    top: bool
+    lowest: list[Entry]
+    beyond: str | None
 
 
 class Span:
@@ -41,14 +58,24 @@ class Span:
 
     `first`: for a relation none of whose closed rows is an end or expires (voids never break a run), its first
     entry, always held: the run covering t then starts at its first visible link, whatever lies between that
-    and the entries around t (links and voids only), so the run's start needs only the first segment."""
-    __slots__ = ("bottom", "complete", "entries", "first", "high", "low", "step_down", "step_up", "top")
+    and the entries around t (links and voids only), so the run's start needs only the first segment.
+
+    `before`: only segments numbered below it count (a read with known_at whose closed segment `before` stands
+    in for the open one). The others' entries still bound [B, U] (an entry of the index is one, whatever its
+    segment), but are never held: they hold no row of the timeline read."""
+    __slots__ = ("before", "bottom", "complete", "entries", "first", "firsts", "high", "low", "step_down",
+                 "step_up", "top", "width")
 
     def __init__(self, entries: list[Entry], bottom: bool, top: bool, t9: str, first: Entry | None = None,
-                 complete: bool = False) -> None:
+                 complete: bool = False, width: Width | None = None, before: int | None = None) -> None:
         self.entries = sorted(set(entries))
         self.bottom, self.top, self.complete = bottom, top, complete
+        self.before = before
         self.first = first
+        self.width = width
+        self.firsts: list[Entry] = []
+        if width is not None and first is not None:     # every entry starting within the first one's range
+            self.firsts = [e for e in width.lowest if e[0] <= first[1]]
         below = [i for i, e in enumerate(self.entries) if e[0] <= t9]
         self.low = below[-1] if below else 0
         self.high = min(self.low + 1, len(self.entries) - 1) if below else 0
@@ -70,19 +97,36 @@ class Span:
 
     def held(self) -> set[int]:
         """The segments whose ranges meet [B, U], and the first one when kept."""
-        b, u = self.floor, self.ceiling
-        out = {n for lo, hi, n in self.entries if (b is None or hi >= b) and (u is None or lo <= u)}
+        b, u, before = self.floor, self.ceiling, self.before
+        out = {n for lo, hi, n in self.entries
+               if (b is None or hi >= b) and (u is None or lo <= u) and (before is None or n < before)}
         if self.first is not None:
             out.add(self.first[2])
+            out.update(n for _, _, n in self.firsts)
         return out
+
+    def sound(self) -> bool:
+        """Whether the entries read hold every entry whose range meets [B, U]. Always, but for a window of a
+        timeline whose ranges overlap (`width`): an entry below the window starts below its least least point
+        L and ends before L + the widest range, so B must be at least that; one above starts above the
+        window's greatest least point, so U must be below that."""
+        w = self.width
+        if w is None or not self.entries:
+            return True
+        b, u = self.floor, self.ceiling
+        low_ok = w.bottom or (b is not None and decode_point(b) >= decode_point(w.least) + w.micros)
+        return low_ok and (w.top or (u is not None and u < w.greatest))
 
     def _covered_from_first(self, point9: str) -> bool:
         """Whether every row at or below a point is held, the first entry being held."""
         assert self.first is not None
+        if self.width is not None:     # overlapping ranges: every entry starting at or below it is held
+            w = self.width
+            return point9 <= self.first[1] and (w.beyond is None or w.beyond > point9)
         if not self.complete:
             return point9 <= self.first[1]      # disjoint ranges: later entries start above the first one's end
-        held = self.held()
-        return all(point9 < lo for lo, _, n in self.entries if n not in held)
+        held, before = self.held(), self.before
+        return all(point9 < lo for lo, _, n in self.entries if n not in held and (before is None or n < before))
 
     def reach(self, tl: Timeline | None, at: Micros, known_at: Micros | None, relation: bool) -> Reach:
         """The held timeline's reach at `at`; [B, U] itself when the kept first entry settles the read: a run
@@ -130,19 +174,27 @@ def spans_of(answer: Any, prefix: str, t9: str, before: int | None, window: int)
     `before` stands in for the open one)."""
     if answer == "*":
         return None
-    kind, below, above, first, ends = answer
+    kind, below, above, first, ends = answer[:5]
     entries = parse_entries([*below, *above], prefix)
     firsts = parse_entries(first, prefix)
+    counted = [e for e in entries if before is None or e[2] < before]
     if before is not None:
-        entries = [e for e in entries if e[2] < before]
         firsts = [e for e in firsts if e[2] < before]
     unbroken = prefix[0] == "r" and not ends
     if kind == "a":
-        entries.sort()
-        return Span(entries, True, True, t9, entries[0] if unbroken and entries else None, complete=True)
+        return Span(entries, True, True, t9, min(counted) if unbroken and counted else None, complete=True,
+                    before=before)
+    if kind == "o":
+        read = [e[0] for e in entries]
+        width = Width(int(answer[5]), min(read), max(read), len(below) < window, len(above) < window,
+                      firsts, parse_entries(first, prefix)[-1][0] if len(first) >= window else None) if read else None
+        if width is None:
+            return Span(entries, True, True, t9, before=before)
+        keep = width.lowest[0] if unbroken and width.lowest else None
+        return Span(entries, width.bottom, width.top, t9, keep, width=width, before=before)
     bottom = len(below) < window
-    keep = (min(entries) if bottom and entries else firsts[0] if firsts else None) if unbroken else None
-    return Span(entries, bottom, len(above) < window, t9, keep)
+    keep = (min(counted) if bottom and counted else firsts[0] if firsts else None) if unbroken else None
+    return Span(entries, bottom, len(above) < window, t9, keep, before=before)
 
 
 def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], wanted: Sequence[str]) -> dict[str, Timeline]:
@@ -169,7 +221,7 @@ def widened(spans: dict[str, Span], last: str, at: Micros, known_at: Micros | No
         short = {p: reach for p, s in spans.items()
                  if not s.fits(reach := s.reach(tls.get(p), at, known_at, p[0] == "r"))}
         if not short:
-            return tls
+            return tls if all(s.sound() for s in spans.values()) else None     # a wider window may be
         if not all(spans[p].widen(reach) for p, reach in short.items()):
             return None
     return None

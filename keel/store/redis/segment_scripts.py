@@ -74,6 +74,26 @@ if nI > 0 or nE > 0 then redis.call('HINCRBY', KEYS[2], 'sv', 1) end
 return big
 """
 
+# `width(lo, hi)`: an upper bound of hi - lo in micros, for points as point9 text (codec.encode_point: 9 digits of
+# 6 bits in the alphabet "-0-9A-Z_a-z", most significant first); from their first 8 digits, which a Lua number
+# holds exactly.
+_WIDTH = """
+local function digits8(s)
+  local v = 0
+  for i = 1, 8 do
+    local c = string.byte(s, i)
+    local d
+    if c == 45 then d = 0 elseif c <= 57 then d = c - 47 elseif c <= 90 then d = c - 54
+    elseif c == 95 then d = 37 else d = c - 59 end
+    v = v * 64 + d
+  end
+  return v
+end
+local function width(lo, hi)
+  return (digits8(hi) - digits8(lo) + 1) * 64
+end
+"""
+
 # KEYS: 1 gen, 2 closed-segment counts (hash), 3 the entity's open segment, 4 its valid-time index (sorted set),
 #       5 its recorded-time index (sorted set).
 # ARGV: 1 expected gen, 2 escaped entity, 3 the open segment's length the restatement was computed from,
@@ -86,8 +106,10 @@ return big
 # overlap (its past reads then decode every segment), `<P>#` once it has an end or an expiry (a void is
 # neither); and in the
 # recorded-time index, member n scored by the greatest recorded_at, `!` once a segment's least one is below an
-# earlier segment's greatest.
-ROLL = GEN_CHECK + """
+# earlier segment's greatest. `<P>%<width>` keeps an upper bound of the widest range of a timeline's entries
+# (micros, in decimal; `_WIDTH`), from its first entry on: a timeline indexed before it has none, and never gets
+# one (its past reads with overlapping ranges scan its entries, as they did).
+ROLL = GEN_CHECK + _WIDTH + """
 if redis.call('STRLEN', KEYS[3]) ~= tonumber(ARGV[3]) then return {2} end
 local n = redis.call('HINCRBY', KEYS[2], ARGV[2], 1) - 1
 redis.call('RENAME', KEYS[3], KEYS[3] .. '|' .. n)
@@ -102,6 +124,15 @@ for i = 7, #ARGV, 4 do
   local last = redis.call('ZREVRANGEBYLEX', KEYS[4], '(' .. P .. '~', '[' .. P .. '-', 'LIMIT', 0, 1)[1]
   if last and lo <= string.sub(last, #P + 10, #P + 18) then redis.call('ZADD', KEYS[4], 0, P .. '!') end
   if ARGV[i + 3] == '1' then redis.call('ZADD', KEYS[4], 0, P .. '#') end
+  local wide = redis.call('ZRANGEBYLEX', KEYS[4], '[' .. P .. '%', '(' .. P .. '%~', 'LIMIT', 0, 1)[1]
+  if wide or not last then
+    local w = width(lo, hi)
+    local was = wide and tonumber(string.sub(wide, #P + 2)) or -1
+    if w > was then
+      if wide then redis.call('ZREM', KEYS[4], wide) end
+      redis.call('ZADD', KEYS[4], 0, P .. '%' .. string.format('%.0f', w))
+    end
+  end
   redis.call('ZADD', KEYS[4], 0, P .. lo .. hi .. n)
 end
 return {1}
@@ -294,14 +325,23 @@ return {1, out, wanted_segments(wanted, nO)}
 # The valid-time index entries of each timeline around t (segment_past.py): {"w", up to ARGV[3] entries with the
 # least point <= t (greatest first), up to ARGV[3] with it > t (least first), {its first entry}, ends}; for a
 # timeline whose ranges overlap (`<P>!`) {"a", all its entries, {}, {}, ends}, or "*" when they are more than
-# ARGV[4]. `ends`: "1" when a row of it is an end or expires (`<P>#`).
+# ARGV[4]. `ends`: "1" when a row of it is an end or expires (`<P>#`). A timeline whose ranges overlap and whose
+# widest range is known (`<P>%`, ROLL) gets the window too, bounded by that width: {"o", below, above, up to ARGV[3]
+# entries with the least least points (least first), ends, the width}.
 INDEX = GEN_CHECK + """
 local k, scan = tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
 for i = 5, #ARGV, 3 do
   local v, P, t = ARGV[2] .. ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local ends = redis.call('ZSCORE', v, P .. '#') and '1' or ''
-  if redis.call('ZSCORE', v, P .. '!') then
+  local wide = redis.call('ZSCORE', v, P .. '!') and
+               redis.call('ZRANGEBYLEX', v, '[' .. P .. '%', '(' .. P .. '%~', 'LIMIT', 0, 1)[1]
+  if wide then
+    out[#out + 1] = {'o', redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, k),
+                     redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, k),
+                     redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, k), ends,
+                     string.sub(wide, #P + 2)}
+  elseif redis.call('ZSCORE', v, P .. '!') then
     local all = redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, scan + 1)
     if #all > scan then out[#out + 1] = '*' else out[#out + 1] = {'a', all, {}, {}, ends} end
   else
