@@ -186,7 +186,7 @@ class ViewReader:
             else:       # the index's choice counts writes not known then: read around `at` (_widened)
                 chosen = [sub[1]]
                 flagged.append(True)
-            tls = None if any(flagged) else past_timelines(chosen, ps)
+            tls = None if any(flagged) else past_timelines(chosen, ps, at, known_at)
             if tls is None:
                 whole.append(e)
                 lasts[e] = chosen[-1]

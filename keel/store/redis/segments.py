@@ -381,8 +381,48 @@ def _looks_past(p: str, row: list[Any]) -> bool:
     return len(row) > 3 and ((p[0] == "r" and (row[3] or row[4] is not None)) or is_void_value(row[3], row[2]))
 
 
-def past_timelines(segments: Iterable[str], wanted: Iterable[str]) -> dict[str, Timeline] | None:
+def past_timelines(segments: Iterable[str], wanted: Iterable[str], at: Micros,
+                   known_at: Micros | None) -> dict[str, Timeline] | None:
     """The wanted timelines from the deltas of some segments (in log order: closed ones by number, then the open
-    one), for a read at a past time the valid-time index chose them for; None when a row among them is a void
-    or a relation's end or expiry (such a read can look past the segments chosen: read every segment)."""
-    return wanted_timelines((block for segment in segments for block in decode(segment)), wanted, _looks_past)
+    one), for a read at a past time `at` (believed at `known_at`) the valid-time index chose them for; None when a
+    row among them is a void or a relation's end or expiry (such a read can look past the segments chosen: read
+    every segment).
+
+    Without voids, a read at `at` of a timeline other than a relation (`Timeline.as_of`) looks at two points
+    only: the greatest point <= `at` with an assertion visible at `known_at` (whose winner decides) and the least
+    one above it (the version's end); without ends, expiries and voids, a relation's links make one run, from
+    its least point with a link visible at `known_at` on (`Timeline.runs`). Only those points' rows are folded:
+    the others' assertions are never built."""
+    keep = set(wanted)
+    blocks = [block for segment in segments for block in decode(segment) if block[0] == DELTA]
+    low: dict[str, Micros] = {}
+    high: dict[str, Micros] = {}
+    for block in blocks:
+        provs = block[1]
+        for p, rows in block[2].items():
+            if p not in keep:
+                continue
+            relation = p[0] == "r"
+            for row in rows:
+                if len(row) > 3 and _looks_past(p, row):
+                    return None
+                if known_at is not None and provs[row[1]][2] > known_at:
+                    continue
+                point = row[0]
+                if relation:
+                    if point < low.get(p, point + 1):
+                        low[p] = point
+                elif point <= at:
+                    if point > low.get(p, point - 1):
+                        low[p] = point
+                elif point < high.get(p, point + 1):
+                    high[p] = point
+    tls: dict[str, Timeline] = {}
+    for block in blocks:
+        provs = block[1]
+        for p, rows in block[2].items():
+            if p not in keep:
+                continue
+            lo, hi = low.get(p), high.get(p)
+            add_rows(tls, p, provs, [row for row in rows if row[0] == lo or row[0] == hi])
+    return tls
