@@ -19,13 +19,12 @@ row of a closed segment whose range contains that point, or of the open segment.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import chain
 from typing import Any, NamedTuple
 
 from ...timeline import Timeline, covering
 from ...times import Micros
 from .codec import clamped_point, decode_point
-from .segments import decode, wanted_timelines
+from .segments import DELTA, add_rows, decode
 
 WINDOWS = (8, 256, 4000)  # index entries read each side of t for a timeline whose ranges do not overlap, in turn
 SCAN = 4000               # index entries read at most for one whose ranges overlap, width unknown (more: whole)
@@ -141,6 +140,14 @@ class Span:
         low, high = tl.reach(at, known_at, relation)
         return (None if low is None else clamped_point(low)), (None if high is None else clamped_point(high))
 
+    def bounds(self) -> tuple[Micros | None, Micros | None] | None:
+        """[B, U] as micros (None: unbounded on that side), or None when every row held counts: a kept first
+        entry vouches for the rows below B (`reach`)."""
+        if self.first is not None:
+            return None
+        b, u = self.floor, self.ceiling
+        return (None if b is None else decode_point(b)), (None if u is None else decode_point(u))
+
     def fits(self, reach: Reach) -> bool:
         low, high = reach
         b, u = self.floor, self.ceiling
@@ -197,10 +204,27 @@ def spans_of(answer: Any, prefix: str, t9: str, before: int | None, window: int)
     return Span(entries, bottom, len(above) < window, t9, keep, before=before)
 
 
-def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], wanted: Sequence[str]) -> dict[str, Timeline]:
-    """The wanted timelines from the deltas of some closed segments (by number) and then of `last` (the open
-    segment, or the closed one standing in for it), restatements skipped."""
-    return wanted_timelines(chain(*(segments[n] for n in sorted(segments)), last), wanted) or {}   # no stop: never None
+def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], spans: dict[str, Span]) -> dict[str, Timeline]:
+    """The timelines of `spans` (by P) from the deltas of some closed segments (by number) and then of `last` (the
+    open segment, or the closed one standing in for it), restatements skipped; each cut to the rows at points in
+    its [B, U] (`Span.bounds`): the reach is read from those only (`Timeline.reach`: exact from every assertion
+    in [B, U], whatever else is held), so the rows of held segments outside it are never built."""
+    bounds = {p: s.bounds() for p, s in spans.items()}
+    tls: dict[str, Timeline] = {}
+    for blocks in [*(segments[n] for n in sorted(segments)), last]:
+        for block in blocks:
+            if block[0] != DELTA:
+                continue
+            provs = block[1]
+            for p, rows in block[2].items():
+                if p not in bounds:
+                    continue
+                cut = bounds[p]
+                if cut is not None:
+                    lo, hi = cut
+                    rows = [row for row in rows if (lo is None or row[0] >= lo) and (hi is None or row[0] <= hi)]
+                add_rows(tls, p, provs, rows)
+    return tls
 
 
 def widened(spans: dict[str, Span], last: str, at: Micros, known_at: Micros | None,
@@ -217,7 +241,7 @@ def widened(spans: dict[str, Span], last: str, at: Micros, known_at: Micros | No
             if got is None:
                 return None
             decoded.update((n, decode(body)) for n, body in got.items())
-        tls = fold(decoded, tail, list(spans))
+        tls = fold(decoded, tail, spans)
         short = {p: reach for p, s in spans.items()
                  if not s.fits(reach := s.reach(tls.get(p), at, known_at, p[0] == "r"))}
         if not short:
