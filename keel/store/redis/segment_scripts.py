@@ -238,26 +238,62 @@ local function wanted_segments(wanted, nO)
 end
 """
 
+# `index_answer(v, P, t, k, scan)`: the valid-time index entries of timeline P of the index v around t, for
+# segment_past.py: {"w", up to k entries with the least point <= t (greatest first), up to k with it > t (least
+# first), {its first entry}, ends}; for a timeline whose ranges overlap (`<P>!`) and whose widest range is known
+# (`<P>%`, ROLL) the window too, bounded by that width: {"o", below, above, up to k entries with the least least
+# points (least first), ends, the width}; for one whose ranges overlap without a known width {"a", all its
+# entries, {}, {}, ends}, or "*" when they are more than scan. `ends`: "1" when a row of it is an end or expires
+# (`<P>#`).
+_INDEX_ANSWER = """
+local function index_answer(v, P, t, k, scan)
+  local ends = redis.call('ZSCORE', v, P .. '#') and '1' or ''
+  local wide = redis.call('ZSCORE', v, P .. '!') and
+               redis.call('ZRANGEBYLEX', v, '[' .. P .. '%', '(' .. P .. '%~', 'LIMIT', 0, 1)[1]
+  if wide then
+    return {'o', redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, k),
+            redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, k),
+            redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, k), ends,
+            string.sub(wide, #P + 2)}
+  elseif redis.call('ZSCORE', v, P .. '!') then
+    local all = redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, scan + 1)
+    if #all > scan then return '*' end
+    return {'a', all, {}, {}, ends}
+  end
+  return {'w', redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, k),
+          redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, k),
+          redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, 1), ends}
+end
+"""
+
 # KEYS: 1 gen. ARGV: 1 expected gen, 2 the prefix of segment keys ("<data prefix>s:"), 3 the prefix of index keys
 #       ("<data prefix>v:"), 4 t (point9), 5 nO, nO escaped entities, then triples (the entity's position among
-#       them, P, "r" for a relation else "").
+#       them, P, "r" for a relation else ""), then k and scan (`index_answer`'s).
 # For a read at t of each timeline from its closed segments: the segment with the greatest least point <= t
 # (the winner's: the index is in order, else flagged) and the one with the least least point > t (the next
 # point's), and for a relation the one with its first point (its run starts there: it has no end, else
-# flagged). Answers {1, {per triple: "" or "*" when the timeline must be read from every segment}, {per entity:
+# flagged). An entity with a flagged timeline is read around t (segment_past.py): each of its timelines gets
+# INDEX's answer (`index_answer`, k entries each side) instead, and none of its closed segments is read here.
+# Answers {1, {per triple: "", or the index answer when its entity has a flagged timeline}, {per entity:
 # {open segment, n, closed segment n, ... (by n)}}}; a closed segment moved to the cold tier (cold.py) is "".
-PAST = GEN_CHECK + _WANTED_SEGMENTS + """
+PAST = GEN_CHECK + _WANTED_SEGMENTS + _INDEX_ANSWER + """
 local t, nO = ARGV[4], tonumber(ARGV[5])
-local verdicts, wanted = {}, {}
+local k, scan = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
+local verdicts, wanted, flagged = {}, {}, {}
 for x = 1, nO do wanted[x] = {} end
 local function want(x, member, P)
   if member then wanted[x][tonumber(string.sub(member, #P + 19))] = true end
 end
-for i = 6 + nO, #ARGV, 3 do
+for i = 6 + nO, #ARGV - 2, 3 do
   local x, P, rel = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2] == 'r'
   local v = ARGV[3] .. ARGV[5 + x]
-  if redis.call('ZSCORE', v, P .. '!') or (rel and redis.call('ZSCORE', v, P .. '#')) then
-    verdicts[#verdicts + 1] = '*'
+  if redis.call('ZSCORE', v, P .. '!') or (rel and redis.call('ZSCORE', v, P .. '#')) then flagged[x] = true end
+end
+for i = 6 + nO, #ARGV - 2, 3 do
+  local x, P, rel = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2] == 'r'
+  local v = ARGV[3] .. ARGV[5 + x]
+  if flagged[x] then
+    verdicts[#verdicts + 1] = index_answer(v, P, t, k, scan)
   else
     verdicts[#verdicts + 1] = ''
     want(x, redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, 1)[1], P)
@@ -321,34 +357,14 @@ return {1, out, wanted_segments(wanted, nO)}
 """
 
 # KEYS: 1 gen. ARGV: 1 expected gen, 2 the prefix of index keys ("<data prefix>v:"), 3 entries each side at most,
-#       4 entries at most of a timeline whose ranges overlap, then triples (escaped entity, P, t as point9).
-# The valid-time index entries of each timeline around t (segment_past.py): {"w", up to ARGV[3] entries with the
-# least point <= t (greatest first), up to ARGV[3] with it > t (least first), {its first entry}, ends}; for a
-# timeline whose ranges overlap (`<P>!`) {"a", all its entries, {}, {}, ends}, or "*" when they are more than
-# ARGV[4]. `ends`: "1" when a row of it is an end or expires (`<P>#`). A timeline whose ranges overlap and whose
-# widest range is known (`<P>%`, ROLL) gets the window too, bounded by that width: {"o", below, above, up to ARGV[3]
-# entries with the least least points (least first), ends, the width}.
-INDEX = GEN_CHECK + """
+#       4 entries at most of a timeline whose ranges overlap without a known width, then triples (escaped entity,
+#       P, t as point9).
+# The valid-time index entries of each timeline around t (segment_past.py): {1, {per triple: `index_answer`}}.
+INDEX = GEN_CHECK + _INDEX_ANSWER + """
 local k, scan = tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
 for i = 5, #ARGV, 3 do
-  local v, P, t = ARGV[2] .. ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local ends = redis.call('ZSCORE', v, P .. '#') and '1' or ''
-  local wide = redis.call('ZSCORE', v, P .. '!') and
-               redis.call('ZRANGEBYLEX', v, '[' .. P .. '%', '(' .. P .. '%~', 'LIMIT', 0, 1)[1]
-  if wide then
-    out[#out + 1] = {'o', redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, k),
-                     redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, k),
-                     redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, k), ends,
-                     string.sub(wide, #P + 2)}
-  elseif redis.call('ZSCORE', v, P .. '!') then
-    local all = redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, scan + 1)
-    if #all > scan then out[#out + 1] = '*' else out[#out + 1] = {'a', all, {}, {}, ends} end
-  else
-    out[#out + 1] = {'w', redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, k),
-                     redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, k),
-                     redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, 1), ends}
-  end
+  out[#out + 1] = index_answer(ARGV[2] .. ARGV[i], ARGV[i + 1], ARGV[i + 2], k, scan)
 end
 return {1, out}
 """

@@ -162,7 +162,7 @@ class ViewReader:
         with self.store._guard("view", r.tenant):
             [result] = self.store._script_many(self._past_script, [(r.tenant, lambda d: (
                 used.append(d), [], [gen_keys(d).segments, gen_keys(d).valid_indexes, t9, len(opens), *opens,
-                                   *triples])[1:])])
+                                   *triples, segment_past.WINDOWS[0], segment_past.SCAN])[1:])])
         _, verdicts, segments = result
         missing = [(x, int(n)) for x, got in zip(opens, segments) for n, seg in zip(got[1::2], got[2::2]) if not seg]
         if missing:                         # closed segments in the cold tier (cold.py)
@@ -176,10 +176,14 @@ class ViewReader:
         out: dict[str, dict[str, Timeline]] = {}
         whole: list[str] = []
         lasts: dict[str, str] = {}
+        answered: dict[str, list[Any]] = {}     # INDEX's answers PAST gave for the first window (WINDOWS[0])
         verdict = iter(verdicts)
         for e, got in zip(entities, segments):
             ps = wanted[e]
-            flagged = [bool(next(verdict)) for _ in ps]
+            answers = [next(verdict) for _ in ps]
+            flagged = [bool(a) for a in answers]
+            if any(flagged):
+                answered[e] = answers
             sub = (subs or {}).get(e)
             if sub is None:
                 chosen = [*got[2::2], got[0]]
@@ -193,35 +197,46 @@ class ViewReader:
             else:
                 out[e] = tls
         if whole:
-            near = self._widened(r.tenant, {e: wanted[e] for e in whole}, lasts, at, known_at, subs or {})
+            near = self._widened(r.tenant, {e: wanted[e] for e in whole}, lasts, at, known_at, subs or {},
+                                 (used[-1], answered))
             out.update(near)
             if len(near) < len(whole):
                 out.update(self._whole(r.tenant, [e for e in whole if e not in near]))
         return out
 
     def _widened(self, tenant: str, wanted: dict[str, list[str]], lasts: dict[str, str], at: Micros,
-                 known_at: Micros | None, subs: dict[str, tuple[int, str] | None]) -> dict[str, dict[str, Timeline]]:
+                 known_at: Micros | None, subs: dict[str, tuple[int, str] | None],
+                 given: tuple[str, dict[str, list[Any]]]) -> dict[str, dict[str, Timeline]]:
         """The wanted timelines of entities (P by entity) at `at`, read around it from the index entries INDEX
         returns and the closed segments SEGMENTS fetches, until exact (segment_past.py); `lasts`: each entity's
-        open segment or the closed one standing in for it. A window of index entries that runs out is asked
-        again wider (segment_past.WINDOWS); the entities still not served are left out."""
+        open segment or the closed one standing in for it; `given`: a data prefix and, by entity, INDEX's answers
+        for the first window, as PAST gave them (the other entities ask INDEX). A window of index entries that
+        runs out is asked again wider (segment_past.WINDOWS); the entities still not served are left out."""
         out: dict[str, dict[str, Timeline]] = {}
         t9 = clamped_point(at)
         for window in segment_past.WINDOWS:
             todo = {e: ps for e, ps in wanted.items() if e not in out}
             if not todo:
                 break
-            triples = [x for e, ps in todo.items() for p in ps for x in (escape(e), p, t9)]
-            used: list[str] = []
-            with self.store._guard("view", tenant):
-                [result] = self.store._script_many(self._index_script, [(tenant, lambda d, used=used, k=window,
-                                                                          triples=triples: (
-                    used.append(d), [], [gen_keys(d).valid_indexes, k, segment_past.SCAN, *triples])[1:])])
-            d = used[-1]
-            answers = iter(result[1])
+            pre = given[1] if window == segment_past.WINDOWS[0] else {}
+            asked = {e: ps for e, ps in todo.items() if e not in pre}
+            byd: dict[str, str] = {e: given[0] for e in todo if e in pre}
+            got: dict[str, Any] = {e: iter(pre[e]) for e in todo if e in pre}
+            if asked:
+                triples = [x for e, ps in asked.items() for p in ps for x in (escape(e), p, t9)]
+                used: list[str] = []
+                with self.store._guard("view", tenant):
+                    [result] = self.store._script_many(self._index_script, [(tenant, lambda d, used=used, k=window,
+                                                                              triples=triples: (
+                        used.append(d), [], [gen_keys(d).valid_indexes, k, segment_past.SCAN, *triples])[1:])])
+                answers = iter(result[1])
+                for e, ps in asked.items():
+                    byd[e] = used[-1]
+                    got[e] = iter([next(answers) for _ in ps])
             for e, ps in todo.items():
+                d = byd[e]
                 sub = subs.get(e)
-                spans = {p: segment_past.spans_of(next(answers), p, t9, None if sub is None else sub[0], window)
+                spans = {p: segment_past.spans_of(next(got[e]), p, t9, None if sub is None else sub[0], window)
                          for p in ps}
                 if any(span is None for span in spans.values()):
                     continue
