@@ -403,6 +403,7 @@ def past_timelines(segments: Iterable[str], wanted: Iterable[str], at: Micros,
             if p not in keep:
                 continue
             relation = p[0] == "r"
+            lo, hi = low.get(p), high.get(p)
             for row in rows:
                 if len(row) > 3 and _looks_past(p, row):
                     return None
@@ -410,13 +411,17 @@ def past_timelines(segments: Iterable[str], wanted: Iterable[str], at: Micros,
                     continue
                 point = row[0]
                 if relation:
-                    if point < low.get(p, point + 1):
-                        low[p] = point
+                    if lo is None or point < lo:
+                        lo = point
                 elif point <= at:
-                    if point > low.get(p, point - 1):
-                        low[p] = point
-                elif point < high.get(p, point + 1):
-                    high[p] = point
+                    if lo is None or point > lo:
+                        lo = point
+                elif hi is None or point < hi:
+                    hi = point
+            if lo is not None:
+                low[p] = lo
+            if hi is not None:
+                high[p] = hi
     tls: dict[str, Timeline] = {}
     for block in blocks:
         provs = block[1]
