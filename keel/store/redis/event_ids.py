@@ -27,8 +27,8 @@ from .transport import Client, chunks
 
 EARLIER = "earlier in the log"          # the origin the projector gives an event read from no known place
 _HEAD = re.compile(r"[0-9a-f]{16} ")
-_LINE = re.compile(r"at line ([1-9][0-9]{0,17})")
-_RECORD = re.compile(r"at ([A-Za-z0-9._-]+) partition (0|[1-9][0-9]{0,17}) offset (0|[1-9][0-9]{0,17})")
+_KNOWN = re.compile(r"([0-9a-f]{16}) (?:(earlier in the log)|at line ([1-9][0-9]{0,17})|"     # the projector's
+                    r"at ([A-Za-z0-9._-]+) partition (0|[1-9][0-9]{0,17}) offset (0|[1-9][0-9]{0,17}))")
 _DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"     # base64url's
 _VALUE = {c: i for i, c in enumerate(_DIGITS)}
 _TO_URL, _FROM_URL = bytes.maketrans(b"+/", b"-_"), bytes.maketrans(b"-_", b"+/")
@@ -55,19 +55,19 @@ def pack_mark(mark: str | None) -> str:
     """What the store keeps for an event id's mark ("" for none: an id without a mark)."""
     if not mark:
         return ""
-    if not _HEAD.match(mark):
-        return "/" + mark
-    head = binascii.b2a_base64(bytes.fromhex(mark[:16]), newline=False)[:11].translate(_TO_URL).decode()
-    origin = mark[17:]
-    if origin == EARLIER:
+    m = _KNOWN.fullmatch(mark)
+    if m is None:
+        return _digest(mark[:16]) + mark[16:] if _HEAD.match(mark) else "/" + mark
+    head = _digest(m[1])
+    if m[2] is not None:
         return head
-    m = _LINE.fullmatch(origin)
-    if m is not None:
-        return f"{head}L{_number(int(m[1]))}"
-    m = _RECORD.fullmatch(origin)
-    if m is not None:
-        return f"{head}K{_number(int(m[2]))}.{_number(int(m[3]))}.{m[1]}"
-    return f"{head} {origin}"
+    if m[3] is not None:
+        return f"{head}L{_number(int(m[3]))}"
+    return f"{head}K{_number(int(m[5]))}.{_number(int(m[6]))}.{m[4]}"
+
+
+def _digest(hex16: str) -> str:
+    return binascii.b2a_base64(bytes.fromhex(hex16), newline=False)[:11].translate(_TO_URL).decode()
 
 
 def unpack_mark(value: str) -> str | None:

@@ -65,7 +65,7 @@ end
 
 # A generation's applied event ids and their marks (keys.py: `d e:<b>`), in small hashes id -> packed mark
 # (event_ids.py; "" for an id without one) that Redis keeps as listpacks: buckets by linear hashing. The meta hash
-# holds `ne`, the ids applied, and `eb`, the buckets (absent: none, one). Bucket b of n holds the ids whose hash h
+# holds `ne`, the ids applied, and `eb`, the buckets (absent: one). Bucket b of n holds the ids whose hash h
 # (the first 32 bits of the id's SHA-1) gives `h % top == b`, or `h % (2 * top) == b` when `h % top` is below
 # `n - top` (already split), with top the greatest power of 2 <= n. A step that takes the ids past
 # IDS_PER_BUCKET per bucket splits bucket `n - top` into itself and `n` (its ids with `h % (2 * top) ~= n - top`
@@ -92,38 +92,42 @@ local function id_bucket(h, nb, top)
 end
 """
 
-# A commit step's event ids and marks: ARGV[8] nI, then nI pairs (id, packed mark or "") from ARGV[I]; refused
-# with {3, id, ...} when ids were applied already (nothing is written: the writer drops them and retries). KEYS[2]
-# is the meta hash, whose name ends in `m` after the data prefix. Leaves `a` at the argument after the pairs, and
-# the ids' buckets for STEP_IDS_ADD.
+# A commit step's event ids and marks: ARGV[8] nI, then nI pairs (id, packed mark or "") from ARGV[I], each added
+# to its bucket (HSETNX: one look-up per id); when ids were applied already, the ones just added are removed again
+# and the answer is {3, id, ...} with those (nothing is written: the writer drops them and retries). It runs before
+# the step's other writes. KEYS[2] is the meta hash, whose name ends in `m` after the data prefix. Leaves `a` at the
+# argument after the pairs; STEP_IDS_ADD then counts the ids and splits buckets.
 STEP_IDS = ID_BUCKETS + """
 local nI = tonumber(ARGV[8])
 local I = 9
 local idkeys = string.sub(KEYS[2], 1, -2) .. 'e:'
-local ne, nb, top, where = 0, 1, 1, {}
+local ne, nb, top = 0, 1, 1
 if nI > 0 then
   local counts = redis.call('HMGET', KEYS[2], 'ne', 'eb')
   ne, nb = tonumber(counts[1] or '0'), tonumber(counts[2] or '1')
   top = id_top(nb)
-  local dup = {3}
-  for x = 1, nI do
-    local id = ARGV[I + 2 * x - 2]
-    local b = id_bucket(id_hash(id), nb, top)
-    where[x] = b
-    if redis.call('HEXISTS', idkeys .. b, id) == 1 then dup[#dup + 1] = id end
+  local dup, added = {3}, {}
+  for x = I, I + 2 * nI - 2, 2 do
+    local b = idkeys .. id_bucket(id_hash(ARGV[x]), nb, top)
+    if redis.call('HSETNX', b, ARGV[x], ARGV[x + 1]) == 0 then
+      dup[#dup + 1] = ARGV[x]
+    else
+      added[#added + 1] = b
+      added[#added + 1] = ARGV[x]
+    end
   end
-  if #dup > 1 then return dup end
+  if #dup > 1 then
+    for i = 1, #added, 2 do redis.call('HDEL', added[i], added[i + 1]) end
+    return dup
+  end
 end
 local a = I + 2 * nI
 """
 
-# After STEP_IDS (and MULTI): adds the step's ids with their marks, then splits buckets while the ids are more
-# than IDS_PER_BUCKET per bucket, and stores `ne` and `eb`.
+# After STEP_IDS (and MULTI): splits buckets while the ids are more than IDS_PER_BUCKET per bucket, and stores
+# `ne` and `eb`.
 STEP_IDS_ADD = """
 if nI > 0 then
-  for x = 1, nI do
-    redis.call('HSET', idkeys .. where[x], ARGV[I + 2 * x - 2], ARGV[I + 2 * x - 1])
-  end
   ne = ne + nI
   while ne > nb * """ + str(IDS_PER_BUCKET) + """ do
     local s = nb - top
