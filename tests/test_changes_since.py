@@ -226,10 +226,11 @@ def test_paging_while_ingesting_misses_and_repeats_nothing(seed: int, limits: li
 @pytest.fixture
 def redis_store() -> Iterator[RedisStore]:
     url = service_env("KEEL_REDIS_URL")
-    probe = RedisStore.from_url(url, namespace="probe")
+    probe = RedisStore.from_url(url, namespace=f"probe{uuid.uuid4().hex[:12]}")    # private: stamped, then dropped
     store = RedisStore(probe.client, namespace=f"chg{uuid.uuid4().hex[:12]}", owns_client=False)
     yield store
     store.drop_namespace()
+    probe.drop_namespace()
     probe.close()
 
 

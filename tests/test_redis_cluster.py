@@ -1,9 +1,9 @@
 """The store contract and the Redis checks against a local 3-master Redis Cluster.
 
 Uses the cluster at KEEL_REDIS_CLUSTER_URL when set; otherwise starts one with
-`deploy/local/redis-cluster up` on free ports (from KEEL_TEST_REDIS_CLUSTER_PORT, default 7100) in a
-temporary folder, and tears it down (`down --clean`) after the session. Skips when redis-server is
-missing, unless KEEL_REQUIRE_SERVICES=1.
+`deploy/local/redis-cluster up` on free ports (from KEEL_TEST_REDIS_CLUSTER_PORT, default 7100, plus 100 per
+pytest-xdist worker) in a temporary folder, and tears it down (`down --clean`) after the session. Skips when
+redis-server is missing, unless KEEL_REQUIRE_SERVICES=1.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,7 +57,9 @@ def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
         _unavailable(f"{SCRIPT} is missing")
     if not shutil.which("redis-server") and os.geteuid() != 0:
         _unavailable("redis-server is not installed")
-    first = int(os.environ.get("KEEL_TEST_REDIS_CLUSTER_PORT", "7100"))
+    # each pytest-xdist worker scans its own 100 ports, so that two workers never pick the same free ones at once
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    first = int(os.environ.get("KEEL_TEST_REDIS_CLUSTER_PORT", "7100")) + 100 * worker
     base = next((p for p in range(first, first + 100, 10) if all(_port_free(p + i) for i in range(3))), None)
     if base is None:
         _unavailable(f"no 3 free ports from {first}")
@@ -75,11 +78,12 @@ def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 
 @pytest.fixture(scope="class")
 def cluster_node(request: pytest.FixtureRequest, redis_cluster_url: str) -> Iterator[None]:
-    probe = RedisStore.from_url(redis_cluster_url, namespace="probe")      # cluster auto-detected
+    probe = RedisStore.from_url(redis_cluster_url, namespace=f"probe{uuid.uuid4().hex[:12]}")  # cluster auto-detected
     request.cls.url = redis_cluster_url
     request.cls.client = probe.client
     request.cls.cluster = True
     yield
+    probe.drop_namespace()
     probe.close()
 
 
@@ -102,10 +106,11 @@ class TestRedisClusterStore(RedisChecks, StoreReadsContract, BatchWritesContract
 
     def test_from_url_detects_the_cluster(self) -> None:
         assert isinstance(self.client, RedisCluster)
-        explicit = RedisStore.from_url(self.url, namespace="probe", cluster=True)
+        explicit = RedisStore.from_url(self.url, namespace=f"probe{uuid.uuid4().hex[:12]}", cluster=True)
         try:
             assert isinstance(explicit.client, RedisCluster)
         finally:
+            explicit.drop_namespace()
             explicit.close()
 
     def test_tenants_spread_over_the_masters(self) -> None:

@@ -276,7 +276,7 @@ def test_a_recorded_call_of_both_is_replayed(files: list[Path], tmp_path: Path,
 @pytest.fixture
 def on_redis(files: list[Path]) -> Iterator[GraphSet]:
     url = service_env("KEEL_REDIS_URL")
-    probe = RedisStore.from_url(url, namespace="probe")
+    probe = RedisStore.from_url(url, namespace=f"probe{uuid.uuid4().hex[:12]}")    # private: stamped, then dropped
     cartridges = [load_cartridge(FINANCE), load_cartridge(APPOINTMENTS)]
     graphs = {}
     for cartridge, path in zip(cartridges, files):
@@ -286,6 +286,7 @@ def on_redis(files: list[Path]) -> Iterator[GraphSet]:
     yield GraphSet(CartridgeSet(cartridges), graphs)
     for graph in graphs.values():
         graph.store.drop_namespace()          # type: ignore[attr-defined]
+    probe.drop_namespace()
     probe.close()
 
 
