@@ -2,6 +2,7 @@
 environment. Every marker is declared in pyproject.toml ([tool.pytest.ini_options] markers)."""
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -31,21 +32,29 @@ def tiers_of(nodeid: str) -> list[str]:
 
 # `make test` runs the suite on several pytest-xdist workers. Tests share nothing (each uses its own namespaces,
 # topics, schemas, ports and tmp_path), except these, each group kept on one worker:
-# - the serial tiers, one test after the other: they stop and restart services, run groups of worker processes
-#   through rebalances, or run the stack in containers;
+# - each serial tier, one of its tests after the other: they stop and restart their private services, run groups of
+#   worker processes through rebalances, or run the stack in containers (two tiers may run at once, on two workers:
+#   each has its own services, containers or topics);
 SERIAL_TIERS = ("faults", "deploy", "rebalance")
-# - the modules whose module-scoped fixture starts something costly (Keycloak, a browser, a served graph), so
-#   that it starts once rather than once per worker.
+# - the modules whose module-scoped fixture starts something costly (Keycloak, a browser, a served graph), so that it
+#   starts once rather than once per worker. (tests/test_redis_cluster.py's session Cluster starts on each worker
+#   that runs one of its tests, on that worker's own ports: a few seconds, paid back by spreading its tests.)
 ONE_WORKER_MODULES = ("tests/test_oauth_keycloak.py", "tests/test_inspector_browser.py", "tests/test_inspector.py",
                       "tests/test_mcp_http.py", "tests/test_oauth.py")
 
 
 def xdist_group_of(nodeid: str) -> str | None:
     """The group of a test whose tests run on one pytest-xdist worker (None: any worker, beside any test)."""
-    if any(tier in SERIAL_TIERS for tier in tiers_of(nodeid)):
-        return "serial_tiers"
+    serial = [tier for tier in tiers_of(nodeid) if tier in SERIAL_TIERS]
+    if serial:
+        return f"tier:{serial[0]}"
     module = nodeid.split("::")[0]
     return module if module in ONE_WORKER_MODULES else None
+
+
+def _rank(unit: str) -> int:
+    """The order in which the scheduler hands out units of work: serial tiers, one-worker modules, single tests."""
+    return 0 if unit.startswith("tier:") else 1 if unit in ONE_WORKER_MODULES else 2
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -58,12 +67,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Each group of `xdist_group_of` is one unit of work, sent whole to one worker; every other test is its own
     unit. (xdist's `--dist loadgroup` would do it from `xdist_group` markers, but it renames node ids through an
-    attribute pytest 9 no longer reads.) The largest units are handed out first: the serial tiers start early."""
+    attribute pytest 9 no longer reads.) The longest units are handed out first, so that none starts near the end:
+    the serial tiers, then the one-worker modules, then the other tests in their order."""
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_group_of(nodeid) or nodeid
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not getattr(self, "_ordered", False):        # once, on the first unit handed out
+                ranked = sorted(self.workqueue.items(), key=lambda unit: _rank(unit[0]))    # stable: keeps order
+                self.workqueue = OrderedDict(ranked)
+                self._ordered = True
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
 

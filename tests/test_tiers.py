@@ -1,6 +1,6 @@
 """The suite's slow tiers agree in the three places that name them: tests/conftest.py gives the markers
 (TIERS), pyproject.toml declares them, and the Makefile's `test-fast` leaves out exactly those tiers while
-`make test` selects none away. Both run on pytest-xdist workers grouped so that the serial tiers run one test
+`make test` selects none away. Both run on pytest-xdist workers grouped so that each serial tier runs one test
 at a time (tests/conftest.py: SERIAL_TIERS, xdist_group_of)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from conftest import ONE_WORKER_MODULES, SERIAL_TIERS, TIERS, tiers_of, xdist_group_of
+from conftest import ONE_WORKER_MODULES, SERIAL_TIERS, TIERS, _rank, tiers_of, xdist_group_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,15 +45,22 @@ def test_test_fast_leaves_out_exactly_the_tiers_and_make_test_keeps_them() -> No
     assert make_variable("PARALLEL").startswith("-n ")       # on xdist workers, grouped by xdist_group_of
 
 
-def test_the_serial_tiers_share_one_xdist_group_and_the_other_tests_none() -> None:
+def test_each_serial_tier_is_one_xdist_group_and_the_other_tests_none() -> None:
     assert set(SERIAL_TIERS) <= set(TIERS)
-    assert xdist_group_of("tests/faults/test_faults.py::test_x") == "serial_tiers"
-    assert xdist_group_of("tests/deploy/test_stack.py::test_y[a]") == "serial_tiers"
-    assert xdist_group_of("tests/test_workers_rebalance.py::test_z[join]") == "serial_tiers"
+    assert xdist_group_of("tests/faults/test_faults.py::test_x") == "tier:faults"
+    assert xdist_group_of("tests/faults/test_sentinel.py::test_w") == "tier:faults"
+    assert xdist_group_of("tests/deploy/test_stack.py::test_y[a]") == "tier:deploy"
+    assert xdist_group_of("tests/test_workers_rebalance.py::test_z[join]") == "tier:rebalance"
     assert xdist_group_of("tests/test_store_redis.py::TestRedisStore::test_timeline_matches") is None
     for module in ONE_WORKER_MODULES:
         assert (ROOT / module).is_file(), module
         assert xdist_group_of(f"{module}::test_a") == xdist_group_of(f"{module}::test_b[1]") == module
+
+
+def test_the_scheduler_hands_out_the_serial_tiers_then_the_one_worker_modules_then_single_tests() -> None:
+    units = ["tests/test_a.py::test_x", ONE_WORKER_MODULES[0], "tier:rebalance", "tests/test_b.py::test_y", "tier:deploy"]
+    assert sorted(units, key=_rank) == ["tier:rebalance", "tier:deploy", ONE_WORKER_MODULES[0],
+                                        "tests/test_a.py::test_x", "tests/test_b.py::test_y"]
 
 
 def test_a_test_is_in_the_tier_of_its_place() -> None:

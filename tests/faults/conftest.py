@@ -1,4 +1,4 @@
-"""Private Kafka and Redis for the fault tests (started once per session with deploy/local/services on free
+"""Private Kafka and Redis for the fault tests (started once for the tier with deploy/local/services on free
 ports and their own data folder, so they can be stopped and restarted; never the shared services)."""
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class PrivateServices:
         self.up(service)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")     # stopped after the tier's last test, not at the end of the worker's session
 def private_services() -> Iterator[PrivateServices]:
     if not shutil.which("java") and not os.environ.get("KEEL_REQUIRE_SERVICES"):
         pytest.skip("the fault suite starts its own Kafka: needs Java (run through `make test`)")
