@@ -13,8 +13,9 @@ exactly when it holds data, are keys.DATA_KEYS):
     d s:<e>            string: the entity's open segment (segments.py)
     d s:<e>|<n>        string: its closed segment n (0-based; `|` never occurs in an escaped name)
     d v:<e>            sorted set (scores 0, by member): the valid-time index of its closed segments' deltas,
-                       `<P><least point9><greatest point9><n>` per timeline and segment, and the flags `<P>!`
-                       (ranges overlap) and `<P>#` (an end or an expiry): what a read at a past time looks up
+                       `<P><least point9><greatest point9><n>` per timeline and segment, the flags `<P>!`
+                       (ranges overlap) and `<P>#` (an end or an expiry), and `<P>%<micros>`, an upper bound
+                       of its widest range (ROLL): what a read at a past time looks up
     d k:<e>            sorted set: the recorded-time index of its closed segments, member n (9 digits) scored by
                        the greatest recorded_at of its deltas, and `!` (score -1) once a segment holds a write
                        recorded before one of an earlier segment: what a read with known_at looks up
