@@ -97,3 +97,20 @@ def test_ids_split_into_small_buckets_and_stay_exact(store: RedisStore) -> None:
     assert store.tenant_starts([("t", tps)]) == memory.tenant_starts([("t", tps)])
     scanned = set(client.scan_iter(match=d.replace("{", "\\{").replace("}", "\\}") + "*", count=1000))
     assert scanned <= set(store.key_names("t")) and {f"{d}e:{b}" for b in range(buckets)} <= scanned
+
+
+def test_a_large_step_splits_the_buckets_before_it_adds_its_ids(store: RedisStore) -> None:
+    """A replay's steps carry thousands of ids: the buckets are split first, so none ever holds a whole step (a
+    hash past hash-max-listpack-entries would stay a hashtable after its split), and a step refused for an id
+    applied before still leaves the buckets exact."""
+    store.commit_batch("t", [([], event_key(f"a{i}", f"{i:016x} at line {i}", 1)) for i in range(3000)], None)
+    again = [([], event_key(f"b{i}", None, 2)) for i in range(3000)] + [([], event_key("a7", None, 2))]
+    store.commit_batch("t", again, None)               # a7 applied before: the step goes on without it
+    d = TenantKeys(store.namespace, "t").data(1)
+    client = store.client
+    count, buckets = (int(x) for x in client.hmget(d + "m", IDS, BUCKETS))
+    assert count == 6000 and (buckets - 1) * IDS_PER_BUCKET < count <= buckets * IDS_PER_BUCKET
+    assert {client.object("encoding", f"{d}e:{b}") for b in range(buckets)} == {"listpack"}
+    assert store.event_ids("t") == sorted([f"a{i}" for i in range(3000)] + [f"b{i}" for i in range(3000)])
+    assert store.event_mark("t", "a7") == f"{7:016x} at line 7" and store.event_mark("t", "b7") is None
+    assert store.has_event("t", "b2999") and not store.has_event("t", "c1")

@@ -67,8 +67,8 @@ end
 # (event_ids.py; "" for an id without one) that Redis keeps as listpacks: buckets by linear hashing. The meta hash
 # holds `ne`, the ids applied, and `eb`, the buckets (absent: one). Bucket b of n holds the ids whose hash h
 # (the first 32 bits of the id's SHA-1) gives `h % top == b`, or `h % (2 * top) == b` when `h % top` is below
-# `n - top` (already split), with top the greatest power of 2 <= n. A step that takes the ids past
-# IDS_PER_BUCKET per bucket splits bucket `n - top` into itself and `n` (its ids with `h % (2 * top) ~= n - top`
+# `n - top` (already split), with top the greatest power of 2 <= n. A step that would take the ids past
+# IDS_PER_BUCKET per bucket first splits bucket `n - top` into itself and `n` (its ids with `h % (2 * top) ~= n - top`
 # move), one bucket at a time: each id is moved O(1) times on average, a bucket holds about IDS_PER_BUCKET ids (at
 # most twice that on average, before its split), well below hash-max-listpack-entries (default 512). This is the
 # one place of the rule: reads of single ids go through ID_LOOKUP, reads of all ids read every bucket by name.
@@ -92,20 +92,46 @@ local function id_bucket(h, nb, top)
 end
 """
 
-# A commit step's event ids and marks: ARGV[8] nI, then nI pairs (id, packed mark or "") from ARGV[I], each added
-# to its bucket (HSETNX: one look-up per id); when ids were applied already, the ones just added are removed again
-# and the answer is {3, id, ...} with those (nothing is written: the writer drops them and retries). It runs before
-# the step's other writes. KEYS[2] is the meta hash, whose name ends in `m` after the data prefix. Leaves `a` at the
-# argument after the pairs; STEP_IDS_ADD then counts the ids and splits buckets.
+# A commit step's event ids and marks: ARGV[8] nI, then nI pairs (id, packed mark or "") from ARGV[I]. First the
+# buckets are split (one at a time, as above) until they have room for the step's ids at IDS_PER_BUCKET a bucket,
+# so that no bucket takes a whole large step (a replay's step of 5,000 ids) and outgrows a listpack for good; the
+# bucket count is stored at once (a split changes no answer). Then each id is added to its bucket (HSETNX: one
+# look-up per id); when ids were applied already, the ones just added are removed again and the answer is {3, id,
+# ...} with those (nothing else is written: the writer drops them and retries). It runs before the step's other
+# writes. KEYS[2] is the meta hash, whose name ends in `m` after the data prefix. Leaves `a` at the argument after
+# the pairs; STEP_IDS_ADD then counts the ids.
 STEP_IDS = ID_BUCKETS + """
 local nI = tonumber(ARGV[8])
 local I = 9
 local idkeys = string.sub(KEYS[2], 1, -2) .. 'e:'
-local ne, nb, top = 0, 1, 1
+local ne = 0
 if nI > 0 then
   local counts = redis.call('HMGET', KEYS[2], 'ne', 'eb')
-  ne, nb = tonumber(counts[1] or '0'), tonumber(counts[2] or '1')
-  top = id_top(nb)
+  ne = tonumber(counts[1] or '0')
+  local nb = tonumber(counts[2] or '1')
+  local top = id_top(nb)
+  if ne + nI > nb * """ + str(IDS_PER_BUCKET) + """ then
+    repeat
+      local s = nb - top
+      local from = idkeys .. s
+      local all = redis.call('HGETALL', from)
+      local moved, gone = {}, {}
+      for i = 1, #all, 2 do
+        if id_hash(all[i]) % (2 * top) ~= s then
+          moved[#moved + 1] = all[i]
+          moved[#moved + 1] = all[i + 1]
+          gone[#gone + 1] = all[i]
+        end
+      end
+      if #gone > 0 then
+        multi('HSET', idkeys .. nb, moved)
+        multi('HDEL', from, gone)
+      end
+      nb = nb + 1
+      if nb == 2 * top then top = nb end
+    until ne + nI <= nb * """ + str(IDS_PER_BUCKET) + """
+    redis.call('HSET', KEYS[2], 'eb', nb)
+  end
   local dup, added = {3}, {}
   for x = I, I + 2 * nI - 2, 2 do
     local b = idkeys .. id_bucket(id_hash(ARGV[x]), nb, top)
@@ -124,32 +150,9 @@ end
 local a = I + 2 * nI
 """
 
-# After STEP_IDS (and MULTI): splits buckets while the ids are more than IDS_PER_BUCKET per bucket, and stores
-# `ne` and `eb`.
+# After STEP_IDS: stores `ne`, the ids applied.
 STEP_IDS_ADD = """
-if nI > 0 then
-  ne = ne + nI
-  while ne > nb * """ + str(IDS_PER_BUCKET) + """ do
-    local s = nb - top
-    local from = idkeys .. s
-    local all = redis.call('HGETALL', from)
-    local moved, gone = {}, {}
-    for i = 1, #all, 2 do
-      if id_hash(all[i]) % (2 * top) ~= s then
-        moved[#moved + 1] = all[i]
-        moved[#moved + 1] = all[i + 1]
-        gone[#gone + 1] = all[i]
-      end
-    end
-    if #gone > 0 then
-      multi('HSET', idkeys .. nb, moved)
-      multi('HDEL', from, gone)
-    end
-    nb = nb + 1
-    if nb == 2 * top then top = nb end
-  end
-  redis.call('HSET', KEYS[2], 'ne', ne, 'eb', nb)
-end
+if nI > 0 then redis.call('HSET', KEYS[2], 'ne', ne + nI) end
 """
 
 # KEYS: 1 gen, 2 meta hash. ARGV: 1 expected gen, 2.. event ids. Answers {1, packed mark ("" none) or nil per id
