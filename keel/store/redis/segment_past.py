@@ -33,6 +33,8 @@ ROUNDS = 12               # widenings within one window before giving up
 Entry = tuple[str, str, int]      # (least point, greatest point, segment number) of one index entry; points as
 #                                 point9 text (codec.encode_point), whose order is the points': compared undecoded
 Reach = tuple[str | None, str | None]    # Timeline.reach's (low, high) as point9 text
+Cut = tuple[Micros | None, Micros | None, Micros | None]    # (below, lo, hi), micros: the points <= below (None:
+#                                                            none) and those in [lo, hi] (None: unbounded there)
 
 
 class Width(NamedTuple):
@@ -140,13 +142,15 @@ class Span:
         low, high = tl.reach(at, known_at, relation)
         return (None if low is None else clamped_point(low)), (None if high is None else clamped_point(high))
 
-    def bounds(self) -> tuple[Micros | None, Micros | None] | None:
-        """[B, U] as micros (None: unbounded on that side), or None when every row held counts: a kept first
-        entry vouches for the rows below B (`reach`)."""
-        if self.first is not None:
+    def bounds(self) -> Cut | None:
+        """The rows of held closed segments a read looks at: those in [B, U], and with a kept first entry those
+        at or below its greatest point too (`_covered_from_first` vouches for no more); None: every row (a
+        complete scan's first entry may vouch for rows above it)."""
+        if self.first is not None and self.complete:
             return None
         b, u = self.floor, self.ceiling
-        return (None if b is None else decode_point(b)), (None if u is None else decode_point(u))
+        return (None if self.first is None else decode_point(self.first[1]),
+                None if b is None else decode_point(b), None if u is None else decode_point(u))
 
     def fits(self, reach: Reach) -> bool:
         low, high = reach
@@ -204,12 +208,14 @@ def spans_of(answer: Any, prefix: str, t9: str, before: int | None, window: int)
     return Span(entries, bottom, len(above) < window, t9, keep, before=before)
 
 
-def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], spans: dict[str, Span]) -> dict[str, Timeline]:
-    """The timelines of `spans` (by P) from the deltas of some closed segments (by number) and then of `last` (the
-    open segment, or the closed one standing in for it), restatements skipped; each cut to the rows at points in
-    its [B, U] (`Span.bounds`): the reach is read from those only (`Timeline.reach`: exact from every assertion
-    in [B, U], whatever else is held), so the rows of held segments outside it are never built."""
-    bounds = {p: s.bounds() for p, s in spans.items()}
+def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], cuts: dict[str, Cut | None]
+         ) -> dict[str, Timeline]:
+    """The timelines of `cuts` (by P) from the deltas of some closed segments (by number) and then of `last` (the
+    open segment, or the closed one standing in for it), restatements skipped; each cut to the rows at the
+    points its Cut keeps (None: every row), `last`'s rows whole for a Cut that keeps rows below (a relation's
+    run: an end or expiry among the open segment's rows may break it). The reach is read from those only
+    (`Timeline.reach`: exact from every assertion in a range whose segments are all held, whatever else is
+    held), so other rows are never built."""
     tls: dict[str, Timeline] = {}
     for blocks in [*(segments[n] for n in sorted(segments)), last]:
         for block in blocks:
@@ -217,23 +223,67 @@ def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], spans: dic
                 continue
             provs = block[1]
             for p, rows in block[2].items():
-                if p not in bounds:
+                if p not in cuts:
                     continue
-                cut = bounds[p]
-                if cut is not None:
-                    lo, hi = cut
-                    rows = [row for row in rows if (lo is None or row[0] >= lo) and (hi is None or row[0] <= hi)]
+                cut = cuts[p]
+                if cut is not None and not (cut[0] is not None and blocks is last):
+                    below, lo, hi = cut
+                    rows = [row for row in rows if (below is not None and row[0] <= below) or (
+                        (lo is None or row[0] >= lo) and (hi is None or row[0] <= hi))]
                 add_rows(tls, p, provs, rows)
     return tls
 
 
-def widened(spans: dict[str, Span], last: str, at: Micros, known_at: Micros | None,
+def nearest(segments: dict[int, list[list[Any]]], last: list[list[Any]], bounds: dict[str, Cut | None],
+            at: Micros, known_at: Micros | None) -> dict[str, Cut]:
+    """For each timeline other than a relation cut to its [B, U] (`bounds`): the range from its greatest point
+    <= `at` to its least point above, among the rows in [B, U] visible at `known_at` (B or U where there is
+    none). Every segment meeting it is held (it lies in [B, U]), so a read whose reach lies in it is exact from
+    its rows alone: a fact's read usually looks at those two points only (`Timeline.reach`; voids aside)."""
+    out: dict[str, Cut] = {}
+    for p, cut in bounds.items():
+        if cut is None or cut[0] is not None or p[0] == "r":
+            continue
+        _, b, u = cut
+        lo: Micros | None = None
+        hi: Micros | None = None
+        for blocks in [*segments.values(), last]:
+            for block in blocks:
+                rows = block[2].get(p) if block[0] == DELTA else None
+                if not rows:
+                    continue
+                provs = block[1]
+                for row in rows:
+                    point = row[0]
+                    if (b is not None and point < b) or (u is not None and point > u) or (
+                            known_at is not None and provs[row[1]][2] > known_at):
+                        continue
+                    if point <= at:
+                        if lo is None or point > lo:
+                            lo = point
+                    elif hi is None or point < hi:
+                        hi = point
+        out[p] = (None, b if lo is None else lo, u if hi is None else hi)
+    return out
+
+
+def _within(reach: Reach, cut: Cut) -> bool:
+    """Whether a reach (point9 text) lies in a range of micros (None: unbounded)."""
+    low, high = reach
+    _, lo, hi = cut
+    return (lo is None or (low is not None and decode_point(low) >= lo)) and (
+        hi is None or (high is not None and decode_point(high) <= hi))
+
+
+def widened(spans: dict[str, Span], tail: list[list[Any]], at: Micros, known_at: Micros | None,
             fetch: Callable[[list[int]], dict[int, str] | None]) -> dict[str, Timeline] | None:
     """One entity's wanted timelines (P -> its Span) at `at` as believed at `known_at`, exactly, from the closed
-    segments `fetch` returns by number (None: they could not be read as one generation) and `last`; None when
-    the rounds run out or a fetch fails (the caller reads the whole history)."""
+    segments `fetch` returns by number (None: they could not be read as one generation) and `tail` (the blocks
+    of the open segment, or of the closed one standing in for it); None when
+    the rounds run out or a fetch fails (the caller reads the whole history). Each round first folds the
+    timelines other than relations from the rows around `at` only (`nearest`), and folds them from their whole
+    [B, U] when a reach leaves that."""
     decoded: dict[int, list[list[Any]]] = {}
-    tail = decode(last)
     for _ in range(ROUNDS):
         need = sorted(set().union(*(s.held() for s in spans.values())) - set(decoded))
         if need:
@@ -241,7 +291,11 @@ def widened(spans: dict[str, Span], last: str, at: Micros, known_at: Micros | No
             if got is None:
                 return None
             decoded.update((n, decode(body)) for n, body in got.items())
-        tls = fold(decoded, tail, spans)
+        bounds = {p: s.bounds() for p, s in spans.items()}
+        near = nearest(decoded, tail, bounds, at, known_at)
+        tls = fold(decoded, tail, {**bounds, **near})
+        if not all(_within(spans[p].reach(tls.get(p), at, known_at, False), cut) for p, cut in near.items()):
+            tls = fold(decoded, tail, bounds)
         short = {p: reach for p, s in spans.items()
                  if not s.fits(reach := s.reach(tls.get(p), at, known_at, p[0] == "r"))}
         if not short:

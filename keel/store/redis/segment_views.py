@@ -78,15 +78,21 @@ class ViewReader:
                 timelines = self._whole(r.tenant, [r.entity, *(_owner(el) for el in elements)])
                 out.append(_view(r, timelines, elements, at, known_at)._replace(freshness=freshness_of(meta)))
                 continue
-            own = Fold(decode(subs[r.entity][1] if r.entity in subs else seg), whole=False)
+            own_segment = subs[r.entity][1] if r.entity in subs else seg
+            blocks = {r.entity: decode(own_segment)}
+            own = Fold(blocks[r.entity], whole=False, deltas=False)
             subjects: dict[str, Fold] = {}
             for el, s in zip(elements, segs):
                 owner = _owner(el)
                 if owner not in subjects:
-                    subjects[owner] = Fold(decode(subs[owner][1] if owner in subs else s), whole=False)
-            timelines = {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}}
-            if not own.serves(at) or not all(f.serves(at) for f in subjects.values()):
-                timelines = self._past(r, own, elements, at, known_at, subs)
+                    blocks[owner] = decode(subs[owner][1] if owner in subs else s)
+                    subjects[owner] = Fold(blocks[owner], whole=False, deltas=False)
+            if own.serves(at) and all(f.serves(at) for f in subjects.values()):
+                for e, fold in [(r.entity, own), *subjects.items()]:
+                    fold.fill(blocks[e])
+                timelines = {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}}
+            else:
+                timelines = self._past(r, own, elements, at, known_at, subs, (own_segment, blocks[r.entity]))
             view = _view(r, timelines, elements, at, known_at)
             out.append(view._replace(freshness=freshness_of(meta)))
         return out
@@ -141,13 +147,14 @@ class ViewReader:
         return out
 
     def _past(self, r: ViewRequest, own: Fold, elements: list[str], at: Micros, known_at: Micros | None,
-              subs: dict[str, tuple[int, str] | None] | None = None) -> dict[str, dict[str, Timeline]]:
+              subs: dict[str, tuple[int, str] | None] | None = None, opened: tuple[str, Any] | None = None,
+              ) -> dict[str, dict[str, Timeline]]:
         """The timelines a view at a past `at` reads: per entity (the viewed one, the subjects of relations naming
         it), from the closed segments the valid-time index names and the open segment, all read in one PAST call.
         An entity for which those do not answer exactly (overlapping ranges, a void, a relation's end among
         them) is read around `at` until its answer is (`_widened`), or else folded whole. `subs`
         (`_known_segments`): entities whose closed segment m stands in for the open one; their segments from m
-        on are not read."""
+        on are not read. `opened`: a segment of the viewed entity already decoded, and its blocks."""
         wanted: dict[str, list[str]] = {}
         point_keys, rel_keys = select_keys((key_of(r.entity, p)[0] for p in own.timelines), r.scopes, r.parts)
         wanted[r.entity] = [prefix_of(k) for k in (*point_keys, *rel_keys)]
@@ -190,7 +197,8 @@ class ViewReader:
             else:       # the index's choice counts writes not known then: read around `at` (_widened)
                 chosen = [sub[1]]
                 flagged.append(True)
-            tls = None if any(flagged) else past_timelines(chosen, ps, at, known_at)
+            tls = None if any(flagged) else past_timelines(
+                [*map(decode, chosen[:-1]), _blocks(chosen[-1], opened)], ps, at, known_at)
             if tls is None:
                 whole.append(e)
                 lasts[e] = chosen[-1]
@@ -198,7 +206,7 @@ class ViewReader:
                 out[e] = tls
         if whole:
             near = self._widened(r.tenant, {e: wanted[e] for e in whole}, lasts, at, known_at, subs or {},
-                                 (used[-1], answered))
+                                 (used[-1], answered), opened)
             out.update(near)
             if len(near) < len(whole):
                 out.update(self._whole(r.tenant, [e for e in whole if e not in near]))
@@ -206,7 +214,8 @@ class ViewReader:
 
     def _widened(self, tenant: str, wanted: dict[str, list[str]], lasts: dict[str, str], at: Micros,
                  known_at: Micros | None, subs: dict[str, tuple[int, str] | None],
-                 given: tuple[str, dict[str, list[Any]]]) -> dict[str, dict[str, Timeline]]:
+                 given: tuple[str, dict[str, list[Any]]], opened: tuple[str, Any] | None = None,
+                 ) -> dict[str, dict[str, Timeline]]:
         """The wanted timelines of entities (P by entity) at `at`, read around it from the index entries INDEX
         returns and the closed segments SEGMENTS fetches, until exact (segment_past.py); `lasts`: each entity's
         open segment or the closed one standing in for it; `given`: a data prefix and, by entity, INDEX's answers
@@ -243,7 +252,7 @@ class ViewReader:
 
                 def fetch(numbers: list[int], e: str = e, d: str = d) -> dict[int, str] | None:
                     return self._closed_segments(tenant, d, e, numbers)
-                tls = segment_past.widened(spans, lasts[e], at, known_at, fetch)  # type: ignore[arg-type]
+                tls = segment_past.widened(spans, _blocks(lasts[e], opened), at, known_at, fetch)  # type: ignore[arg-type]
                 if tls is not None:
                     out[e] = tls
         return out
@@ -273,6 +282,11 @@ class ViewReader:
         if found is None:
             return None
         return {**bodies, **{n: found[(x, n)] for _, n in missing}}
+
+
+def _blocks(segment: str, opened: tuple[str, Any] | None) -> list[list[Any]]:
+    """A segment's blocks, those of `opened` (a segment and its blocks, decoded already) when it is that one."""
+    return opened[1] if opened is not None and segment == opened[0] else decode(segment)
 
 
 def _known_after(open_segment: str, known_at: Micros | None) -> bool:

@@ -174,10 +174,12 @@ class Fold:
 
     `whole`: the deltas of every segment (restatements skipped): exact for every read. Otherwise the open
     segment alone: its restatement, then its deltas; `anchors` are the restated cuts and `dirty` says a later
-    delta may reach below one (then only a whole fold is exact)."""
+    delta may reach below one (then only a whole fold is exact). `deltas=False` leaves the deltas' rows out
+    (their timelines are there, empty) until `fill`: whether the fold `serves` a read needs none of them, and a
+    read it does not serve reads other segments."""
     __slots__ = ("anchors", "dirty", "fallbacks", "starts", "timelines", "voided")
 
-    def __init__(self, blocks: Iterable[list[Any]], whole: bool) -> None:
+    def __init__(self, blocks: Iterable[list[Any]], whole: bool, deltas: bool = True) -> None:
         self.timelines: dict[str, Timeline] = {}
         self.anchors: dict[str, Micros] = {}
         self.starts: dict[str, Micros] = {}     # relations restated with the start of the run covering the anchor
@@ -194,11 +196,24 @@ class Fold:
                 self._starts(block[2])
             elif anchors and not self.dirty:
                 self._check(block[2])
+            if not deltas and block[0] == DELTA:
+                for p in block[2]:
+                    if p not in tls:
+                        tls[p] = Timeline()
+                continue
             provs = block[1]
             for p, rows in block[2].items():
                 add_rows(tls, p, provs, rows)
             if block[0] == RESTATEMENT:
                 self._void_anchors(block[3])
+
+    def fill(self, blocks: Iterable[list[Any]]) -> None:
+        """Add the deltas' rows a fold made with `deltas=False` left out (`blocks`: the same ones)."""
+        for block in blocks:
+            if block[0] == DELTA:
+                provs = block[1]
+                for p, rows in block[2].items():
+                    add_rows(self.timelines, p, provs, rows)
 
     def _starts(self, tls: dict[str, list[Any]]) -> None:
         """The relations a restatement kept with the start of the run covering their anchor (`restate`): rows
@@ -381,10 +396,10 @@ def _looks_past(p: str, row: list[Any]) -> bool:
     return len(row) > 3 and ((p[0] == "r" and (row[3] or row[4] is not None)) or is_void_value(row[3], row[2]))
 
 
-def past_timelines(segments: Iterable[str], wanted: Iterable[str], at: Micros,
+def past_timelines(segments: Iterable[list[list[Any]]], wanted: Iterable[str], at: Micros,
                    known_at: Micros | None) -> dict[str, Timeline] | None:
-    """The wanted timelines from the deltas of some segments (in log order: closed ones by number, then the open
-    one), for a read at a past time `at` (believed at `known_at`) the valid-time index chose them for; None when a
+    """The wanted timelines from the deltas of some decoded segments (in log order: closed ones by number, then
+    the open one), for a read at a past time `at` (believed at `known_at`) the valid-time index chose them for; None when a
     row among them is a void or a relation's end or expiry (such a read can look past the segments chosen: read
     every segment).
 
@@ -394,7 +409,7 @@ def past_timelines(segments: Iterable[str], wanted: Iterable[str], at: Micros,
     its least point with a link visible at `known_at` on (`Timeline.runs`). Only those points' rows are folded:
     the others' assertions are never built."""
     keep = set(wanted)
-    blocks = [block for segment in segments for block in decode(segment) if block[0] == DELTA]
+    blocks = [block for segment in segments for block in segment if block[0] == DELTA]
     low: dict[str, Micros] = {}
     high: dict[str, Micros] = {}
     for block in blocks:
