@@ -84,7 +84,7 @@ def redis_bytes(store: RedisStore) -> dict[str, int]:
     for k in names:
         pipe.execute_command("MEMORY", "USAGE", k, "SAMPLES", "0")
     out = {"closed segments": 0, "open segments": 0, "change log": 0, "event ids and marks (e:)": 0,
-           "valid-time index": 0, "other (fr, ents, i:, m, sg, cz)": 0}
+           "valid-time index": 0, "other (fr, i:, m, sg, cz)": 0}
     for k, n in zip(names, pipe.execute()):
         if n is None:
             continue
@@ -100,7 +100,7 @@ def redis_bytes(store: RedisStore) -> dict[str, int]:
         elif local.startswith("v:"):
             out["valid-time index"] += int(n)
         else:
-            out["other (fr, ents, i:, m, sg, cz)"] += int(n)
+            out["other (fr, i:, m, sg, cz)"] += int(n)
     return out
 
 

@@ -125,7 +125,7 @@ def test_replay_all_rewrites_an_old_layout_namespace(env: dict[str, str], tmp_pa
         keel("replay", str(folder), "--all", "--quiet", env=env)
         assert client.get(layout_key(ns)) == str(LAYOUT_VERSION)
         left = [k for k in client.scan_iter(match=f"keel:{{{ns}/*", count=1000)
-                if ":z:" in k or ":x:" in k or k.endswith((":pv", ":ev", ":eh"))]
+                if ":z:" in k or ":x:" in k or k.endswith((":pv", ":ev", ":eh", ":ents"))]
         assert left == []
         assert redis_digests(folder, env, expected) == expected
         store = RedisStore.from_url(env["KEEL_REDIS_URL"], namespace=ns)
@@ -160,7 +160,8 @@ def layout_2_keys(client: redis.Redis, namespace: str) -> list[str]:
         client.hdel(d + "m", IDS, BUCKETS)
         client.sadd(d + "ev", *packed)
         client.hset(d + "eh", mapping={i: unpack_mark(v) for i, v in packed.items() if v})
-        names += [d + "ev", d + "eh"]
+        client.sadd(d + "ents", *client.hkeys(d + "fr"))      # and its entity set, as layout 1's
+        names += [d + "ev", d + "eh", d + "ents"]
     assert names
     return names
 
@@ -198,8 +199,10 @@ def old_layout_keys(client: redis.Redis, namespace: str) -> list[str]:
     for tenant in client.smembers(registry_key(namespace)):
         keys = TenantKeys(namespace, tenant)
         d = keys.data(int(client.get(keys.gen) or 1))
-        entity = escape(min(client.smembers(d + "ents")))
-        names += [d + "pv", d + "z:" + entity, d + "x:" + entity]
+        entities = client.hkeys(d + "fr")
+        entity = escape(min(entities))
+        client.sadd(d + "ents", *entities)                 # layouts 1 and 2 kept an entity set
+        names += [d + "ents", d + "pv", d + "z:" + entity, d + "x:" + entity]
         client.rpush(d + "pv", '["src","ev",1]')
         client.zadd(d + "z:" + entity, {"e-AAAAAAAA": 0})
         client.rpush(d + "x:" + entity, "1")

@@ -198,7 +198,7 @@ class Mover:
         for tenant, gen in held:
             d = store.data_prefix(tenant, gen)
             with store._guard("cold sweep", tenant):
-                alive = int(store.client.exists(gen_keys(d).entities, gen_keys(d).cold))
+                alive = int(store.client.exists(gen_keys(d).first, gen_keys(d).cold))
             if not alive:
                 deleted += cold.drop_generation(store.namespace, tenant, gen)
         return deleted

@@ -16,6 +16,7 @@ from .keys import (
     LAYOUT1_ENTITY_KEYS,
     LAYOUT1_KEYS,
     LAYOUT2_KEYS,
+    OLD_ENTITY_SET,
     applied_key,
     escape,
     gen_keys,
@@ -102,12 +103,13 @@ class GenerationAdmin:
     def droppable_keys(self, tenant: str, gen: int) -> list[str]:
         """The keys a drop of one generation unlinks: every name its data may have, layouts 1's and 2's too (a
         generation replaced while `keel replay --all` converts a namespace from a removed layout is in it),
-        from its entity set, closed-segment counts and event-id buckets, without asking which exist (UNLINK skips
-        the others). The fixed keys come first: the entity set and the meta hash, which name the rest, go last."""
+        from its entities (the fields of `fr`, and layouts 1's and 2's entity set), closed-segment counts and event-id
+        buckets, without asking which exist (UNLINK skips the others). The fixed keys come first: `fr` and the
+        meta hash, which name the rest, go last."""
         d = self._n(tenant).data(int(gen))
         with self._guard("drop_generation", tenant):
             k = gen_keys(d)
-            entities = sorted(self._client.smembers(k.entities))
+            entities = sorted({*self._client.hkeys(k.first), *self._client.smembers(d + OLD_ENTITY_SET)})
             closed = self._client.hgetall(k.closed)
             buckets = int(self._client.hget(k.meta, BUCKETS) or 1)
         fixed = dict.fromkeys([*k.fixed, k.closed, k.cold, k.changes, *(d + x for x in (*LAYOUT1_KEYS, *LAYOUT2_KEYS))])

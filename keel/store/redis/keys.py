@@ -28,8 +28,8 @@ and per generation N, after its data prefix `d` = `keel:{<ns>/<t>}:g<N>:` (Gener
     d m           hash: `sv` (write counter, the search version), applied offsets, `rl` (the latest recorded_at
                   of an applied event), `kt` (latest recorded_at of a write applied), `lag` (at the last commit),
                   `ne` (event ids applied) and `eb` (their buckets; absent: one)
-    d ents        set: the generation's entities (its explicit index)
-    d fr          hash: entity -> the least recorded_at of the writes involving it (its first)
+    d fr          hash: entity -> the least recorded_at of the writes involving it (its first); its fields
+                  are the generation's entities (its explicit index)
     d ch          list: every write applied, in apply order, in compressed chunks (changelog.py)
     d sg          hash: escaped entity -> how many of its segments are closed
     d s:<e>       string: the entity's open segment (segments.py); `d s:<e>|<n>` its closed segment n
@@ -56,13 +56,15 @@ from ..base import GLOBAL_TENANT, Key
 
 ARITY = {"e": 0, "l": 1, "f": 2, "r": 2}      # key parts after the owner, by timeline kind
 # The fixed keys of a generation, after its data prefix: present exactly when it holds data (segment_scripts.py).
-DATA_KEYS = ("m", "ents", "fr")
+DATA_KEYS = ("m", "fr")
 # The names only a generation written in the removed layout 1 has: fixed keys, then per-entity prefixes. Kept so
 # that the replay converting such a namespace drops its old generations whole (generations.droppable_keys).
 LAYOUT1_KEYS = ("pv", "re")
 LAYOUT1_ENTITY_KEYS = ("z:", "x:")
-# Likewise for layout 2: its applied-ids set and its marks hash, replaced by layout 3's buckets (`e:<b>`).
-LAYOUT2_KEYS = ("ev", "eh")
+# Likewise for layout 2: its applied-ids set and its marks hash, replaced by layout 3's buckets (`e:<b>`), and its
+# entity set (layout 1's too), which repeated the fields of `fr`.
+OLD_ENTITY_SET = "ents"
+LAYOUT2_KEYS = ("ev", "eh", OLD_ENTITY_SET)
 IDS = "ne"               # field of `m`: how many event ids the generation applied
 BUCKETS = "eb"           # field of `m`: how many buckets hold them (absent: one)
 CHANGES = "ch"           # the generation's change log (changelog.py)
@@ -134,14 +136,13 @@ class TenantKeys:
 class GenerationKeys:
     """Key names of one generation of a tenant, from its data prefix `d` (TenantKeys.data): the fixed keys as
     attributes, the per-entity ones by method (each taking the escaped entity name)."""
-    __slots__ = ("changes", "closed", "cold", "d", "entities", "first", "id_buckets", "known_indexes", "meta",
+    __slots__ = ("changes", "closed", "cold", "d", "first", "id_buckets", "known_indexes", "meta",
                  "segments", "valid_indexes")
 
     def __init__(self, d: str) -> None:
         self.d = d
         self.id_buckets = d + "e:"         # the prefix of the event ids' buckets (lua.STEP_IDS appends b)
         self.meta = d + "m"
-        self.entities = d + "ents"
         self.first = d + "fr"
         self.changes = d + CHANGES
         self.closed = d + "sg"

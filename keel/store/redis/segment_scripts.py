@@ -6,9 +6,10 @@ in KEYS (closed segments, the segments of a relation's subject) are built from t
 tenant's hash tag, so they are in the script's hash slot.
 
 Per generation `d` (keys.py's prefix, where keys.GenerationKeys builds these names in Python) the store keeps
-`m`, `ents`, `ch`, the event ids' buckets `e:<b>` (lua.STEP_IDS) and the keys below (the fixed keys, present
+`m`, `ch`, the event ids' buckets `e:<b>` (lua.STEP_IDS) and the keys below (the fixed keys, present
 exactly when it holds data, are keys.DATA_KEYS):
-    d fr               hash: entity -> the least recorded_at of the writes involving it (its first)
+    d fr               hash: entity -> the least recorded_at of the writes involving it (its first); its fields
+                       are the generation's entities (its explicit index)
     d sg               hash: escaped entity -> how many of its segments are closed
     d s:<e>            string: the entity's open segment (segments.py)
     d s:<e>|<n>        string: its closed segment n (0-based; `|` never occurs in an escaped name)
@@ -27,8 +28,8 @@ from __future__ import annotations
 
 from .lua import GEN_CHECK, LOG_CHUNKS, MULTI, STEP_HELD, STEP_IDS, STEP_IDS_ADD, STEP_META
 
-# KEYS: 1 gen, 2 meta (hash), 3 entities (set), 4 first recorded_at (hash), then per entity e (1-based): 3 + 2e its
-#       open segment, 4 + 2e its incoming relations (set).
+# KEYS: 1 gen, 2 meta (hash), 3 first recorded_at (hash: its fields are the generation's entities), then per
+#       entity e (1-based): 2 + 2e its open segment, 3 + 2e its incoming relations (set).
 # ARGV (3 to 9 shared with lua.py's STEP_* parts): 1 expected gen, 2 the size past which a segment is reported, 3 offset field
 #       ("" = none), 4 offset, 5 the latest recorded_at of the writes ("" = none), 6 the partition's lag after this
 #       step ("" = unknown), 7 the latest recorded_at of the ids ("" = none), 8 nI, nI pairs (id, packed mark or
@@ -47,29 +48,25 @@ for e = 1, nE do
   names[e], mins[e] = ARGV[a], ARGV[a + 1]
   local block = ARGV[a + 2]
   if block ~= '' then
-    if redis.call('APPEND', KEYS[3 + 2 * e], block) > roll then big[#big + 1] = e end
+    if redis.call('APPEND', KEYS[2 + 2 * e], block) > roll then big[#big + 1] = e end
   end
   local nX = tonumber(ARGV[a + 3])
-  if nX > 0 then multi('SADD', KEYS[4 + 2 * e], ARGV, a + 4, a + 3 + nX) end
+  if nX > 0 then multi('SADD', KEYS[3 + 2 * e], ARGV, a + 4, a + 3 + nX) end
   a = a + 4 + nX
 end
 log_chunks(string.sub(KEYS[2], 1, -2) .. 'ch', a)     -- the change log (changelog.py)
-local set, fresh = {}, {}
+local set = {}
 for i = 1, nE, 2000 do
   local j = math.min(i + 1999, nE)
-  local cur = redis.call('HMGET', KEYS[4], unpack(names, i, j))
+  local cur = redis.call('HMGET', KEYS[3], unpack(names, i, j))
   for e = i, j do
     local c = cur[e - i + 1]
-    if not c then
-      fresh[#fresh + 1] = names[e]
-      set[#set + 1] = names[e]; set[#set + 1] = mins[e]
-    elseif tonumber(mins[e]) < tonumber(c) then
+    if not c or tonumber(mins[e]) < tonumber(c) then
       set[#set + 1] = names[e]; set[#set + 1] = mins[e]
     end
   end
 end
-multi('SADD', KEYS[3], fresh)
-multi('HSET', KEYS[4], set)
+multi('HSET', KEYS[3], set)
 """ + STEP_IDS_ADD + STEP_META + """
 if nI > 0 or nE > 0 then redis.call('HINCRBY', KEYS[2], 'sv', 1) end
 return big

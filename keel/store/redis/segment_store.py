@@ -134,7 +134,7 @@ class RedisStore(RedisBase):
         sb = p.blocks
         ids = [event_id for _, event_id in p.events if event_id]
         k = gen_keys(d)
-        keys = [names.gen, k.meta, k.entities, k.first]
+        keys = [names.gen, k.meta, k.first]
         args: list[Any] = [expected, self.roll_bytes, p.field, p.offset_arg, p.latest, p.lag, latest_of(ids),
                            len(ids)]
         for event_id in ids:                    # each id with its packed mark (event_ids.py)
@@ -372,7 +372,7 @@ class RedisStore(RedisBase):
         with self._guard("key_names", tenant):
             d = self._n(tenant).data(self._snapshot_gen(tenant) if gen is None else int(gen))
             k = gen_keys(d)
-            entities = sorted(self._client.smembers(k.entities))
+            entities = sorted(self._client.hkeys(k.first))
             extra = [k.closed, k.changes, k.cold]       # present only when written
             *found, buckets = pipelined(self._client, [*(("EXISTS", x) for x in extra), ("HGET", k.meta, BUCKETS)])
             closed: dict[str, int] = {}

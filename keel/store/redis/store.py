@@ -375,6 +375,6 @@ class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Even
 
 
 def _holds_data(pipe: Any, d: str) -> None:
-    """Queue what says whether generation `d` holds data: its entity set, its count of event ids."""
-    pipe.exists(gen_keys(d).entities)
+    """Queue what says whether generation `d` holds data: its entities (`fr`), its count of event ids."""
+    pipe.exists(gen_keys(d).first)
     pipe.hexists(gen_keys(d).meta, IDS)

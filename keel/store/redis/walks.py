@@ -35,10 +35,10 @@ class TenantWalks:
             pipe = self._client.pipeline(transaction=False)
             for t, g in zip(members, gens):
                 k = gen_keys(self._n(t).data(g))
-                pipe.exists(k.entities)
+                pipe.exists(k.first)
                 pipe.hexists(k.meta, IDS)            # event ids applied (their buckets: event_ids.py)
             found = pipe.execute()
-            return [t for t, ents, ids in zip(members, found[::2], found[1::2]) if ents or ids]
+            return [t for t, first, ids in zip(members, found[::2], found[1::2]) if first or ids]
 
     # ---- whole-tenant walks (of the generation current when they start) -----------------------
 
@@ -55,7 +55,7 @@ class TenantWalks:
         with self._guard(what, tenant):
             gen = self._snapshot_gen(tenant)
             d = self._n(tenant).data(gen)
-            entities = sorted(self._client.smembers(gen_keys(d).entities))
+            entities = sorted(self._client.hkeys(gen_keys(d).first))
         if type is not None:
             entities = [e for e in entities if e.startswith(type + ":")]
         return gen, d, entities
