@@ -34,9 +34,12 @@ def resolve(flags: Mapping[str, object], env: Mapping[str, str] | None = None) -
 
     allow = pick("allow_global_notes", "KEEL_ALLOW_GLOBAL_NOTES", False)
     layout = str(env.get("KEEL_REDIS_LAYOUT", "2")).strip()
-    if layout != "2":           # the setting of a removed choice: refused, so nobody believes layout 1 is in use
-        raise UsageError(f"KEEL_REDIS_LAYOUT={layout!r}: Keel writes one Redis key layout (2) and no longer reads "
-                         f"layout 1; unset KEEL_REDIS_LAYOUT (see CHANGELOG.md for the upgrade)")
+    # The setting of a removed choice: "2" chose the segments, which every Keel now writes (their successor is
+    # stamped 3, keel/store/redis/layout.py), so it is harmless; "1" (or anything else) is refused, so nobody
+    # believes layout 1 is in use.
+    if layout != "2":
+        raise UsageError(f"KEEL_REDIS_LAYOUT={layout!r}: Keel writes one Redis key layout (segments) and no longer "
+                         f"reads layout 1; unset KEEL_REDIS_LAYOUT (see CHANGELOG.md for the upgrade)")
     return Settings(kafka_bootstrap=str(pick("kafka", "KEEL_KAFKA_BOOTSTRAP", "127.0.0.1:9092")),
                     redis_url=pick("redis", "KEEL_REDIS_URL", None),  # type: ignore[arg-type]
                     allow_global_notes=allow if isinstance(allow, bool) else str(allow).lower() in ("1", "true", "yes"),
