@@ -7,6 +7,7 @@ the same classes against a local 3-master Redis Cluster.
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,11 +32,12 @@ pytestmark = pytest.mark.services
 @pytest.fixture(scope="class")
 def single_node(request: pytest.FixtureRequest) -> Iterator[None]:
     url = service_env("KEEL_REDIS_URL")
-    probe = RedisStore.from_url(url, namespace="probe")
+    probe = RedisStore.from_url(url, namespace=f"probe{uuid.uuid4().hex[:12]}")    # private: stamped, then dropped
     request.cls.url = url
     request.cls.client = probe.client
     request.cls.cluster = False
     yield
+    probe.drop_namespace()
     probe.close()
 
 
@@ -91,10 +93,11 @@ class TestSegmentLoaderBatches(RedisCase, BatchWritesContract):
         return LoaderStore(self.redis_store())  # type: ignore[return-value]
 
     def test_from_url_detects_a_single_node(self) -> None:
-        s = RedisStore.from_url(self.url, namespace="probe")
+        s = RedisStore.from_url(self.url, namespace=f"probe{uuid.uuid4().hex[:12]}")
         try:
             assert isinstance(s.client, redis.Redis)
         finally:
+            s.drop_namespace()
             s.close()
 
 
