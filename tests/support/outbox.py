@@ -74,11 +74,21 @@ def insert(conn: psycopg.Connection, schema: str, envelope: dict[str, Any] | str
     conn.execute(f"INSERT INTO {schema}.keel_outbox (envelope) VALUES (%s::jsonb)", (text,))
 
 
-def insert_all(dsn: str, schema: str, envelopes: list[dict[str, Any] | str]) -> None:
-    """Each envelope in an outbox row of its own transaction (autocommit), in order."""
+def insert_all(dsn: str, schema: str, envelopes: list[dict[str, Any] | str], *, timeout: float = 120.0) -> None:
+    """Each envelope in an outbox row of its own transaction (autocommit), in order; then waits (at most `timeout`
+    seconds) until every row is below the cluster's snapshot xmin. The relay takes only those
+    (keel/ingress/source.py), and on a suite's shared PostgreSQL another test's open transaction can hold xmin for
+    a moment: a `relay --once` run meanwhile rightly relays none of them (it says they wait for a later run)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         for envelope in envelopes:
             insert(conn, schema, envelope)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            row = conn.execute(f"SELECT count(*) FROM {schema}.keel_outbox "
+                               "WHERE xid >= pg_snapshot_xmin(pg_current_snapshot())").fetchone()
+            if row is not None and row[0] == 0:
+                return
+            time.sleep(0.05)
 
 
 def committed_rows(dsn: str, schema: str) -> list[dict[str, Any]]:
