@@ -34,7 +34,6 @@ from .connection import connect, redacted
 from .event_ids import EventIdReads
 from .generations import GenerationAdmin
 from .keys import (
-    IDS,
     LATEST,
     TenantKeys,
     applied_key,
@@ -49,7 +48,7 @@ from .layout import LAYOUT_VERSION, check_layout
 from .retries import in_current, until_done
 from .starts import TenantStarts
 from .transport import Client, eval_many, guard, is_oom
-from .walks import TenantWalks
+from .walks import TenantWalks, holds_data
 
 Build = Callable[[str], tuple[list[str], list[Any]]]   # data prefix -> (script keys after `gen`, args after the check)
 
@@ -351,7 +350,7 @@ class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Even
     def has_tenant(self, tenant: str) -> bool:
         """Whether the tenant's current generation holds data (one transaction)."""
         with self._guard("has_tenant", tenant):
-            return any(self._tx(tenant, _holds_data))
+            return any(self._tx(tenant, holds_data))
 
     # ---- generations ---------------------------------------------------------------------------
 
@@ -373,8 +372,3 @@ class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Even
         view.cold = self.cold
         return view
 
-
-def _holds_data(pipe: Any, d: str) -> None:
-    """Queue what says whether generation `d` holds data: its entities (`fr`), its count of event ids."""
-    pipe.exists(gen_keys(d).first)
-    pipe.hexists(gen_keys(d).meta, IDS)

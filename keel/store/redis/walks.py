@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import Any
 
 from .keys import IDS, TenantKeys, gen_keys
 from .transport import Client
@@ -34,9 +35,7 @@ class TenantWalks:
             gens = [self._pins.get(t) or int(g or 1) for t, g in zip(members, pipe.execute())]
             pipe = self._client.pipeline(transaction=False)
             for t, g in zip(members, gens):
-                k = gen_keys(self._n(t).data(g))
-                pipe.exists(k.first)
-                pipe.hexists(k.meta, IDS)            # event ids applied (their buckets: event_ids.py)
+                holds_data(pipe, self._n(t).data(g))
             found = pipe.execute()
             return [t for t, first, ids in zip(members, found[::2], found[1::2]) if first or ids]
 
@@ -59,3 +58,10 @@ class TenantWalks:
         if type is not None:
             entities = [e for e in entities if e.startswith(type + ":")]
         return gen, d, entities
+
+
+def holds_data(pipe: Any, d: str) -> None:
+    """Queue what says whether generation `d` holds data: its entities (`fr`), its count of event ids (their
+    buckets: event_ids.py). Two answers; either true means data."""
+    pipe.exists(gen_keys(d).first)
+    pipe.hexists(gen_keys(d).meta, IDS)
