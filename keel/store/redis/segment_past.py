@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from ...timeline import Timeline, covering
 from ...times import Micros
 from .codec import clamped_point, decode_point
-from .segments import DELTA, add_rows, decode
+from .segments import DELTA, add_rows, decode, wanted_rows
 
 WINDOWS = (8, 256, 4000)  # index entries read each side of t for a timeline whose ranges do not overlap, in turn
 SCAN = 4000               # index entries read at most for one whose ranges overlap, width unknown (more: whole)
@@ -218,19 +218,13 @@ def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], cuts: dict
     held), so other rows are never built."""
     tls: dict[str, Timeline] = {}
     for blocks in [*(segments[n] for n in sorted(segments)), last]:
-        for block in blocks:
-            if block[0] != DELTA:
-                continue
-            provs = block[1]
-            for p, rows in block[2].items():
-                if p not in cuts:
-                    continue
-                cut = cuts[p]
-                if cut is not None and not (cut[0] is not None and blocks is last):
-                    below, lo, hi = cut
-                    rows = [row for row in rows if (below is not None and row[0] <= below) or (
-                        (lo is None or row[0] >= lo) and (hi is None or row[0] <= hi))]
-                add_rows(tls, p, provs, rows)
+        for provs, p, rows in wanted_rows(blocks, cuts):
+            cut = cuts[p]
+            if cut is not None and not (cut[0] is not None and blocks is last):
+                below, lo, hi = cut
+                rows = [row for row in rows if (below is not None and row[0] <= below) or (
+                    (lo is None or row[0] >= lo) and (hi is None or row[0] <= hi))]
+            add_rows(tls, p, provs, rows)
     return tls
 
 

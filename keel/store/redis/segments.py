@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -365,19 +365,23 @@ def wanted_timelines(blocks: Iterable[list[Any]], wanted: Iterable[str],
                      stop: Callable[[str, list[Any]], bool] | None = None) -> dict[str, Timeline] | None:
     """The wanted timelines (those with rows) from the deltas among `blocks` (restatements skipped), in log
     order; None as soon as `stop(P, row)` holds for a row of one of them."""
-    keep = set(wanted)
     tls: dict[str, Timeline] = {}
-    for block in blocks:
-        if block[0] != DELTA:
-            continue
-        provs = block[1]
-        for p, rows in block[2].items():
-            if p not in keep:
-                continue
-            if stop is not None and any(stop(p, row) for row in rows):
-                return None
-            add_rows(tls, p, provs, rows)
+    for provs, p, rows in wanted_rows(blocks, set(wanted)):
+        if stop is not None and any(stop(p, row) for row in rows):
+            return None
+        add_rows(tls, p, provs, rows)
     return tls
+
+
+def wanted_rows(blocks: Iterable[list[Any]], keep: Container[str]) -> Iterator[tuple[list[Any], str, list[Any]]]:
+    """(the block's provenance entries, P, its rows) of each timeline in `keep`, in each delta among `blocks`
+    (restatements skipped), in log order."""
+    for block in blocks:
+        if block[0] == DELTA:
+            provs = block[1]
+            for p, rows in block[2].items():
+                if p in keep:
+                    yield provs, p, rows
 
 
 def add_rows(tls: dict[str, Timeline], p: str, provs: list[Any], rows: list[Any]) -> None:
@@ -408,41 +412,32 @@ def past_timelines(segments: Iterable[list[list[Any]]], wanted: Iterable[str], a
     one above it (the version's end); without ends, expiries and voids, a relation's links make one run, from
     its least point with a link visible at `known_at` on (`Timeline.runs`). Only those points' rows are folded:
     the others' assertions are never built."""
-    keep = set(wanted)
-    blocks = [block for segment in segments for block in segment if block[0] == DELTA]
+    found = list(wanted_rows((block for segment in segments for block in segment), set(wanted)))
     low: dict[str, Micros] = {}
     high: dict[str, Micros] = {}
-    for block in blocks:
-        provs = block[1]
-        for p, rows in block[2].items():
-            if p not in keep:
+    for provs, p, rows in found:
+        relation = p[0] == "r"
+        lo, hi = low.get(p), high.get(p)
+        for row in rows:
+            if len(row) > 3 and _looks_past(p, row):
+                return None
+            if known_at is not None and provs[row[1]][2] > known_at:
                 continue
-            relation = p[0] == "r"
-            lo, hi = low.get(p), high.get(p)
-            for row in rows:
-                if len(row) > 3 and _looks_past(p, row):
-                    return None
-                if known_at is not None and provs[row[1]][2] > known_at:
-                    continue
-                point = row[0]
-                if relation:
-                    if lo is None or point < lo:
-                        lo = point
-                elif point <= at:
-                    if lo is None or point > lo:
-                        lo = point
-                elif hi is None or point < hi:
-                    hi = point
-            if lo is not None:
-                low[p] = lo
-            if hi is not None:
-                high[p] = hi
+            point = row[0]
+            if relation:
+                if lo is None or point < lo:
+                    lo = point
+            elif point <= at:
+                if lo is None or point > lo:
+                    lo = point
+            elif hi is None or point < hi:
+                hi = point
+        if lo is not None:
+            low[p] = lo
+        if hi is not None:
+            high[p] = hi
     tls: dict[str, Timeline] = {}
-    for block in blocks:
-        provs = block[1]
-        for p, rows in block[2].items():
-            if p not in keep:
-                continue
-            lo, hi = low.get(p), high.get(p)
-            add_rows(tls, p, provs, [row for row in rows if row[0] == lo or row[0] == hi])
+    for provs, p, rows in found:
+        lo, hi = low.get(p), high.get(p)
+        add_rows(tls, p, provs, [row for row in rows if row[0] == lo or row[0] == hi])
     return tls
