@@ -20,7 +20,7 @@ from . import cold as cold_tier
 from . import segment_past, segment_scripts
 from .codec import clamped_point, freshness_of
 from .keys import escape, gen_keys, index_key, key_of, prefix_of, unescape
-from .segments import Fold, decode, past_timelines, recorded_range
+from .segments import Fold, add_rows, decode, past_timelines, recorded_range, wanted_rows
 
 
 class ViewHost(cold_tier.ColdTierHost, Protocol):
@@ -82,14 +82,19 @@ class ViewReader:
             blocks = {r.entity: decode(own_segment)}
             own = Fold(blocks[r.entity], whole=False, deltas=False)
             subjects: dict[str, Fold] = {}
+            wanted: dict[str, set[str]] = {}
             for el, s in zip(elements, segs):
                 owner = _owner(el)
                 if owner not in subjects:
                     blocks[owner] = decode(subs[owner][1] if owner in subs else s)
                     subjects[owner] = Fold(blocks[owner], whole=False, deltas=False)
+                    wanted[owner] = set()
+                wanted[owner].add(el[el.index("|") + 1:])
             if own.serves(at) and all(f.serves(at) for f in subjects.values()):
-                for e, fold in [(r.entity, own), *subjects.items()]:
-                    fold.fill(blocks[e])
+                own.fill(blocks[r.entity])
+                for owner, fold in subjects.items():      # of a subject, only the relations naming the entity
+                    for provs, p, rows in wanted_rows(blocks[owner], wanted[owner]):
+                        add_rows(fold.timelines, p, provs, rows)
                 timelines = {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}}
             else:
                 timelines = self._past(r, own, elements, at, known_at, subs, (own_segment, blocks[r.entity]))
