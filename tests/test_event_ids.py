@@ -9,15 +9,16 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.services import service_env
 
 from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
-from keel.store.redis.event_ids import EARLIER, pack_mark, unpack_mark
+from keel.store.redis.event_ids import EARLIER, id_hash, pack_mark, unpack_mark
 from keel.store.redis.keys import BUCKETS, IDS, TenantKeys
-from keel.store.redis.lua import IDS_PER_BUCKET
+from keel.store.redis.lua import ID_BUCKETS, IDS_PER_BUCKET
 from keel.store.writes import event_key
 
 _HEX = st.text("0123456789abcdef", min_size=16, max_size=16)
@@ -114,3 +115,17 @@ def test_a_large_step_splits_the_buckets_before_it_adds_its_ids(store: RedisStor
     assert store.event_ids("t") == sorted([f"a{i}" for i in range(3000)] + [f"b{i}" for i in range(3000)])
     assert store.event_mark("t", "a7") == f"{7:016x} at line 7" and store.event_mark("t", "b7") is None
     assert store.has_event("t", "b2999") and not store.has_event("t", "c1")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=80), min_size=1, max_size=50))
+def test_the_writer_hashes_ids_as_the_lua_buckets_do(ids: list[str]) -> None:
+    """The writer sends each id's hash (event_ids.id_hash) so the APPLY script spends no SHA-1 on it; splits and
+    single look-ups hash in Lua (lua.ID_BUCKETS' id_hash): both must give the same number for any text."""
+    client = redis.Redis.from_url(service_env("KEEL_REDIS_URL"), decode_responses=True)
+    try:
+        got = client.eval(ID_BUCKETS + "local out = {} for i = 1, #ARGV do out[i] = tostring(id_hash(ARGV[i])) end "
+                                       "return out", 0, *ids)
+    finally:
+        client.close()
+    assert [int(h) for h in got] == [id_hash(i) for i in ids]

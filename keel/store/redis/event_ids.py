@@ -1,7 +1,7 @@
 """A generation's applied event ids and their marks (layout 3): small hashes id -> packed mark, read back exactly.
 
 The APPLY script keeps them in buckets `d e:<b>` by linear hashing (lua.STEP_IDS, the one place of the bucket
-rule), about 64 ids a bucket, which Redis keeps as listpacks: about 33 bytes per id and mark instead of ~130 in
+rule; the writer sends each id's hash, `id_hash`), about 64 ids a bucket, which Redis keeps as listpacks: about 33 bytes per id and mark instead of ~130 in
 a set of ids plus a hash of marks (layout 2). Reads of single ids ask the ID_LOOKUP script, which finds an id's
 bucket; reads of every id read every bucket by name, the bucket count (`eb` of the meta hash) in the same
 MULTI/EXEC, and again with more buckets when it grew.
@@ -15,6 +15,7 @@ offset <o>" (numbers in base 64), or " " and the origin as it is. A mark of any 
 from __future__ import annotations
 
 import binascii
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -49,6 +50,12 @@ def _value(text: str) -> int:
     for c in text:
         n = n * 64 + _VALUE[c]
     return n
+
+
+def id_hash(event_id: str) -> int:
+    """The hash that picks an id's bucket (lua.ID_BUCKETS' `id_hash`: the first 32 bits of its SHA-1), computed by
+    the writer for a commit step's ids so that the APPLY script spends no SHA-1 per id."""
+    return int.from_bytes(hashlib.sha1(event_id.encode()).digest()[:4], "big")
 
 
 def pack_mark(mark: str | None) -> str:
@@ -166,4 +173,4 @@ class EventIdReads:
         return out
 
 
-__all__ = ["EARLIER", "EventIdReads", "pack_mark", "unpack_mark"]
+__all__ = ["EARLIER", "EventIdReads", "id_hash", "pack_mark", "unpack_mark"]

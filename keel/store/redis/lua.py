@@ -66,7 +66,8 @@ end
 # A generation's applied event ids and their marks (keys.py: `d e:<b>`), in small hashes id -> packed mark
 # (event_ids.py; "" for an id without one) that Redis keeps as listpacks: buckets by linear hashing. The meta hash
 # holds `ne`, the ids applied, and `eb`, the buckets (absent: one). Bucket b of n holds the ids whose hash h
-# (the first 32 bits of the id's SHA-1) gives `h % top == b`, or `h % (2 * top) == b` when `h % top` is below
+# (the first 32 bits of the id's SHA-1: `id_hash` here, event_ids.id_hash in Python, which computes it for a
+# commit step's ids so that Redis does not; tests/test_event_ids.py compares the two) gives `h % top == b`, or `h % (2 * top) == b` when `h % top` is below
 # `n - top` (already split), with top the greatest power of 2 <= n. A step that would take the ids past
 # IDS_PER_BUCKET per bucket first splits bucket `n - top` into itself and `n` (its ids with `h % (2 * top) ~= n - top`
 # move), one bucket at a time: each id is moved O(1) times on average, a bucket holds about IDS_PER_BUCKET ids (at
@@ -92,14 +93,17 @@ local function id_bucket(h, nb, top)
 end
 """
 
-# A commit step's event ids and marks: ARGV[8] nI, then nI pairs (id, packed mark or "") from ARGV[I]. First the
+# A commit step's event ids and marks: ARGV[8] nI, then nI triples (id, packed mark or "", id_hash of the id in
+# decimal) from ARGV[I]. First the
 # buckets are split (one at a time, as above) until they have room for the step's ids at IDS_PER_BUCKET a bucket,
 # so that no bucket takes a whole large step (a replay's step of 5,000 ids) and outgrows a listpack for good; the
-# bucket count is stored at once (a split changes no answer). Then each id is added to its bucket (HSETNX: one
-# look-up per id); when ids were applied already, the ones just added are removed again and the answer is {3, id,
-# ...} with those (nothing else is written: the writer drops them and retries). It runs before the step's other
+# bucket count is stored at once (a split changes no answer). Then the step's ids are grouped by bucket: one
+# HMGET per bucket finds the ids applied already (and a table those repeated within the step); when there are
+# any, nothing is written and the answer is {3, id, ...} with those (the writer drops them and retries); else one
+# HSET per bucket adds them. Two calls per bucket touched rather than one HSETNX per id: each call from Lua, and
+# each write command in the append-only file and the replication stream, costs more than the look-up itself. It runs before the step's other
 # writes. KEYS[2] is the meta hash, whose name ends in `m` after the data prefix. Leaves `a` at the argument after
-# the pairs; STEP_IDS_ADD then counts the ids.
+# the triples; STEP_IDS_ADD then counts the ids.
 STEP_IDS = ID_BUCKETS + """
 local nI = tonumber(ARGV[8])
 local I = 9
@@ -132,22 +136,43 @@ if nI > 0 then
     until ne + nI <= nb * """ + str(IDS_PER_BUCKET) + """
     redis.call('HSET', KEYS[2], 'eb', nb)
   end
-  local dup, added = {3}, {}
-  for x = I, I + 2 * nI - 2, 2 do
-    local b = idkeys .. id_bucket(id_hash(ARGV[x]), nb, top)
-    if redis.call('HSETNX', b, ARGV[x], ARGV[x + 1]) == 0 then
-      dup[#dup + 1] = ARGV[x]
+  local by, order, seen, dup = {}, {}, {}, {3}
+  for x = I, I + 3 * nI - 3, 3 do
+    local id = ARGV[x]
+    if seen[id] then
+      dup[#dup + 1] = id
     else
-      added[#added + 1] = b
-      added[#added + 1] = ARGV[x]
+      seen[id] = true
+      local b = id_bucket(tonumber(ARGV[x + 2]), nb, top)
+      local g = by[b]
+      if not g then
+        g = {}
+        by[b] = g
+        order[#order + 1] = b
+      end
+      g[#g + 1] = x
     end
   end
-  if #dup > 1 then
-    for i = 1, #added, 2 do redis.call('HDEL', added[i], added[i + 1]) end
-    return dup
+  for _, b in ipairs(order) do
+    local g, names = by[b], {}
+    for i = 1, #g do names[i] = ARGV[g[i]] end
+    for i = 1, #names, 2000 do
+      local j = math.min(i + 1999, #names)
+      local cur = redis.call('HMGET', idkeys .. b, unpack(names, i, j))
+      for k = i, j do if cur[k - i + 1] then dup[#dup + 1] = names[k] end end
+    end
+  end
+  if #dup > 1 then return dup end
+  for _, b in ipairs(order) do
+    local g, set = by[b], {}
+    for i = 1, #g do
+      set[#set + 1] = ARGV[g[i]]
+      set[#set + 1] = ARGV[g[i] + 1]
+    end
+    multi('HSET', idkeys .. b, set)
   end
 end
-local a = I + 2 * nI
+local a = I + 3 * nI
 """
 
 # After STEP_IDS: stores `ne`, the ids applied.

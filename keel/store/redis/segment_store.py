@@ -31,7 +31,7 @@ from . import segment_scripts
 from .batch import PendingStep, latest_of, state_behind
 from .changelog import encode_copies
 from .codec import clamped_point, decode_point
-from .event_ids import pack_mark
+from .event_ids import id_hash, pack_mark
 from .keys import BUCKETS, escape, gen_keys, index_key, key_of, prefix_of
 from .loader import BulkLoader
 from .retries import KEPT_CONFLICTING, in_current, until_done
@@ -137,8 +137,8 @@ class RedisStore(RedisBase):
         keys = [names.gen, k.meta, k.first]
         args: list[Any] = [expected, self.roll_bytes, p.field, p.offset_arg, p.latest, p.lag, latest_of(ids),
                            len(ids)]
-        for event_id in ids:                    # each id with its packed mark (event_ids.py)
-            args += (event_id, pack_mark(getattr(event_id, "mark", None)))
+        for event_id in ids:                    # each id with its packed mark and its hash (event_ids.py)
+            args += (event_id, pack_mark(getattr(event_id, "mark", None)), id_hash(event_id))
         args.append(len(sb.entities))
         for name, i in sb.entities.items():
             e = escape(name)
