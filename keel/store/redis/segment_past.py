@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from ...timeline import Timeline, covering
 from ...times import Micros
 from .codec import clamped_point, decode_point
-from .segments import DELTA, add_rows, decode, wanted_rows
+from .segments import add_rows, decode, wanted_rows
 
 WINDOWS = (8, 256, 4000)  # index entries read each side of t for a timeline whose ranges do not overlap, in turn
 SCAN = 4000               # index entries read at most for one whose ranges overlap, width unknown (more: whole)
@@ -64,7 +64,7 @@ class Span:
     `before`: only segments numbered below it count (a read with known_at whose closed segment `before` stands
     in for the open one). The others' entries still bound [B, U] (an entry of the index is one, whatever its
     segment), but are never held: they hold no row of the timeline read."""
-    __slots__ = ("before", "bottom", "complete", "entries", "first", "firsts", "high", "low", "step_down",
+    __slots__ = ("before", "bottom", "cap", "complete", "entries", "first", "firsts", "high", "low", "step_down",
                  "step_up", "top", "width")
 
     def __init__(self, entries: list[Entry], bottom: bool, top: bool, t9: str, first: Entry | None = None,
@@ -81,6 +81,12 @@ class Span:
         self.low = below[-1] if below else 0
         self.high = min(self.low + 1, len(self.entries) - 1) if below else 0
         self.step_down = self.step_up = 1
+        # U starts at the least point known above t (an entry's greatest point above t, or the least point of
+        # the entry after `low`): a fact's next point is usually there, and fewer segments meet [B, U]
+        above = [e[1] for e in self.entries[:self.low + 1] if e[1] > t9]
+        if below and self.low + 1 < len(self.entries):
+            above.append(self.entries[self.low + 1][0])
+        self.cap: str | None = min(above) if below and above else None
 
     @property
     def floor(self) -> str | None:
@@ -94,7 +100,8 @@ class Span:
         """U: None when everything above is held."""
         if not self.entries or (self.high == len(self.entries) - 1 and self.top):
             return None
-        return self.entries[self.high][1]
+        u = self.entries[self.high][1]
+        return u if self.cap is None or self.cap > u else self.cap
 
     def held(self) -> set[int]:
         """The segments whose ranges meet [B, U], and the first one when kept."""
@@ -142,6 +149,32 @@ class Span:
         low, high = tl.reach(at, known_at, relation)
         return (None if low is None else clamped_point(low)), (None if high is None else clamped_point(high))
 
+    def least(self) -> tuple[Cut, set[int]] | None:
+        """For a relation whose first entry is kept: the cut to the closed rows at its least point (the open
+        segment's all) and the segments holding those rows, which settle most reads (`settles`); None
+        otherwise."""
+        if self.first is None:
+            return None
+        p0, before = self.first[0], self.before
+        point = decode_point(p0)
+        return (point, point, point), {n for lo, _, n in (self.first, *self.firsts, *self.entries)
+                                       if lo == p0 and (before is None or n < before)}
+
+    def settles(self, tl: Timeline | None, at: Micros, known_at: Micros | None) -> bool:
+        """Whether a relation folded from the rows `least` keeps answers at `at` exactly: the run covering `at`
+        starts at or below the least point P0 of the closed rows, and every closed row at P0 is held (`least`
+        holds every entry starting at P0 it read; a window of the lowest entries may leave out more of them).
+        Then no closed row left out (links and voids only, above the run's start) moves its start or ends it,
+        as in `reach`."""
+        if tl is None or self.first is None:
+            return False
+        run = covering(tl.runs(known_at), at)
+        if run is None:
+            return False
+        start, p0 = clamped_point(run.assertion.point), self.first[0]
+        return start < p0 or (start == p0 and (self.width is None or self.width.beyond is None
+                                                or self.width.beyond > p0))
+
     def bounds(self) -> Cut | None:
         """The rows of held closed segments a read looks at: those in [B, U], and with a kept first entry those
         at or below its greatest point too (`_covered_from_first` vouches for no more); None: every row (a
@@ -166,7 +199,10 @@ class Span:
             self.low = max(0, self.low - self.step_down)
             self.step_down *= 2
             grew = True
-        if u is not None and (high is None or high > u) and self.high < len(self.entries) - 1:
+        if u is not None and (high is None or high > u) and self.cap is not None:
+            self.cap = None         # first up to the greatest point of entry `high`, then by entries
+            grew = True
+        elif u is not None and (high is None or high > u) and self.high < len(self.entries) - 1:
             self.high = min(len(self.entries) - 1, self.high + self.step_up)
             self.step_up *= 2
             grew = True
@@ -208,57 +244,62 @@ def spans_of(answer: Any, prefix: str, t9: str, before: int | None, window: int)
     return Span(entries, bottom, len(above) < window, t9, keep, before=before)
 
 
-def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], cuts: dict[str, Cut | None]
-         ) -> dict[str, Timeline]:
-    """The timelines of `cuts` (by P) from the deltas of some closed segments (by number) and then of `last` (the
-    open segment, or the closed one standing in for it), restatements skipped; each cut to the rows at the
-    points its Cut keeps (None: every row), `last`'s rows whole for a Cut that keeps rows below (a relation's
-    run: an end or expiry among the open segment's rows may break it). The reach is read from those only
-    (`Timeline.reach`: exact from every assertion in a range whose segments are all held, whatever else is
-    held), so other rows are never built."""
+def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], cuts: dict[str, Cut | None],
+         held: dict[str, set[int]]) -> dict[str, Timeline]:
+    """The timelines of `cuts` (by P) from the deltas of the closed segments (by number) each holds (`held`) and
+    then of `last` (the open segment, or the closed one standing in for it), restatements skipped; each cut to
+    the rows at the points its Cut keeps (None: every row), `last`'s rows whole for a Cut that keeps rows below
+    (a relation's run: an end or expiry among the open segment's rows may break it). The reach is read from
+    those only (`Timeline.reach`: exact from every assertion in a range whose segments are all held, whatever
+    else is held), so other rows are never built."""
     tls: dict[str, Timeline] = {}
-    for blocks in [*(segments[n] for n in sorted(segments)), last]:
-        for provs, p, rows in wanted_rows(blocks, cuts):
-            cut = cuts[p]
-            if cut is not None and not (cut[0] is not None and blocks is last):
-                below, lo, hi = cut
-                rows = [row for row in rows if (below is not None and row[0] <= below) or (
-                    (lo is None or row[0] >= lo) and (hi is None or row[0] <= hi))]
-            add_rows(tls, p, provs, rows)
+    for n in sorted(segments):
+        keep = {p: cut for p, cut in cuts.items() if n in held[p]}
+        if keep:
+            _fold_rows(tls, segments[n], keep, False)
+    _fold_rows(tls, last, cuts, True)
     return tls
 
 
+def _fold_rows(tls: dict[str, Timeline], blocks: list[list[Any]], cuts: dict[str, Cut | None], last: bool) -> None:
+    """`fold`'s rows of one segment's deltas (`last`: the open segment's)."""
+    for provs, p, rows in wanted_rows(blocks, cuts):
+        cut = cuts[p]
+        if cut is not None and not (cut[0] is not None and last):
+            below, lo, hi = cut
+            rows = [row for row in rows if (below is not None and row[0] <= below) or (
+                (lo is None or row[0] >= lo) and (hi is None or row[0] <= hi))]
+        add_rows(tls, p, provs, rows)
+
+
 def nearest(segments: dict[int, list[list[Any]]], last: list[list[Any]], bounds: dict[str, Cut | None],
-            at: Micros, known_at: Micros | None) -> dict[str, Cut]:
+            held: dict[str, set[int]], at: Micros, known_at: Micros | None) -> dict[str, Cut]:
     """For each timeline other than a relation cut to its [B, U] (`bounds`): the range from its greatest point
     <= `at` to its least point above, among the rows in [B, U] visible at `known_at` (B or U where there is
-    none). Every segment meeting it is held (it lies in [B, U]), so a read whose reach lies in it is exact from
-    its rows alone: a fact's read usually looks at those two points only (`Timeline.reach`; voids aside)."""
-    out: dict[str, Cut] = {}
-    for p, cut in bounds.items():
-        if cut is None or cut[0] is not None or p[0] == "r":
-            continue
-        _, b, u = cut
-        lo: Micros | None = None
-        hi: Micros | None = None
-        for blocks in [*segments.values(), last]:
-            for block in blocks:
-                rows = block[2].get(p) if block[0] == DELTA else None
-                if not rows:
+    none) of the segments it holds (`held`) and `last`. Every segment meeting it is held (it lies in [B, U]),
+    so a read whose reach lies in it is exact from its rows alone: a fact's read usually looks at those two
+    points only (`Timeline.reach`; voids aside)."""
+    asked = {p: cut for p, cut in bounds.items() if cut is not None and cut[0] is None and p[0] != "r"}
+    found: dict[str, list[Micros | None]] = {p: [None, None] for p in asked}
+    for n, blocks in [*segments.items(), (None, last)]:
+        keep = asked if n is None else {p for p in asked if n in held[p]}
+        for provs, p, rows in wanted_rows(blocks, keep):
+            _, b, u = asked[p]
+            near = found[p]
+            lo, hi = near
+            for row in rows:
+                point = row[0]
+                if (b is not None and point < b) or (u is not None and point > u) or (
+                        known_at is not None and provs[row[1]][2] > known_at):
                     continue
-                provs = block[1]
-                for row in rows:
-                    point = row[0]
-                    if (b is not None and point < b) or (u is not None and point > u) or (
-                            known_at is not None and provs[row[1]][2] > known_at):
-                        continue
-                    if point <= at:
-                        if lo is None or point > lo:
-                            lo = point
-                    elif hi is None or point < hi:
-                        hi = point
-        out[p] = (None, b if lo is None else lo, u if hi is None else hi)
-    return out
+                if point <= at:
+                    if lo is None or point > lo:
+                        lo = point
+                elif hi is None or point < hi:
+                    hi = point
+            near[0], near[1] = lo, hi
+    return {p: (None, cut[1] if found[p][0] is None else found[p][0], cut[2] if found[p][1] is None
+                else found[p][1]) for p, cut in asked.items()}
 
 
 def _within(reach: Reach, cut: Cut) -> bool:
@@ -278,18 +319,25 @@ def widened(spans: dict[str, Span], tail: list[list[Any]], at: Micros, known_at:
     timelines other than relations from the rows around `at` only (`nearest`), and folds them from their whole
     [B, U] when a reach leaves that."""
     decoded: dict[int, list[list[Any]]] = {}
-    for _ in range(ROUNDS):
-        need = sorted(set().union(*(s.held() for s in spans.values())) - set(decoded))
+    for round_ in range(ROUNDS + 1):
+        quick = round_ == 0     # a relation's first entry: only the segments holding its least point
+        least = {p: got for p, s in spans.items() if p[0] == "r" and (got := s.least()) is not None}
+        held = {p: s.held() if p not in least else least[p][1] if quick else s.held() | least[p][1]
+                for p, s in spans.items()}
+        need = sorted(set().union(*held.values()) - set(decoded))
         if need:
             got = fetch(need)
             if got is None:
                 return None
             decoded.update((n, decode(body)) for n, body in got.items())
         bounds = {p: s.bounds() for p, s in spans.items()}
-        near = nearest(decoded, tail, bounds, at, known_at)
-        tls = fold(decoded, tail, {**bounds, **near})
-        if not all(_within(spans[p].reach(tls.get(p), at, known_at, False), cut) for p, cut in near.items()):
-            tls = fold(decoded, tail, bounds)
+        near = nearest(decoded, tail, bounds, held, at, known_at)
+        tls = fold(decoded, tail, {**bounds, **near, **{p: cut for p, (cut, _) in least.items()}}, held)
+        if not (all(_within(spans[p].reach(tls.get(p), at, known_at, False), cut) for p, cut in near.items())
+                and all(spans[p].settles(tls.get(p), at, known_at) for p in least)):
+            if quick and least:
+                continue            # the relations' whole [B, U] and first entries first
+            tls = fold(decoded, tail, bounds, held)
         short = {p: reach for p, s in spans.items()
                  if not s.fits(reach := s.reach(tls.get(p), at, known_at, p[0] == "r"))}
         if not short:
