@@ -18,7 +18,10 @@ row of a closed segment whose range contains that point, or of the open segment.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from itertools import pairwise
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from ...timeline import Timeline, covering
@@ -32,6 +35,7 @@ ROUNDS = 12               # widenings within one window before giving up
 
 Entry = tuple[str, str, int]      # (least point, greatest point, segment number) of one index entry; points as
 #                                 point9 text (codec.encode_point), whose order is the points': compared undecoded
+_least = itemgetter(0)            # an entry's least point, as a key for bisect
 Reach = tuple[str | None, str | None]    # Timeline.reach's (low, high) as point9 text
 Cut = tuple[Micros | None, Micros | None, Micros | None]    # (below, lo, hi), micros: the points <= below (None:
 #                                                            none) and those in [lo, hi] (None: unbounded there)
@@ -69,7 +73,7 @@ class Span:
 
     def __init__(self, entries: list[Entry], bottom: bool, top: bool, t9: str, first: Entry | None = None,
                  complete: bool = False, width: Width | None = None, before: int | None = None) -> None:
-        self.entries = sorted(set(entries))
+        self.entries = entries if all(a < b for a, b in pairwise(entries)) else sorted(set(entries))
         self.bottom, self.top, self.complete = bottom, top, complete
         self.before = before
         self.first = first
@@ -77,8 +81,8 @@ class Span:
         self.firsts: list[Entry] = []
         if width is not None and first is not None:     # every entry starting within the first one's range
             self.firsts = [e for e in width.lowest if e[0] <= first[1]]
-        below = [i for i, e in enumerate(self.entries) if e[0] <= t9]
-        self.low = below[-1] if below else 0
+        below = bisect_right(self.entries, t9, key=_least)
+        self.low = below - 1 if below else 0
         self.high = min(self.low + 1, len(self.entries) - 1) if below else 0
         self.step_down = self.step_up = 1
         # U starts at the least point known above t (an entry's greatest point above t, or the least point of
@@ -222,19 +226,17 @@ def spans_of(answer: Any, prefix: str, t9: str, before: int | None, window: int)
     if answer == "*":
         return None
     kind, below, above, first, ends = answer[:5]
-    entries = parse_entries([*below, *above], prefix)
-    firsts = parse_entries(first, prefix)
-    counted = [e for e in entries if before is None or e[2] < before]
-    if before is not None:
-        firsts = [e for e in firsts if e[2] < before]
-    unbroken = prefix[0] == "r" and not ends
+    entries = parse_entries([*below, *above] if kind == "a" else [*below[::-1], *above], prefix)   # in order
+    unbroken = prefix[0] == "r" and not ends        # only then are the first entries kept (`Span.first`)
+    lowest = parse_entries(first, prefix) if unbroken else []
+    counted = entries if before is None else [e for e in entries if e[2] < before]
+    firsts = lowest if before is None else [e for e in lowest if e[2] < before]
     if kind == "a":
         return Span(entries, True, True, t9, min(counted) if unbroken and counted else None, complete=True,
                     before=before)
     if kind == "o":
-        read = [e[0] for e in entries]
-        width = Width(int(answer[5]), min(read), max(read), len(below) < window, len(above) < window,
-                      firsts, parse_entries(first, prefix)[-1][0] if len(first) >= window else None) if read else None
+        width = Width(int(answer[5]), entries[0][0], entries[-1][0], len(below) < window, len(above) < window,
+                      firsts, lowest[-1][0] if lowest and len(first) >= window else None) if entries else None
         if width is None:
             return Span(entries, True, True, t9, before=before)
         keep = width.lowest[0] if unbroken and width.lowest else None
