@@ -15,16 +15,19 @@ if gen ~= '' then
 end
 """
 
-# ARGV[4] is the step's offset, or `<offset> <held>`: held is the tenant's offset on the partition (field ARGV[3] of
-# the meta hash, KEYS[2])
-# as the writer last saw it stored. Stored absent or below it means Redis lost writes the writer saw land (a
-# failover to a lagging replica, an old backup): nothing is written, the answer is {4, stored or ''} and the
-# writer resumes the partition from what Redis holds (keel.store.base.went_back is this rule in Python).
-# Leaves `offset` for STEP_META.
+# The meta hash (KEYS[2]) is read once per commit step, here: `meta` holds the stored offset (field ARGV[3]; `rl`
+# when ARGV[3] is ""), then `ne`, `eb`, `rl`, `kt` and `sv` (STEP_IDS and STEP_META use them; one HMGET and one
+# HSET a step rather than a call per part). ARGV[4] is the step's offset, or `<offset> <held>`: held is the tenant's
+# offset on the partition as the writer last saw it stored. Stored absent or below it means Redis lost writes the
+# writer saw land (a failover to a lagging replica, an old backup): nothing is written, the answer is
+# {4, stored or ''} and the writer resumes the partition from what Redis holds (keel.store.base.went_back is this
+# rule in Python). Leaves `field`, `meta` and `offset` for STEP_IDS and STEP_META.
 STEP_HELD = """
+local field = ARGV[3]
+local meta = redis.call('HMGET', KEYS[2], field ~= '' and field or 'rl', 'ne', 'eb', 'rl', 'kt', 'sv')
 local offset, held = string.match(ARGV[4], '^(%d+) ?(%d*)$')
-if held ~= '' and ARGV[3] ~= '' then
-  local stored = redis.call('HGET', KEYS[2], ARGV[3])
+if held ~= '' and field ~= '' then
+  local stored = meta[1]
   if not stored or tonumber(stored) < tonumber(held) then return {4, stored or ''} end
 end
 """
@@ -98,21 +101,20 @@ end
 # buckets are split (one at a time, as above) until they have room for the step's ids at IDS_PER_BUCKET a bucket,
 # so that no bucket takes a whole large step (a replay's step of 5,000 ids) and outgrows a listpack for good; the
 # bucket count is stored at once (a split changes no answer). Then the step's ids are grouped by bucket: one
-# HMGET per bucket finds the ids applied already (and a table those repeated within the step); when there are
-# any, nothing is written and the answer is {3, id, ...} with those (the writer drops them and retries); else one
+# HMGET per bucket finds the ids applied already (a step's ids are distinct: batch.PendingStep drops repeats);
+# when there are any, nothing is written and the answer is {3, id, ...} with those (the writer drops them and retries); else one
 # HSET per bucket adds them. Two calls per bucket touched rather than one HSETNX per id: each call from Lua, and
 # each write command in the append-only file and the replication stream, costs more than the look-up itself. It runs before the step's other
-# writes. KEYS[2] is the meta hash, whose name ends in `m` after the data prefix. Leaves `a` at the argument after
-# the triples; STEP_IDS_ADD then counts the ids.
+# writes. KEYS[2] is the meta hash, whose name ends in `m` after the data prefix (`ne` and `eb` come from STEP_HELD's
+# read of it). Leaves `a` at the argument after the triples, and `ne` for STEP_META, which counts the ids.
 STEP_IDS = ID_BUCKETS + """
 local nI = tonumber(ARGV[8])
 local I = 9
 local idkeys = string.sub(KEYS[2], 1, -2) .. 'e:'
 local ne = 0
 if nI > 0 then
-  local counts = redis.call('HMGET', KEYS[2], 'ne', 'eb')
-  ne = tonumber(counts[1] or '0')
-  local nb = tonumber(counts[2] or '1')
+  ne = tonumber(meta[2] or '0')
+  local nb = tonumber(meta[3] or '1')
   local top = id_top(nb)
   if ne + nI > nb * """ + str(IDS_PER_BUCKET) + """ then
     repeat
@@ -136,22 +138,16 @@ if nI > 0 then
     until ne + nI <= nb * """ + str(IDS_PER_BUCKET) + """
     redis.call('HSET', KEYS[2], 'eb', nb)
   end
-  local by, order, seen, dup = {}, {}, {}, {3}
+  local by, order, dup = {}, {}, {3}
   for x = I, I + 3 * nI - 3, 3 do
-    local id = ARGV[x]
-    if seen[id] then
-      dup[#dup + 1] = id
-    else
-      seen[id] = true
-      local b = id_bucket(tonumber(ARGV[x + 2]), nb, top)
-      local g = by[b]
-      if not g then
-        g = {}
-        by[b] = g
-        order[#order + 1] = b
-      end
-      g[#g + 1] = x
+    local b = id_bucket(tonumber(ARGV[x + 2]), nb, top)
+    local g = by[b]
+    if not g then
+      g = {}
+      by[b] = g
+      order[#order + 1] = b
     end
+    g[#g + 1] = x
   end
   for _, b in ipairs(order) do
     local g, names = by[b], {}
@@ -175,11 +171,6 @@ end
 local a = I + 3 * nI
 """
 
-# After STEP_IDS: stores `ne`, the ids applied.
-STEP_IDS_ADD = """
-if nI > 0 then redis.call('HSET', KEYS[2], 'ne', ne + nI) end
-"""
-
 # KEYS: 1 gen, 2 meta hash. ARGV: 1 expected gen, 2.. event ids. Answers {1, packed mark ("" none) or nil per id
 # (not applied)}.
 ID_LOOKUP = GEN_CHECK + ID_BUCKETS + """
@@ -193,28 +184,36 @@ end
 return out
 """
 
-# The meta hash (KEYS[2]) after a commit step: `rl` (ARGV[7], the latest recorded_at of the
-# ids), `kt` (ARGV[5], of the writes) and the offset (field ARGV[3], value `offset` of STEP_HELD) only move forward; `lag`
-# (ARGV[6]) is set with the offset.
+# The meta hash (KEYS[2]) after a commit step, in one HSET: `ne` counts the ids applied (nI more, STEP_IDS'), `rl`
+# (ARGV[7], the latest recorded_at of the ids), `kt` (ARGV[5], of the writes) and the offset (field ARGV[3], value
+# `offset` of STEP_HELD) only move forward; `lag` (ARGV[6]) is set with the offset; `sv`, the state's version, goes
+# up by one when the step carried ids or entities (nE, the caller's). The values read are STEP_HELD's `meta`.
 STEP_META = """
-local field, rl, kt, lag = ARGV[3], ARGV[7], ARGV[5], ARGV[6]
-local cur = redis.call('HMGET', KEYS[2], 'rl', 'kt', field ~= '' and field or 'rl')
+local rl, kt, lag = ARGV[7], ARGV[5], ARGV[6]
 local set = {}
-if rl ~= '' and (not cur[1] or tonumber(rl) > tonumber(cur[1])) then
+if nI > 0 then
+  set[1] = 'ne'
+  set[2] = ne + nI
+end
+if rl ~= '' and (not meta[4] or tonumber(rl) > tonumber(meta[4])) then
   set[#set + 1] = 'rl'
   set[#set + 1] = rl
 end
-if kt ~= '' and (not cur[2] or tonumber(kt) > tonumber(cur[2])) then
+if kt ~= '' and (not meta[5] or tonumber(kt) > tonumber(meta[5])) then
   set[#set + 1] = 'kt'
   set[#set + 1] = kt
 end
-if field ~= '' and (not cur[3] or tonumber(offset) > tonumber(cur[3])) then
+if field ~= '' and (not meta[1] or tonumber(offset) > tonumber(meta[1])) then
   set[#set + 1] = field
   set[#set + 1] = offset
   if lag ~= '' then
     set[#set + 1] = 'lag'
     set[#set + 1] = lag
   end
+end
+if nI > 0 or nE > 0 then
+  set[#set + 1] = 'sv'
+  set[#set + 1] = tonumber(meta[6] or '0') + 1
 end
 if #set > 0 then redis.call('HSET', KEYS[2], unpack(set)) end
 """

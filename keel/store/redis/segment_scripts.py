@@ -26,7 +26,7 @@ exactly when it holds data, are keys.DATA_KEYS):
 """
 from __future__ import annotations
 
-from .lua import GEN_CHECK, LOG_CHUNKS, MULTI, STEP_HELD, STEP_IDS, STEP_IDS_ADD, STEP_META
+from .lua import GEN_CHECK, LOG_CHUNKS, MULTI, STEP_HELD, STEP_IDS, STEP_META
 
 # KEYS: 1 gen, 2 meta (hash), 3 first recorded_at (hash: its fields are the generation's entities), then per
 #       entity e (1-based): 2 + 2e its open segment, 3 + 2e its incoming relations (set).
@@ -67,8 +67,7 @@ for i = 1, nE, 2000 do
   end
 end
 multi('HSET', KEYS[3], set)
-""" + STEP_IDS_ADD + STEP_META + """
-if nI > 0 or nE > 0 then redis.call('HINCRBY', KEYS[2], 'sv', 1) end
+""" + STEP_META + """
 return big
 """
 
@@ -271,7 +270,9 @@ end
 # (the winner's: the index is in order, else flagged) and the one with the least least point > t (the next
 # point's), and for a relation the one with its first point (its run starts there: it has no end, else
 # flagged). An entity with a flagged timeline is read around t (segment_past.py): each of its timelines gets
-# INDEX's answer (`index_answer`, k entries each side) instead, and none of its closed segments is read here.
+# INDEX's answer (`index_answer`, k entries each side) instead, and with it the closed segments its first round
+# most likely holds (`guess`: segment_past.Span's first [B, U] and a kept relation's least point; the client
+# fetches what else it holds).
 # Answers {1, {per triple: "", or the index answer when its entity has a flagged timeline}, {per entity:
 # {open segment, n, closed segment n, ... (by n)}}}; a closed segment moved to the cold tier (cold.py) is "".
 PAST = GEN_CHECK + _WANTED_SEGMENTS + _INDEX_ANSWER + """
@@ -281,6 +282,21 @@ local verdicts, wanted, flagged = {}, {}, {}
 for x = 1, nO do wanted[x] = {} end
 local function want(x, member, P)
   if member then wanted[x][tonumber(string.sub(member, #P + 19))] = true end
+end
+local function guess(x, a, P, rel)
+  if type(a) ~= 'table' or a[1] == 'a' then return end
+  local function lo(m) return string.sub(m, #P + 1, #P + 9) end
+  local function hi(m) return string.sub(m, #P + 10, #P + 18) end
+  if rel and a[5] == '' then
+    for _, m in ipairs(a[4]) do if lo(m) == lo(a[4][1]) then want(x, m, P) end end
+    return
+  end
+  local b, u = a[2][1] and lo(a[2][1]), a[3][1] and lo(a[3][1])
+  if not b then return end
+  for _, m in ipairs(a[2]) do if hi(m) > t and (not u or hi(m) < u) then u = hi(m) end end
+  for _, side in ipairs({a[2], a[3]}) do
+    for _, m in ipairs(side) do if hi(m) >= b and (not u or lo(m) <= u) then want(x, m, P) end end
+  end
 end
 for i = 6 + nO, #ARGV - 2, 3 do
   local x, P, rel = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2] == 'r'
@@ -292,6 +308,7 @@ for i = 6 + nO, #ARGV - 2, 3 do
   local v = ARGV[3] .. ARGV[5 + x]
   if flagged[x] then
     verdicts[#verdicts + 1] = index_answer(v, P, t, k, scan)
+    guess(x, verdicts[#verdicts], P, rel)
   else
     verdicts[#verdicts + 1] = ''
     want(x, redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, 1)[1], P)
