@@ -26,6 +26,7 @@ from keel.store.base import (
 )
 from keel.store.memory import MemoryStore
 from keel.store.redis import BulkLoader, RedisStore
+from keel.store.redis.segment_views import SubjectCache
 
 pytestmark = pytest.mark.services
 
@@ -177,6 +178,29 @@ class TestSegmentReads(RedisCase):
                 store.open_fact("acme", "debt:d1", "balance", 1000 - i, valid_from=d(i), evidence=f"s{i}")
         self.views(s, m, 160)
         assert s.whole_reads == 0
+
+    def test_a_view_now_folds_again_only_the_subjects_whose_segment_changed(self) -> None:
+        s, m = self.redis_store(), MemoryStore()
+        for store in (s, m):
+            store.upsert_entity("acme", "debt", "d1", valid_from=d(0))
+            for k in range(30):
+                store.link("acme", f"due:u{k}", "for_debt", "debt:d1", d(k), evidence=f"e{k}")
+                store.open_fact("acme", f"due:u{k}", "amount", k, valid_from=d(k), evidence=f"e{k}")
+        assert reading.view(s, "acme", "debt:d1") == reading.view(m, "acme", "debt:d1")
+        cache = s._views._subjects
+        before = set(cache._entries)
+        assert len(before) == 30
+        for store in (s, m):
+            store.unlink("acme", "due:u3", "for_debt", "debt:d1", d(40), evidence="x")
+            store.open_fact("acme", "due:u4", "amount", 5, valid_from=d(41), evidence="y")     # the same relation
+        for t in (None, d(2.5), d(40), d(50)):
+            assert reading.view(s, "acme", "debt:d1", at=t) == reading.view(m, "acme", "debt:d1", at=t), t
+        assert len(set(cache._entries) - before) == 2           # the two changed segments, folded again
+        s._views._subjects = cache = SubjectCache(budget=16 * 250)    # room for a few: the oldest go, answers stay
+        for t in (None, d(40), None):
+            assert reading.view(s, "acme", "debt:d1", at=t) == reading.view(m, "acme", "debt:d1", at=t), t
+        assert 0 < cache._held <= cache.budget and 0 < len(cache._entries) < 30
+        assert cache._held == sum(len(text) for text, _ in cache._entries)
 
     def test_the_spy_counts_whole_reads(self) -> None:
         s, m = self.redis_store(), MemoryStore()

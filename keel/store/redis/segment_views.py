@@ -10,8 +10,9 @@ generation checks and the cold tier.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ...timeline import Timeline, covering
 from ...times import Micros
@@ -32,6 +33,56 @@ class ViewHost(cold_tier.ColdTierHost, Protocol):
     def _folds(self, tenant: str, entities: list[str], gen: int | None = None) -> dict[str, Fold]: ...
 
 
+class Subject(NamedTuple):
+    """What a present view reads of a subject's segment: the relations naming the viewed entity (by P), and the
+    least time from which the segment serves reads now (`Fold.serves`; NEVER when a restated cut may be inexact)."""
+    serves_from: float
+    timelines: dict[str, Timeline]
+
+
+NEVER = float("inf")
+
+
+class SubjectCache:
+    """Subjects' segments folded for present views, by the segment's text and the relations wanted.
+
+    A view of an entity named by many relations (a debt by its dues) reads the open segment of every subject, and
+    decoding them was most of its time; a subject's open segment changes far less often than it is read. The
+    text itself is the key, so a hit is exactly what folding it again gives (a changed segment is another key;
+    nothing goes stale). The entries hold at most `budget` characters of text; the oldest go first. Thread-safe
+    (a race may fold a segment twice)."""
+
+    def __init__(self, budget: int = 8 << 20) -> None:
+        self._entries: dict[tuple[str, Any], Subject] = {}
+        self._held = 0
+        self._lock = threading.Lock()       # a miss's insert and evictions (a hit takes no lock)
+        self.budget = budget
+
+    def get(self, text: str, relations: list[str]) -> Subject:
+        key = (text, relations[0] if len(relations) == 1 else tuple(sorted(set(relations))))
+        got = self._entries.get(key)
+        if got is not None:
+            return got
+        blocks = decode(text)
+        fold = Fold(blocks, whole=False, deltas=False)
+        for provs, p, rows in wanted_rows(blocks, set(relations)):
+            add_rows(fold.timelines, p, provs, rows)
+        got = Subject(NEVER if fold.dirty else max(fold.anchors.values(), default=-NEVER),
+                      {p: fold.timelines[p] for p in relations if p in fold.timelines})
+        if len(text) > self.budget // 16:     # a text that would push out many others
+            return got
+        with self._lock:
+            if key in self._entries:
+                return got
+            while self._held + len(text) > self.budget:
+                oldest = next(iter(self._entries))
+                self._held -= len(oldest[0])
+                del self._entries[oldest]
+            self._entries[key] = got
+            self._held += len(text)
+        return got
+
+
 class ViewReader:
     """The view reads of one RedisStore (its `read_views`), with the scripts they run."""
 
@@ -43,6 +94,7 @@ class ViewReader:
         self._past_script = client.register_script(segment_scripts.PAST)
         self._index_script = client.register_script(segment_scripts.INDEX)
         self._segments_script = client.register_script(segment_scripts.SEGMENTS)
+        self._subjects = SubjectCache()
 
     def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
         """Each view from one VIEW call (the entity's open segment and those of the subjects of relations naming
@@ -81,20 +133,17 @@ class ViewReader:
             own_segment = subs[r.entity][1] if r.entity in subs else seg
             blocks = {r.entity: decode(own_segment)}
             own = Fold(blocks[r.entity], whole=False, deltas=False)
-            subjects: dict[str, Fold] = {}
-            wanted: dict[str, set[str]] = {}
+            texts: dict[str, str] = {}
+            wanted: dict[str, list[str]] = {}
             for el, s in zip(elements, segs):
                 owner = _owner(el)
-                if owner not in subjects:
-                    blocks[owner] = decode(subs[owner][1] if owner in subs else s)
-                    subjects[owner] = Fold(blocks[owner], whole=False, deltas=False)
-                    wanted[owner] = set()
-                wanted[owner].add(el[el.index("|") + 1:])
-            if own.serves(at) and all(f.serves(at) for f in subjects.values()):
+                if owner not in texts:
+                    texts[owner] = subs[owner][1] if owner in subs else s
+                    wanted[owner] = []
+                wanted[owner].append(el[el.index("|") + 1:])
+            subjects = {owner: self._subjects.get(text, wanted[owner]) for owner, text in texts.items()}
+            if own.serves(at) and all(at >= f.serves_from for f in subjects.values()):
                 own.fill(blocks[r.entity])
-                for owner, fold in subjects.items():      # of a subject, only the relations naming the entity
-                    for provs, p, rows in wanted_rows(blocks[owner], wanted[owner]):
-                        add_rows(fold.timelines, p, provs, rows)
                 timelines = {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}}
             else:
                 timelines = self._past(r, own, elements, at, known_at, subs, (own_segment, blocks[r.entity]))
@@ -188,6 +237,7 @@ class ViewReader:
         out: dict[str, dict[str, Timeline]] = {}
         whole: list[str] = []
         lasts: dict[str, str] = {}
+        closed: dict[str, dict[int, str]] = {}  # the closed segments PAST read, by entity and number
         answered: dict[str, list[Any]] = {}     # INDEX's answers PAST gave for the first window (WINDOWS[0])
         verdict = iter(verdicts)
         for e, got in zip(entities, segments):
@@ -207,11 +257,12 @@ class ViewReader:
             if tls is None:
                 whole.append(e)
                 lasts[e] = chosen[-1]
+                closed[e] = {int(n): body for n, body in zip(got[1::2], got[2::2])}
             else:
                 out[e] = tls
         if whole:
             near = self._widened(r.tenant, {e: wanted[e] for e in whole}, lasts, at, known_at, subs or {},
-                                 (used[-1], answered), opened)
+                                 (used[-1], answered), opened, closed)
             out.update(near)
             if len(near) < len(whole):
                 out.update(self._whole(r.tenant, [e for e in whole if e not in near]))
@@ -220,11 +271,12 @@ class ViewReader:
     def _widened(self, tenant: str, wanted: dict[str, list[str]], lasts: dict[str, str], at: Micros,
                  known_at: Micros | None, subs: dict[str, tuple[int, str] | None],
                  given: tuple[str, dict[str, list[Any]]], opened: tuple[str, Any] | None = None,
-                 ) -> dict[str, dict[str, Timeline]]:
+                 closed: dict[str, dict[int, str]] | None = None) -> dict[str, dict[str, Timeline]]:
         """The wanted timelines of entities (P by entity) at `at`, read around it from the index entries INDEX
         returns and the closed segments SEGMENTS fetches, until exact (segment_past.py); `lasts`: each entity's
         open segment or the closed one standing in for it; `given`: a data prefix and, by entity, INDEX's answers
-        for the first window, as PAST gave them (the other entities ask INDEX). A window of index entries that
+        for the first window, as PAST gave them (the other entities ask INDEX); `closed`: by entity, closed
+        segments of that data prefix read already (PAST's guess), fetched no more. A window of index entries that
         runs out is asked again wider (segment_past.WINDOWS); the entities still not served are left out."""
         out: dict[str, dict[str, Timeline]] = {}
         t9 = clamped_point(at)
@@ -256,7 +308,10 @@ class ViewReader:
                     continue
 
                 def fetch(numbers: list[int], e: str = e, d: str = d) -> dict[int, str] | None:
-                    return self._closed_segments(tenant, d, e, numbers)
+                    have = (closed or {}).get(e, {}) if d == given[0] else {}
+                    rest = [n for n in numbers if n not in have]
+                    got = self._closed_segments(tenant, d, e, rest) if rest else {}
+                    return None if got is None else {**{n: have[n] for n in numbers if n in have}, **got}
                 tls = segment_past.widened(spans, _blocks(lasts[e], opened), at, known_at, fetch)  # type: ignore[arg-type]
                 if tls is not None:
                     out[e] = tls
