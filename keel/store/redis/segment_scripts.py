@@ -285,17 +285,24 @@ local function want(x, member, P)
 end
 local function guess(x, a, P, rel)
   if type(a) ~= 'table' or a[1] == 'a' then return end
-  local function lo(m) return string.sub(m, #P + 1, #P + 9) end
-  local function hi(m) return string.sub(m, #P + 10, #P + 18) end
+  local n = #P
   if rel and a[5] == '' then
-    for _, m in ipairs(a[4]) do if lo(m) == lo(a[4][1]) then want(x, m, P) end end
+    local p0 = a[4][1] and string.sub(a[4][1], n + 1, n + 9)
+    for _, m in ipairs(a[4]) do if string.sub(m, n + 1, n + 9) == p0 then want(x, m, P) end end
     return
   end
-  local b, u = a[2][1] and lo(a[2][1]), a[3][1] and lo(a[3][1])
-  if not b then return end
-  for _, m in ipairs(a[2]) do if hi(m) > t and (not u or hi(m) < u) then u = hi(m) end end
-  for _, side in ipairs({a[2], a[3]}) do
-    for _, m in ipairs(side) do if hi(m) >= b and (not u or lo(m) <= u) then want(x, m, P) end end
+  local below, above = a[2], a[3]
+  if not below[1] then return end
+  local b, u = string.sub(below[1], n + 1, n + 9), above[1] and string.sub(above[1], n + 1, n + 9)
+  local his = {}
+  for i, m in ipairs(below) do
+    his[i] = string.sub(m, n + 10, n + 18)
+    if his[i] > t and (not u or his[i] < u) then u = his[i] end
+  end
+  for i, m in ipairs(below) do if his[i] >= b then want(x, m, P) end end
+  for _, m in ipairs(above) do
+    if string.sub(m, n + 1, n + 9) > u then break end
+    want(x, m, P)
   end
 end
 for i = 6 + nO, #ARGV - 2, 3 do
