@@ -168,6 +168,8 @@ late_strategy = st.lists(st.tuples(st.integers(0, 60), st.booleans()), min_size=
                   (44, False), (0, True), (0, True), (42, False), (57, False), (27, False), (0, True), (0, True),
                   (58, False), (52, False), (51, False), (37, True), (0, True), (0, True), (20, True)],
          roll=900, reads=[(34, 0)] * 4)    # a restatement keeping an earlier cut whose point is void by then
+@example(history=[(0, True), *[(3 * (i % 4 == 3), False) for i in range(40)]], roll=300,
+         reads=[(-5, 0), (0, 1), (1, 2), (20, 3), (20, 60), (39, 0)])   # the relation's first link retracted
 def test_views_over_late_data_and_retractions_equal_the_memory_store(
         history: list[tuple[int, bool]], roll: int, reads: list[tuple[int, int]]) -> None:
     """Snapshots each some days late (or not), some retracted at once, in small segments: past views, believed now

@@ -275,20 +275,23 @@ def _fold_rows(tls: dict[str, Timeline], blocks: list[list[Any]], cuts: dict[str
 
 
 def nearest(segments: dict[int, list[list[Any]]], last: list[list[Any]], bounds: dict[str, Cut | None],
-            held: dict[str, set[int]], at: Micros, known_at: Micros | None) -> dict[str, Cut]:
+            held: dict[str, set[int]], at: Micros, known_at: Micros | None
+            ) -> tuple[dict[str, Cut], dict[str, Timeline]]:
     """For each timeline other than a relation cut to its [B, U] (`bounds`): the range from its greatest point
     <= `at` to its least point above, among the rows in [B, U] visible at `known_at` (B or U where there is
-    none) of the segments it holds (`held`) and `last`. Every segment meeting it is held (it lies in [B, U]),
-    so a read whose reach lies in it is exact from its rows alone: a fact's read usually looks at those two
-    points only (`Timeline.reach`; voids aside)."""
+    none) of the segments it holds (`held`) and `last`, and the timeline of its visible rows at those two
+    points, in log order (the others between them are not visible then). Every segment meeting the range is
+    held (it lies in [B, U]), so a read whose reach lies in it is exact from those rows alone: a fact's read
+    usually looks at those two points only (`Timeline.reach`; voids aside)."""
     asked = {p: cut for p, cut in bounds.items() if cut is not None and cut[0] is None and p[0] != "r"}
-    found: dict[str, list[Micros | None]] = {p: [None, None] for p in asked}
-    for n, blocks in [*segments.items(), (None, last)]:
+    found: dict[str, list[Any]] = {p: [None, None, [], []] for p in asked}     # lo, hi, their rows
+    for n in [*sorted(segments), None]:
+        blocks = last if n is None else segments[n]
         keep = asked if n is None else {p for p in asked if n in held[p]}
         for provs, p, rows in wanted_rows(blocks, keep):
             _, b, u = asked[p]
             near = found[p]
-            lo, hi = near
+            lo, hi = near[0], near[1]
             for row in rows:
                 point = row[0]
                 if (b is not None and point < b) or (u is not None and point > u) or (
@@ -296,12 +299,20 @@ def nearest(segments: dict[int, list[list[Any]]], last: list[list[Any]], bounds:
                     continue
                 if point <= at:
                     if lo is None or point > lo:
-                        lo = point
+                        lo, near[2] = point, [(provs, row)]
+                    elif point == lo:
+                        near[2].append((provs, row))
                 elif hi is None or point < hi:
-                    hi = point
+                    hi, near[3] = point, [(provs, row)]
+                elif point == hi:
+                    near[3].append((provs, row))
             near[0], near[1] = lo, hi
+    tls: dict[str, Timeline] = {}
+    for p, (_, _, low_rows, high_rows) in found.items():
+        for provs, row in [*low_rows, *high_rows]:
+            add_rows(tls, p, provs, [row])
     return {p: (None, cut[1] if found[p][0] is None else found[p][0], cut[2] if found[p][1] is None
-                else found[p][1]) for p, cut in asked.items()}
+                else found[p][1]) for p, cut in asked.items()}, tls
 
 
 def _within(reach: Reach, cut: Cut) -> bool:
@@ -333,15 +344,17 @@ def widened(spans: dict[str, Span], tail: list[list[Any]], at: Micros, known_at:
                 return None
             decoded.update((n, decode(body)) for n, body in got.items())
         bounds = {p: s.bounds() for p, s in spans.items()}
-        near = nearest(decoded, tail, bounds, held, at, known_at)
-        tls = fold(decoded, tail, {**bounds, **near, **{p: cut for p, (cut, _) in least.items()}}, held)
-        if not (all(_within(spans[p].reach(tls.get(p), at, known_at, False), cut) for p, cut in near.items())
+        near, tls = nearest(decoded, tail, bounds, held, at, known_at)
+        tls.update(fold(decoded, tail, {**{p: cut for p, cut in bounds.items() if p not in near},
+                                        **{p: cut for p, (cut, _) in least.items()}}, held))
+        reached = {p: spans[p].reach(tls.get(p), at, known_at, False) for p in near}
+        if not (all(_within(reached[p], cut) for p, cut in near.items())
                 and all(spans[p].settles(tls.get(p), at, known_at) for p in least)):
             if quick and least:
                 continue            # the relations' whole [B, U] and first entries first
-            tls = fold(decoded, tail, bounds, held)
+            tls, reached = fold(decoded, tail, bounds, held), {}
         short = {p: reach for p, s in spans.items()
-                 if not s.fits(reach := s.reach(tls.get(p), at, known_at, p[0] == "r"))}
+                 if not s.fits(reach := reached.get(p) or s.reach(tls.get(p), at, known_at, p[0] == "r"))}
         if not short:
             return tls if all(s.sound() for s in spans.values()) else None     # a wider window may be
         if not all(spans[p].widen(reach) for p, reach in short.items()):
