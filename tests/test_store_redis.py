@@ -26,7 +26,7 @@ from keel.store.base import (
 )
 from keel.store.memory import MemoryStore
 from keel.store.redis import BulkLoader, RedisStore
-from keel.store.redis.segment_views import SubjectCache
+from keel.store.redis.segment_views import FoldCache
 
 pytestmark = pytest.mark.services
 
@@ -179,7 +179,7 @@ class TestSegmentReads(RedisCase):
         self.views(s, m, 160)
         assert s.whole_reads == 0
 
-    def test_a_view_now_folds_again_only_the_subjects_whose_segment_changed(self) -> None:
+    def test_a_view_now_folds_again_only_the_segments_that_changed(self) -> None:
         s, m = self.redis_store(), MemoryStore()
         for store in (s, m):
             store.upsert_entity("acme", "debt", "d1", valid_from=d(0))
@@ -187,16 +187,17 @@ class TestSegmentReads(RedisCase):
                 store.link("acme", f"due:u{k}", "for_debt", "debt:d1", d(k), evidence=f"e{k}")
                 store.open_fact("acme", f"due:u{k}", "amount", k, valid_from=d(k), evidence=f"e{k}")
         assert reading.view(s, "acme", "debt:d1") == reading.view(m, "acme", "debt:d1")
-        cache = s._views._subjects
+        cache = s._views._folds
         before = set(cache._entries)
-        assert len(before) == 30
+        assert len(before) == 31                                # the debt's segment and its 30 subjects'
         for store in (s, m):
             store.unlink("acme", "due:u3", "for_debt", "debt:d1", d(40), evidence="x")
             store.open_fact("acme", "due:u4", "amount", 5, valid_from=d(41), evidence="y")     # the same relation
+            store.open_fact("acme", "debt:d1", "balance", {"cop": 7}, valid_from=d(42), evidence="z")
         for t in (None, d(2.5), d(40), d(50)):
             assert reading.view(s, "acme", "debt:d1", at=t) == reading.view(m, "acme", "debt:d1", at=t), t
-        assert len(set(cache._entries) - before) == 2           # the two changed segments, folded again
-        s._views._subjects = cache = SubjectCache(budget=16 * 250)    # room for a few: the oldest go, answers stay
+        assert len(set(cache._entries) - before) == 3           # the three changed segments, folded again
+        s._views._folds = cache = FoldCache(budget=16 * 250)    # room for a few: the oldest go, answers stay
         for t in (None, d(40), None):
             assert reading.view(s, "acme", "debt:d1", at=t) == reading.view(m, "acme", "debt:d1", at=t), t
         assert 0 < cache._held <= cache.budget and 0 < len(cache._entries) < 30

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from ...timeline import Timeline, covering
 from ...times import Micros
@@ -33,42 +33,38 @@ class ViewHost(cold_tier.ColdTierHost, Protocol):
     def _folds(self, tenant: str, entities: list[str], gen: int | None = None) -> dict[str, Fold]: ...
 
 
-class Subject(NamedTuple):
-    """What a present view reads of a subject's segment: the relations naming the viewed entity (by P), and the
-    least time from which the segment serves reads now (`Fold.serves`; NEVER when a restated cut may be inexact)."""
-    serves_from: float
-    timelines: dict[str, Timeline]
+class FoldCache:
+    """Open segments folded for present views, by the segment's text and the relations wanted of it.
 
+    A view of an entity reads its open segment and that of every subject of a relation naming it (a debt: its
+    25 dues), and folding them was most of its time, though a segment changes far less often than it is read.
+    The text itself is the key, so a hit is exactly what folding it again gives (a changed segment is another
+    key: nothing goes stale). Of a subject only the relations naming the viewed entity are folded (its other
+    timelines are left empty); `Fold.serves` still says whether the segment serves a read. The entries hold at
+    most `budget` characters of text, the oldest going first; folded, they take a few times that in Python
+    objects. Thread-safe (a race may fold a segment twice); its folds are read, never changed, by the views."""
 
-NEVER = float("inf")
-
-
-class SubjectCache:
-    """Subjects' segments folded for present views, by the segment's text and the relations wanted.
-
-    A view of an entity named by many relations (a debt by its dues) reads the open segment of every subject, and
-    decoding them was most of its time; a subject's open segment changes far less often than it is read. The
-    text itself is the key, so a hit is exactly what folding it again gives (a changed segment is another key;
-    nothing goes stale). The entries hold at most `budget` characters of text; the oldest go first. Thread-safe
-    (a race may fold a segment twice)."""
-
-    def __init__(self, budget: int = 8 << 20) -> None:
-        self._entries: dict[tuple[str, Any], Subject] = {}
+    def __init__(self, budget: int = 4 << 20) -> None:
+        self._entries: dict[tuple[str, Any], Fold] = {}
         self._held = 0
         self._lock = threading.Lock()       # a miss's insert and evictions (a hit takes no lock)
         self.budget = budget
 
-    def get(self, text: str, relations: list[str]) -> Subject:
-        key = (text, relations[0] if len(relations) == 1 else tuple(sorted(set(relations))))
+    def get(self, text: str, relations: list[str] | None = None) -> Fold:
+        """The fold of a segment: of every timeline (`relations` None: the viewed entity's own), or of the
+        relations P named (a subject's)."""
+        key = (text, None if relations is None else relations[0] if len(relations) == 1
+               else tuple(sorted(set(relations))))
         got = self._entries.get(key)
         if got is not None:
             return got
         blocks = decode(text)
-        fold = Fold(blocks, whole=False, deltas=False)
-        for provs, p, rows in wanted_rows(blocks, set(relations)):
-            add_rows(fold.timelines, p, provs, rows)
-        got = Subject(NEVER if fold.dirty else max(fold.anchors.values(), default=-NEVER),
-                      {p: fold.timelines[p] for p in relations if p in fold.timelines})
+        got = Fold(blocks, whole=False, deltas=False)
+        if relations is None:
+            got.fill(blocks)
+        else:
+            for provs, p, rows in wanted_rows(blocks, set(relations)):
+                add_rows(got.timelines, p, provs, rows)
         if len(text) > self.budget // 16:     # a text that would push out many others
             return got
         with self._lock:
@@ -94,7 +90,7 @@ class ViewReader:
         self._past_script = client.register_script(segment_scripts.PAST)
         self._index_script = client.register_script(segment_scripts.INDEX)
         self._segments_script = client.register_script(segment_scripts.SEGMENTS)
-        self._subjects = SubjectCache()
+        self._folds = FoldCache()
 
     def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
         """Each view from one VIEW call (the entity's open segment and those of the subjects of relations naming
@@ -130,9 +126,7 @@ class ViewReader:
                 timelines = self._whole(r.tenant, [r.entity, *(_owner(el) for el in elements)])
                 out.append(_view(r, timelines, elements, at, known_at)._replace(freshness=freshness_of(meta)))
                 continue
-            own_segment = subs[r.entity][1] if r.entity in subs else seg
-            blocks = {r.entity: decode(own_segment)}
-            own = Fold(blocks[r.entity], whole=False, deltas=False)
+            own = self._folds.get(subs[r.entity][1] if r.entity in subs else seg)
             texts: dict[str, str] = {}
             wanted: dict[str, list[str]] = {}
             for el, s in zip(elements, segs):
@@ -141,12 +135,11 @@ class ViewReader:
                     texts[owner] = subs[owner][1] if owner in subs else s
                     wanted[owner] = []
                 wanted[owner].append(el[el.index("|") + 1:])
-            subjects = {owner: self._subjects.get(text, wanted[owner]) for owner, text in texts.items()}
-            if own.serves(at) and all(at >= f.serves_from for f in subjects.values()):
-                own.fill(blocks[r.entity])
+            subjects = {owner: self._folds.get(text, wanted[owner]) for owner, text in texts.items()}
+            if own.serves(at) and all(f.serves(at) for f in subjects.values()):
                 timelines = {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}}
             else:
-                timelines = self._past(r, own, elements, at, known_at, subs, (own_segment, blocks[r.entity]))
+                timelines = self._past(r, own, elements, at, known_at, subs)
             view = _view(r, timelines, elements, at, known_at)
             out.append(view._replace(freshness=freshness_of(meta)))
         return out
