@@ -247,3 +247,34 @@ def test_a_window_of_overlapping_ranges_is_sound_only_when_it_holds_every_entry_
             for x in range(0, 401, 7):
                 if span._covered_from_first(encode_point(x)):
                     assert {n for lo, _, n in counted if lo <= x} <= held, x
+
+
+@pytest.mark.parametrize("late", [(120,), (120, 0), (-3,)])
+def test_an_end_in_the_open_segment_of_a_relation_whose_closed_rows_only_link(late: tuple[int, ...]) -> None:
+    """A relation linked every day over many closed segments (no end among their rows: its first entry is kept),
+    then unlinked late on the given days (the last in `late` at its first link, or before it): the unlink is in
+    the open segment, and past views at days around it, believed now and before it arrived, equal the memory
+    store's (the open segment's rows are folded whole when one is an end: `segment_past.Span.settles`)."""
+    memory = Recorder()
+    for i in range(200):
+        memory.apply_writes("acme", [relation_write("debt:r", "owed_by", "household:acme", day(i), False,
+                                                    source="test", evidence=f"l-{i}", recorded_at=stamp(i), by=None)],
+                            event_key(f"l-{i}", None, parse_time(stamp(i))))
+    for j, d in enumerate(late):
+        memory.apply_writes("acme", [relation_write("debt:r", "owed_by", "household:acme", day(d), True,
+                                                    source="test", evidence=f"u-{j}", recorded_at=stamp(200 + j),
+                                                    by=None)], event_key(f"u-{j}", None, parse_time(stamp(200 + j))))
+    client = redis.Redis.from_url(service_env("KEEL_REDIS_URL"), decode_responses=True)
+    store = RedisStore(client, namespace=f"se{uuid.uuid4().hex[:12]}", owns_client=False)
+    store.roll_bytes = 800
+    try:
+        for i in range(0, len(memory.log), 4):
+            store.commit_batch("acme", memory.log[i:i + 4], None)
+        for known_at in (None, parse_time(stamp(199)), parse_time(stamp(100))):
+            for d in range(-6, 206, 9):
+                at = parse_time(day(d))
+                assert reading.view(store, "acme", "debt:r", at=at, known_at=known_at) == \
+                    reading.view(memory, "acme", "debt:r", at=at, known_at=known_at), (d, known_at)
+    finally:
+        store.drop_namespace()
+        client.close()

@@ -19,7 +19,7 @@ row of a closed segment whose range contains that point, or of the open segment.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from itertools import pairwise
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from ...timeline import Timeline, covering
 from ...times import Micros
 from .codec import clamped_point, decode_point
-from .segments import add_rows, decode, wanted_rows
+from .segments import add_rows, breaks_runs, decode, wanted_rows
 
 WINDOWS = (8, 256, 4000)  # index entries read each side of t for a timeline whose ranges do not overlap, in turn
 SCAN = 4000               # index entries read at most for one whose ranges overlap, width unknown (more: whole)
@@ -169,7 +169,8 @@ class Span:
         starts at or below the least point P0 of the closed rows, and every closed row at P0 is held (`least`
         holds every entry starting at P0 it read; a window of the lowest entries may leave out more of them).
         Then no closed row left out (links and voids only, above the run's start) moves its start or ends it,
-        as in `reach`."""
+        as in `reach`; nor does a row of the open segment above P0 when none of its rows is an end or expires
+        (`fold`'s `cut_last`: else they are all folded)."""
         if tl is None or self.first is None:
             return False
         run = covering(tl.runs(known_at), at)
@@ -247,27 +248,28 @@ def spans_of(answer: Any, prefix: str, t9: str, before: int | None, window: int)
 
 
 def fold(segments: dict[int, list[list[Any]]], last: list[list[Any]], cuts: dict[str, Cut | None],
-         held: dict[str, set[int]]) -> dict[str, Timeline]:
+         held: dict[str, set[int]], cut_last: Container[str] = ()) -> dict[str, Timeline]:
     """The timelines of `cuts` (by P) from the deltas of the closed segments (by number) each holds (`held`) and
     then of `last` (the open segment, or the closed one standing in for it), restatements skipped; each cut to
     the rows at the points its Cut keeps (None: every row), `last`'s rows whole for a Cut that keeps rows below
-    (a relation's run: an end or expiry among the open segment's rows may break it). The reach is read from
-    those only (`Timeline.reach`: exact from every assertion in a range whose segments are all held, whatever
+    (a relation's run: an end or expiry among the open segment's rows may break it), but for the P in
+    `cut_last` (relations without either there: `settles`). The reach is read from those only (`Timeline.reach`: exact from every assertion in a range whose segments are all held, whatever
     else is held), so other rows are never built."""
     tls: dict[str, Timeline] = {}
     for n in sorted(segments):
         keep = {p: cut for p, cut in cuts.items() if n in held[p]}
         if keep:
             _fold_rows(tls, segments[n], keep, False)
-    _fold_rows(tls, last, cuts, True)
+    _fold_rows(tls, last, cuts, True, cut_last)
     return tls
 
 
-def _fold_rows(tls: dict[str, Timeline], blocks: list[list[Any]], cuts: dict[str, Cut | None], last: bool) -> None:
+def _fold_rows(tls: dict[str, Timeline], blocks: list[list[Any]], cuts: dict[str, Cut | None], last: bool,
+               cut_last: Container[str] = ()) -> None:
     """`fold`'s rows of one segment's deltas (`last`: the open segment's)."""
     for provs, p, rows in wanted_rows(blocks, cuts):
         cut = cuts[p]
-        if cut is not None and not (cut[0] is not None and last):
+        if cut is not None and not (cut[0] is not None and last and p not in cut_last):
             below, lo, hi = cut
             rows = [row for row in rows if (below is not None and row[0] <= below) or (
                 (lo is None or row[0] >= lo) and (hi is None or row[0] <= hi))]
@@ -332,6 +334,7 @@ def widened(spans: dict[str, Span], tail: list[list[Any]], at: Micros, known_at:
     timelines other than relations from the rows around `at` only (`nearest`), and folds them from their whole
     [B, U] when a reach leaves that."""
     decoded: dict[int, list[list[Any]]] = {}
+    ended = {p for _, p, rows in wanted_rows(tail, spans) if p[0] == "r" and any(map(breaks_runs, rows))}
     for round_ in range(ROUNDS + 1):
         quick = round_ == 0     # a relation's first entry: only the segments holding its least point
         least = {p: got for p, s in spans.items() if p[0] == "r" and (got := s.least()) is not None}
@@ -346,7 +349,7 @@ def widened(spans: dict[str, Span], tail: list[list[Any]], at: Micros, known_at:
         bounds = {p: s.bounds() for p, s in spans.items()}
         near, tls = nearest(decoded, tail, bounds, held, at, known_at)
         tls.update(fold(decoded, tail, {**{p: cut for p, cut in bounds.items() if p not in near},
-                                        **{p: cut for p, (cut, _) in least.items()}}, held))
+                                        **{p: cut for p, (cut, _) in least.items()}}, held, least.keys() - ended))
         reached = {p: spans[p].reach(tls.get(p), at, known_at, False) for p in near}
         if not (all(_within(reached[p], cut) for p, cut in near.items())
                 and all(spans[p].settles(tls.get(p), at, known_at) for p in least)):

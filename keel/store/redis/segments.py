@@ -346,11 +346,15 @@ def delta_ranges(blocks: Iterable[list[Any]]) -> dict[str, tuple[Micros, Micros,
         for p, rows in block[2].items():
             lo = min(row[0] for row in rows)
             hi = max(row[0] for row in rows)
-            ends = any(len(row) > 3 and ((row[3] and not is_void_value(row[3], row[2])) or row[4] is not None)
-                       for row in rows)
+            ends = any(map(breaks_runs, rows))
             got = out.get(p)
             out[p] = (lo, hi, ends) if got is None else (min(lo, got[0]), max(hi, got[1]), ends or got[2])
     return out
+
+
+def breaks_runs(row: list[Any]) -> bool:
+    """Whether a row is an end or expires (a void is neither: it never breaks a relation's run)."""
+    return len(row) > 3 and ((row[3] and not is_void_value(row[3], row[2])) or row[4] is not None)
 
 
 def recorded_range(blocks: Iterable[list[Any]]) -> tuple[Micros, Micros] | None:
