@@ -241,16 +241,18 @@ end
 # (`<P>%`, ROLL) the window too, bounded by that width: {"o", below, above, up to k entries with the least least
 # points (least first), ends, the width}; for one whose ranges overlap without a known width {"a", all its
 # entries, {}, {}, ends}, or "*" when they are more than scan. `ends`: "1" when a row of it is an end or expires
-# (`<P>#`).
+# (`<P>#`). The first or lowest entries are read of a relation without ends only (else {}): only its run's
+# start is read from them (segment_past.Span.first).
 _INDEX_ANSWER = """
 local function index_answer(v, P, t, k, scan)
   local ends = redis.call('ZSCORE', v, P .. '#') and '1' or ''
   local wide = redis.call('ZSCORE', v, P .. '!') and
                redis.call('ZRANGEBYLEX', v, '[' .. P .. '%', '(' .. P .. '%~', 'LIMIT', 0, 1)[1]
+  local first = ends == '' and string.byte(P, 1) == 114
   if wide then
     return {'o', redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, k),
             redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, k),
-            redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, k), ends,
+            first and redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, k) or {}, ends,
             string.sub(wide, #P + 2)}
   elseif redis.call('ZSCORE', v, P .. '!') then
     local all = redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, scan + 1)
@@ -259,7 +261,7 @@ local function index_answer(v, P, t, k, scan)
   end
   return {'w', redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, k),
           redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, k),
-          redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, 1), ends}
+          first and redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, 1) or {}, ends}
 end
 """
 
