@@ -214,20 +214,29 @@ class Span:
         return grew
 
 
-def parse_entries(members: Sequence[str], prefix: str) -> list[Entry]:
-    """Index members `<P><least point9><greatest point9><n>` of one timeline as entries."""
+def parse_entries(members: Sequence[str], prefix: str, memo: dict[tuple[str, ...], list[Entry]] | None = None
+                  ) -> list[Entry]:
+    """Index members `<P><least point9><greatest point9><n>` of one timeline as entries; `memo`: the entries
+    parsed already, by the members without their P (an entity's timelines written together have the same)."""
     k = len(prefix)
-    return [(m[k:k + 9], m[k + 9:k + 18], int(m[k + 18:])) for m in members]
+    if memo is None:
+        return [(m[k:k + 9], m[k + 9:k + 18], int(m[k + 18:])) for m in members]
+    key = tuple([m[k:] for m in members])
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = [(m[:9], m[9:18], int(m[18:])) for m in key]
+    return got
 
 
-def spans_of(answer: Any, prefix: str, t9: str, before: int | None, window: int) -> Span | None:
+def spans_of(answer: Any, prefix: str, t9: str, before: int | None, window: int,
+             memo: dict[tuple[str, ...], list[Entry]] | None = None) -> Span | None:
     """A Span from INDEX's answer for one timeline, asked for `window` entries each side (None: too many
     entries); `before`: only segments numbered below it count (a read with known_at whose closed segment
-    `before` stands in for the open one)."""
+    `before` stands in for the open one); `memo`: `parse_entries`'s, shared by the timelines of one entity."""
     if answer == "*":
         return None
     kind, below, above, first, ends = answer[:5]
-    entries = parse_entries([*below, *above] if kind == "a" else [*below[::-1], *above], prefix)   # in order
+    entries = parse_entries([*below, *above] if kind == "a" else [*below[::-1], *above], prefix, memo)  # in order
     unbroken = prefix[0] == "r" and not ends        # only then are the first entries kept (`Span.first`)
     lowest = parse_entries(first, prefix) if unbroken else []
     counted = entries if before is None else [e for e in entries if e[2] < before]

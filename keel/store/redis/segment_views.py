@@ -295,8 +295,9 @@ class ViewReader:
             for e, ps in todo.items():
                 d = byd[e]
                 sub = subs.get(e)
-                spans = {p: segment_past.spans_of(next(got[e]), p, t9, None if sub is None else sub[0], window)
-                         for p in ps}
+                memo: dict[Any, Any] = {}
+                spans = {p: segment_past.spans_of(next(got[e]), p, t9, None if sub is None else sub[0], window,
+                                                  memo) for p in ps}
                 if any(span is None for span in spans.values()):
                     continue
 
