@@ -98,3 +98,11 @@ def kafka_bootstrap() -> str:
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def private_finance(tmp_path: Path) -> Path:
+    """The finance cartridge copied under a name of its own: its Redis namespace, Kafka topics and worker group
+    are this test's, so that tests on other pytest-xdist workers never meet its data or join its group."""
+    from support.workers import unique_cartridge
+    return unique_cartridge(tmp_path, "finance")

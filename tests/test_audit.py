@@ -230,6 +230,7 @@ def test_stdio_and_http_servers_append_records(tmp_path: Path, capsys: pytest.Ca
 
 @pytest.mark.services
 def test_redis_answer_reproduced_and_kafka_topic_holds_records(tmp_path: Path, redis_url: str, kafka_bootstrap: str,
+                                                               private_finance: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """On the Redis graph: records written to a Kafka audit topic and a file, read back by id from the topic, and
     `keel audit replay --redis` reproducing an answer after a later event changed the entity in Redis."""
@@ -239,7 +240,7 @@ def test_redis_answer_reproduced_and_kafka_topic_holds_records(tmp_path: Path, r
     from keel.projector import Projector
     from keel.store.redis import RedisStore
 
-    cartridge = load_cartridge(FINANCE)
+    cartridge = load_cartridge(private_finance)
     tenant = f"audit-{secrets.token_hex(4)}"
     store = RedisStore.from_url(redis_url, namespace=cartridge.name)
     private = f"audit-test-{secrets.token_hex(4)}"
@@ -272,12 +273,12 @@ def test_redis_answer_reproduced_and_kafka_topic_holds_records(tmp_path: Path, r
         later.write_text(json.dumps({**later_snapshot(777), "tenant": tenant}) + "\n", "utf-8")
         assert not replay_file(Projector(cartridge, store), later).rejected
         assert fact_value(store, cartridge, tenant) == 777                # the entity changed in Redis
-        code = main(["audit", "replay", record["id"], str(FINANCE), "--redis", redis_url, "--audit", str(log),
+        code = main(["audit", "replay", record["id"], str(private_finance), "--redis", redis_url, "--audit", str(log),
                      "--kafka", kafka_bootstrap, "--entity", "debt:visa", "--json"])
         verdict = json.loads(capsys.readouterr().out)
         assert (code, verdict["identical"]) == (0, True), verdict
     finally:
-        store.drop_tenant(tenant)
+        store.drop_namespace()
         store.close()
 
 

@@ -327,28 +327,29 @@ def run_inspect(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 # ---- on Redis -------------------------------------------------------------------------------------------------
 
-def test_inspect_on_redis(tmp_path: Path, redis_url: str) -> None:
+def test_inspect_on_redis(tmp_path: Path, redis_url: str, private_finance: Path) -> None:
     """The same pages over the Redis graph the workers maintain (written here by the projector directly)."""
     from keel.store.redis import RedisStore
     tenant = f"hogar-{uuid.uuid4().hex[:8]}"
     events = tmp_path / "events.jsonl"
     events.write_text((FINANCE / "events.jsonl").read_text(encoding="utf-8").replace(TENANT, tenant),
                       encoding="utf-8")
-    cartridge = load_cartridge(FINANCE)
-    store = RedisStore.from_url(redis_url, namespace=cartridge.name)
+    cartridge = load_cartridge(private_finance)
+    name = cartridge.name
+    store = RedisStore.from_url(redis_url, namespace=name)
     try:
         assert not replay_file(Projector(cartridge, store), events).rejected
-        with inspector_server(tmp_path, str(FINANCE), "--redis", redis_url, "--kafka", "127.0.0.1:1",
+        with inspector_server(tmp_path, str(private_finance), "--redis", redis_url, "--kafka", "127.0.0.1:1",
                               "--tenant", tenant) as server:
-            assert f'href="/c/finance/t/{tenant}"' in server.get("/").body
+            assert f'href="/c/{name}/t/{tenant}"' in server.get("/").body
             for known_at, balance in (("2026-10-02", "12180000"), ("2026-10-05", "12150000")):
-                page = server.get(f"/c/finance/t/{tenant}/e/debt:libranza?at=2026-10-02&known_at={known_at}")
+                page = server.get(f"/c/{name}/t/{tenant}/e/debt:libranza?at=2026-10-02&known_at={known_at}")
                 assert page.status == 200 and fact_cell(page.body, "balance_cop") == balance
             with keel.open(FINANCE, events=events) as graph:
                 history = graph.tools(tenant=tenant).history("debt:libranza")
-            assert chart_counts(server.get(f"/c/finance/t/{tenant}/e/debt:libranza").body) == version_counts(history)
+            assert chart_counts(server.get(f"/c/{name}/t/{tenant}/e/debt:libranza").body) == version_counts(history)
     finally:
-        store.drop_tenant(tenant)
+        store.drop_namespace()
         store.close()
 
 

@@ -323,7 +323,7 @@ class RoundRobin(httpx2.AsyncBaseTransport):
 
 
 @pytest.mark.services
-def test_calls_spread_over_two_stateless_servers_on_redis(tmp_path: Path, redis_url: str,
+def test_calls_spread_over_two_stateless_servers_on_redis(tmp_path: Path, redis_url: str, private_finance: Path,
                                                           tokens: tuple[Path, str, str]) -> None:
     """Two `keel serve --stateless` processes on one Redis graph behind a round-robin balancer: an SDK client
     session's calls alternate between them and every answer is right; with sessions the second server does
@@ -343,11 +343,11 @@ def test_calls_spread_over_two_stateless_servers_on_redis(tmp_path: Path, redis_
                              for line in (FINANCE / "events.jsonl").read_text().splitlines()))
     token_file = tmp_path / "tokens.jsonl"
     token = make_token(token_file, tenant, "lb")
-    cartridge = load_cartridge(FINANCE)
+    cartridge = load_cartridge(private_finance)
     store = RedisStore.from_url(redis_url, namespace=cartridge.name)
     try:
         assert replay_file(Projector(cartridge, store), moved).applied == 17
-        args = (str(FINANCE), "--redis", redis_url, "--tokens", str(token_file))
+        args = (str(private_finance), "--redis", redis_url, "--tokens", str(token_file))
         with http_server(tmp_path, *args, "--stateless") as one, http_server(tmp_path, *args, "--stateless") as two:
             balancer = RoundRobin([one.port, two.port])
 
@@ -373,7 +373,7 @@ def test_calls_spread_over_two_stateless_servers_on_redis(tmp_path: Path, redis_
             assert post(one, token, call, session=session).status_code == 200
             assert post(two, token, call, session=session).status_code == 404
     finally:
-        store.drop_tenant(tenant)
+        store.drop_namespace()
         store.close()
 
 

@@ -1,7 +1,8 @@
 """The MCP server over the Redis graph (reads), and annotate's read-your-writes through Kafka and a worker.
 
 Needs KEEL_REDIS_URL (and KEEL_KAFKA_BOOTSTRAP for annotate); skipped without them unless
-KEEL_REQUIRE_SERVICES=1. Each test uses its own tenant and drops it from Redis at the end.
+KEEL_REQUIRE_SERVICES=1. Each test uses its own tenant of a private copy of the finance cartridge (conftest.py
+`private_finance`: its own namespace, topic and worker group) and drops the namespace from Redis at the end.
 """
 from __future__ import annotations
 
@@ -57,18 +58,18 @@ def tenant() -> str:
 
 
 @pytest.fixture
-def redis_store(redis_url: str, tenant: str) -> Iterator[Any]:
+def redis_store(redis_url: str, private_finance: Path) -> Iterator[Any]:
     from keel.store.redis import RedisStore
-    store = RedisStore.from_url(redis_url, namespace=load_cartridge(FINANCE).name)
+    store = RedisStore.from_url(redis_url, namespace=load_cartridge(private_finance).name)
     try:
         yield store
     finally:
-        store.drop_tenant(tenant)
+        store.drop_namespace()
         store.close()
 
 
-def test_reads_over_redis(tmp_path: Path, tenant: str, redis_store: Any) -> None:
-    cartridge = load_cartridge(FINANCE)
+def test_reads_over_redis(tmp_path: Path, tenant: str, redis_store: Any, private_finance: Path) -> None:
+    cartridge = load_cartridge(private_finance)
     report = replay_file(Projector(cartridge, redis_store), tenant_events(tmp_path, tenant))
     assert report.applied == 17 and not report.rejected
     backend = Backend(cartridge, redis_store, None, blocking=True)
@@ -94,15 +95,16 @@ def test_reads_over_redis(tmp_path: Path, tenant: str, redis_store: Any) -> None
 
 
 @pytest.fixture
-def worker(tmp_path: Path, tenant: str, redis_url: str, kafka_bootstrap: str, redis_store: Any) -> Iterator[Path]:
+def worker(tmp_path: Path, tenant: str, redis_url: str, kafka_bootstrap: str, redis_store: Any,
+           private_finance: Path) -> Iterator[Path]:
     """The tenant's events published to the cartridge topic and a worker applying them to Redis."""
     events = tenant_events(tmp_path, tenant)
     env = {**os.environ, "KEEL_REDIS_URL": redis_url, "KEEL_KAFKA_BOOTSTRAP": kafka_bootstrap}
     keel = [sys.executable, "-m", "keel.cli"]
-    subprocess.run([*keel, "publish", str(FINANCE), str(events), "--kafka", kafka_bootstrap], cwd=str(ROOT),
+    subprocess.run([*keel, "publish", str(private_finance), str(events), "--kafka", kafka_bootstrap], cwd=str(ROOT),
                    env=env, check=True, capture_output=True, timeout=120)
     log = (tmp_path / "worker.log").open("wb")
-    proc = subprocess.Popen([*keel, "worker", str(FINANCE), "--kafka", kafka_bootstrap, "--redis", redis_url],
+    proc = subprocess.Popen([*keel, "worker", str(private_finance), "--kafka", kafka_bootstrap, "--redis", redis_url],
                             cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
@@ -117,9 +119,9 @@ def worker(tmp_path: Path, tenant: str, redis_url: str, kafka_bootstrap: str, re
 
 
 def test_annotate_read_your_writes_through_kafka(worker: Path, tenant: str, redis_url: str,
-                                                  kafka_bootstrap: str) -> None:
+                                                  kafka_bootstrap: str, private_finance: Path) -> None:
     settings = resolve({"redis": redis_url, "kafka": kafka_bootstrap})
-    backend = Backend.redis(load_cartridge(FINANCE), redis_url, settings)
+    backend = Backend.redis(load_cartridge(private_finance), redis_url, settings)
     assert backend.log is not None
     server = build_server(ServerConfig(backend, identity=Identity(tenant, "debts", "visa-plan")))
 
@@ -134,9 +136,10 @@ def test_annotate_read_your_writes_through_kafka(worker: Path, tenant: str, redi
         backend.close()
 
 
-def test_stdio_serve_on_redis_and_kafka(worker: Path, tenant: str, redis_url: str, kafka_bootstrap: str) -> None:
+def test_stdio_serve_on_redis_and_kafka(worker: Path, tenant: str, redis_url: str, kafka_bootstrap: str,
+                                        private_finance: Path) -> None:
     async def go() -> None:
-        async with stdio_session(str(FINANCE), "--tenant", tenant, "--redis", redis_url, "--kafka", kafka_bootstrap,
+        async with stdio_session(str(private_finance), "--tenant", tenant, "--redis", redis_url, "--kafka", kafka_bootstrap,
                                  "--agent", "a1", "--no-call-log") as s:
             note = (await ok(s, "annotate", {"entity": "debt:visa", "predicate": "seen", "value": True,
                                              "scope": "agent"}))["fact"]

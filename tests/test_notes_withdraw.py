@@ -273,13 +273,13 @@ def tenant() -> str:
 
 
 @pytest.fixture
-def redis_store(redis_url: str, tenant: str) -> Iterator[Any]:
+def redis_store(redis_url: str, private_finance: Path) -> Iterator[Any]:
     from keel.store.redis import RedisStore
-    store = RedisStore.from_url(redis_url, namespace=load_cartridge(FINANCE).name)
+    store = RedisStore.from_url(redis_url, namespace=load_cartridge(private_finance).name)
     try:
         yield store
     finally:
-        store.drop_tenant(tenant)
+        store.drop_namespace()
         store.close()
 
 
@@ -293,11 +293,11 @@ def moved(tmp_path: Path, tenant: str) -> Path:
 
 @pytest.mark.services
 def test_redis_worker_builds_the_embedded_graph(tmp_path: Path, tenant: str, redis_url: str, kafka_bootstrap: str,
-                                               redis_store: Any) -> None:
+                                               redis_store: Any, private_finance: Path) -> None:
     """Notes written and withdrawn on the embedded graph, the log published, a worker applying it to Redis: the
     same digest; then withdrawals through Kafka and the worker behave as embedded ones do."""
     events = moved(tmp_path, tenant)
-    with keel.open(FINANCE, events=events) as graph:
+    with keel.open(private_finance, events=events) as graph:
         me = graph.tools(tenant=tenant, agent="a1", task="t1")
         me.annotate("debt:visa", "next_step", "prepay", scope="task")
         me.annotate("debt:visa", "risk", "high", scope="tenant", evidence=EVIDENCE)
@@ -307,10 +307,10 @@ def test_redis_worker_builds_the_embedded_graph(tmp_path: Path, tenant: str, red
         embedded_history = me.history("debt:visa")["versions"]
     env = {**os.environ, "KEEL_REDIS_URL": redis_url, "KEEL_KAFKA_BOOTSTRAP": kafka_bootstrap}
     cli = [sys.executable, "-m", "keel.cli"]
-    subprocess.run([*cli, "publish", str(FINANCE), str(events)], cwd=str(ROOT), env=env, check=True,
+    subprocess.run([*cli, "publish", str(private_finance), str(events)], cwd=str(ROOT), env=env, check=True,
                    capture_output=True, timeout=120)
     with (tmp_path / "worker.log").open("wb") as log:
-        proc = subprocess.Popen([*cli, "worker", str(FINANCE)], cwd=str(ROOT), env=env, stdout=log,
+        proc = subprocess.Popen([*cli, "worker", str(private_finance)], cwd=str(ROOT), env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
@@ -319,7 +319,7 @@ def test_redis_worker_builds_the_embedded_graph(tmp_path: Path, tenant: str, red
             assert time.monotonic() < deadline, "the worker did not apply the log in 120 s"
             time.sleep(0.2)
         assert digest(redis_store, tenant) == embedded
-        with keel.open(FINANCE, redis=redis_url, kafka=kafka_bootstrap) as graph:
+        with keel.open(private_finance, redis=redis_url, kafka=kafka_bootstrap) as graph:
             me = graph.tools(tenant=tenant, agent="a1", task="t1")
             assert me.history("debt:visa")["versions"] == embedded_history
             other = graph.tools(tenant=tenant, agent="b2", task="t1")

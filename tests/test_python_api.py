@@ -3,7 +3,8 @@
 Each method's result is the MCP tool's result for the same question (the same object, keys in the same order,
 so the same bytes once JSON-encoded), each error is the documented keel exception whose text is MCP's tool
 error, results match their declared types (keel/results.py), and README's example runs as written.
-The Redis tests need KEEL_REDIS_URL (and KEEL_KAFKA_BOOTSTRAP for annotate); they use a private tenant.
+The Redis tests need KEEL_REDIS_URL (and KEEL_KAFKA_BOOTSTRAP for annotate); they use a private tenant
+of a private copy of the finance cartridge (its own namespace, topic and worker group).
 """
 from __future__ import annotations
 
@@ -405,28 +406,33 @@ def tenant() -> str:
 
 
 @pytest.fixture
-def redis_store(redis_url: str, tenant: str) -> Iterator[Any]:
+def redis_store(redis_url: str, private_finance: Path) -> Iterator[Any]:
     from keel.store.redis import RedisStore
-    store = RedisStore.from_url(redis_url, namespace=load_cartridge(FINANCE).name)
+    store = RedisStore.from_url(redis_url, namespace=load_cartridge(private_finance).name)
     try:
         yield store
     finally:
-        store.drop_tenant(tenant)
+        store.drop_namespace()
         store.close()
 
 
 @pytest.mark.services
 def test_redis_answers_are_the_mcp_answers(tmp_path: Path, tenant: str, redis_store: Any, redis_url: str,
+                                           kafka_bootstrap: str, private_finance: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The replay path fills Redis; keel.open finds it through KEEL_REDIS_URL (no argument), `keel serve`'s
-    backend through its flag."""
-    cartridge = load_cartridge(FINANCE)
+    backend through its flag. The cartridge's topic exists, empty, so both measure the same `lag` (without it,
+    Kafka may create it between the two measures)."""
+    from keel.kafka import TopicSpec, ensure_topics
+    from keel.wire import events_topic
+    cartridge = load_cartridge(private_finance)
+    asyncio.run(ensure_topics(kafka_bootstrap, [events_topic(cartridge.name)], TopicSpec()))
     report = replay_file(Projector(cartridge, redis_store), tenant_events(tmp_path, tenant))
     assert report.applied == 17 and not report.rejected
     monkeypatch.setenv("KEEL_REDIS_URL", redis_url)
     served = Backend.redis(cartridge, redis_url, resolve({}))
     try:
-        with keel.open(FINANCE) as graph:
+        with keel.open(private_finance) as graph:
             assert not graph.embedded
             tools = graph.tools(tenant=tenant, agent=AGENT, task=TASK)
             mcp = mcp_over(served, tenant)
@@ -443,15 +449,16 @@ def test_redis_answers_are_the_mcp_answers(tmp_path: Path, tenant: str, redis_st
 
 
 @pytest.fixture
-def worker(tmp_path: Path, tenant: str, redis_url: str, kafka_bootstrap: str, redis_store: Any) -> Iterator[None]:
+def worker(tmp_path: Path, tenant: str, redis_url: str, kafka_bootstrap: str, redis_store: Any,
+           private_finance: Path) -> Iterator[None]:
     """The tenant's events published to the cartridge's topic and a worker applying them to Redis."""
     events = tenant_events(tmp_path, tenant)
     env = {**os.environ, "KEEL_REDIS_URL": redis_url, "KEEL_KAFKA_BOOTSTRAP": kafka_bootstrap}
     cli = [sys.executable, "-m", "keel.cli"]
-    subprocess.run([*cli, "publish", str(FINANCE), str(events)], cwd=str(ROOT), env=env, check=True,
+    subprocess.run([*cli, "publish", str(private_finance), str(events)], cwd=str(ROOT), env=env, check=True,
                    capture_output=True, timeout=120)
     with (tmp_path / "worker.log").open("wb") as log:
-        proc = subprocess.Popen([*cli, "worker", str(FINANCE)], cwd=str(ROOT), env=env, stdout=log,
+        proc = subprocess.Popen([*cli, "worker", str(private_finance)], cwd=str(ROOT), env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
     try:
         wait(lambda: redis_store.has_event(tenant, "pay-libranza-2026-11"), proc, tmp_path / "worker.log")
@@ -469,12 +476,13 @@ def wait(done: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path) -> 
 
 
 @pytest.mark.services
-def test_redis_annotate_is_the_mcp_annotate(worker: None, tenant: str, redis_url: str, kafka_bootstrap: str) -> None:
+def test_redis_annotate_is_the_mcp_annotate(worker: None, tenant: str, redis_url: str, kafka_bootstrap: str,
+                                            private_finance: Path) -> None:
     """annotate through Kafka and a worker: the Python call returns once the note is applied, like MCP's."""
     settings = resolve({"redis": redis_url, "kafka": kafka_bootstrap})
-    served = Backend.redis(load_cartridge(FINANCE), redis_url, settings)
+    served = Backend.redis(load_cartridge(private_finance), redis_url, settings)
     try:
-        with keel.open(FINANCE, redis=redis_url, kafka=kafka_bootstrap) as graph:
+        with keel.open(private_finance, redis=redis_url, kafka=kafka_bootstrap) as graph:
             tools = graph.tools(tenant=tenant, agent=AGENT, task=TASK)
             mcp = mcp_over(served, tenant)
             mine, structured, text = annotate_both(tools, mcp, "debt:visa", "next_step", "prepay", scope="task",

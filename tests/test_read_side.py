@@ -28,6 +28,7 @@ from support.mcp_sessions import (
     refused,
     stdio_session,
 )
+from support.workers import unique_cartridge
 
 from keel import NoteRefused, Projector, Tools, UnknownTenant, UsageError, load_cartridge
 from keel.embedded import build_embedded, replay_file
@@ -344,13 +345,14 @@ def test_http_tokens_on_redis(tmp_path: Path, redis_url: str, kafka_bootstrap: s
     events = tmp_path / "events.jsonl"
     events.write_text(CORPUS.joinpath("events.jsonl").read_text(encoding="utf-8").replace("club-norte", tenant),
                       encoding="utf-8")
-    cartridge = load_cartridge(CORPUS)
+    folder = unique_cartridge(tmp_path, CORPUS)      # its own namespace, whatever runs beside it
+    cartridge = load_cartridge(folder)
     store = RedisStore.from_url(redis_url, namespace=cartridge.name)
     tokens = tmp_path / "tokens.jsonl"
     member, empty = make_token(tokens, tenant, "a1", "t1"), make_token(tokens, f"{tenant}-empty", "a1")
     try:
         assert not replay_file(Projector(cartridge, store), events).rejected
-        with http_server(tmp_path, str(CORPUS), "--redis", redis_url, "--kafka", kafka_bootstrap,
+        with http_server(tmp_path, str(folder), "--redis", redis_url, "--kafka", kafka_bootstrap,
                          "--tokens", str(tokens)) as server:
             async def go() -> None:
                 async with http_session(server.url, member) as s:
@@ -368,5 +370,5 @@ def test_http_tokens_on_redis(tmp_path: Path, redis_url: str, kafka_bootstrap: s
             anyio.run(go)
             assert f"tenant '{tenant}-empty' has no events yet" in server.stderr()
     finally:
-        store.drop_tenant(tenant)
+        store.drop_namespace()
         store.close()

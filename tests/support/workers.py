@@ -108,12 +108,13 @@ def services_env() -> dict[str, str]:
             "KEEL_REDIS_URL": service_env("KEEL_REDIS_URL")}
 
 
-def unique_cartridge(tmp_path: Path, name: str = "finance", prefix: str = "t") -> Path:
-    """A copy of cartridges/<name> under a unique cartridge name, so topics and Redis namespaces are fresh."""
-    folder = tmp_path / name
+def unique_cartridge(tmp_path: Path, name: str | Path = "finance", prefix: str = "t") -> Path:
+    """A copy of cartridges/<name> (or of the cartridge folder `name`) under a unique cartridge name, so topics
+    and Redis namespaces are fresh."""
+    src = name if isinstance(name, Path) else ROOT / "cartridges" / name
+    folder = tmp_path / src.name
     if folder.exists():
-        folder = tmp_path / f"{name}-{uuid.uuid4().hex[:6]}"
-    src = ROOT / "cartridges" / name
+        folder = tmp_path / f"{src.name}-{uuid.uuid4().hex[:6]}"
     folder.mkdir(parents=True)
     for f in src.iterdir():
         if f.is_file():
