@@ -120,7 +120,7 @@ class ViewReader:
                 continue
             _, _, seg, elements, segs, meta = result
             subs = known.get(i, {})
-            opens = {r.entity: seg, **{_owner(el): s for el, s in zip(elements, segs)}}
+            opens = {r.entity: seg, **{_owner(el): s for el, s in zip(elements, segs)}} if subs else {}
             if any(sub is None or not _known_after(opens[e], known_at) for e, sub in subs.items()):
                 # no usable recorded-time index, or an open segment holding writes known then: every segment
                 timelines = self._whole(r.tenant, [r.entity, *(_owner(el) for el in elements)])
@@ -130,11 +130,12 @@ class ViewReader:
             texts: dict[str, str] = {}
             wanted: dict[str, list[str]] = {}
             for el, s in zip(elements, segs):
-                owner = _owner(el)
+                key, p = _parsed(r.entity, el)
+                owner = key[1]
                 if owner not in texts:
                     texts[owner] = subs[owner][1] if owner in subs else s
                     wanted[owner] = []
-                wanted[owner].append(el[el.index("|") + 1:])
+                wanted[owner].append(p)
             subjects = {owner: self._folds.get(text, wanted[owner]) for owner, text in texts.items()}
             if own.serves(at) and all(f.serves(at) for f in subjects.values()):
                 timelines = {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}}
@@ -355,14 +356,30 @@ def _owner(element: str) -> str:
     return unescape(element[1:element.index("|")])
 
 
+_PARSED: dict[tuple[str, str], tuple[Key, str]] = {}
+_PARSED_MAX = 1 << 16
+
+
+def _parsed(entity: str, text: str) -> tuple[Key, str]:
+    """(the timeline key, P) of an element of an entity's incoming relations (`>` + escaped subject + `|` + P)
+    or of a P of its own; memoized, as views read the same ones again (emptied past _PARSED_MAX)."""
+    got = _PARSED.get((entity, text))
+    if got is None:
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        got = _PARSED[(entity, text)] = (index_key(entity, text),
+                                         text[text.index("|") + 1:] if text[0] == ">" else text)
+    return got
+
+
 def _view(r: ViewRequest, timelines: dict[str, dict[str, Timeline]], elements: list[str], at: Micros,
           known_at: Micros | None) -> EntityView:
     """The view of one entity from its timelines and those of the subjects of relations naming it (by entity,
     then P)."""
-    keyed: dict[Key, Timeline] = {key_of(r.entity, p)[0]: tl for p, tl in timelines[r.entity].items()}
+    keyed: dict[Key, Timeline] = {_parsed(r.entity, p)[0]: tl for p, tl in timelines[r.entity].items()}
     for el in elements:
-        key = index_key(r.entity, el)
-        tl = timelines.get(key[1], {}).get(el[el.index("|") + 1:])
+        key, p = _parsed(r.entity, el)
+        tl = timelines.get(key[1], {}).get(p)
         if tl is not None:
             keyed[key] = tl
     point_keys, rel_keys = select_keys(keyed, r.scopes, r.parts)
