@@ -50,6 +50,11 @@ class FoldCache:
         self._lock = threading.Lock()       # a miss's insert and evictions (a hit takes no lock)
         self.budget = budget
 
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._held = 0
+
     def get(self, text: str, relations: list[str] | None = None) -> Fold:
         """The fold of a segment: of every timeline (`relations` None: the viewed entity's own), or of the
         relations P named (a subject's)."""
