@@ -100,11 +100,14 @@ end
 # decimal) from ARGV[I]. First the
 # buckets are split (one at a time, as above) until they have room for the step's ids at IDS_PER_BUCKET a bucket,
 # so that no bucket takes a whole large step (a replay's step of 5,000 ids) and outgrows a listpack for good; the
-# bucket count is stored at once (a split changes no answer). Then the step's ids are grouped by bucket: one
-# HMGET per bucket finds the ids applied already (a step's ids are distinct: batch.PendingStep drops repeats);
-# when there are any, nothing is written and the answer is {3, id, ...} with those (the writer drops them and retries); else one
-# HSET per bucket adds them. Two calls per bucket touched rather than one HSETNX per id: each call from Lua, and
-# each write command in the append-only file and the replication stream, costs more than the look-up itself. It runs before the step's other
+# bucket count is stored at once (a split changes no answer). Then the step's ids are grouped by bucket, and each
+# bucket's group is added in one call when it is one id (HSETNX) or two when it is more (HMGET finds those applied
+# already, then one HSET): a small tenant's step fills a bucket or two with a few calls, a large tenant's spreads
+# over many buckets at one call per id. A step's ids are distinct (batch.PendingStep drops repeats). Once an id is
+# found applied, the groups after it are only looked up, those written before it are removed again (HDEL) and the
+# answer is {3, id, ...} with every id found (nothing else is written: the writer drops them and retries). Each
+# call from Lua, and each write command in the append-only file and the replication stream, costs more than the
+# look-up itself: bench/redis_instructions.py counts them. It runs before the step's other
 # writes. KEYS[2] is the meta hash, whose name ends in `m` after the data prefix (`ne` and `eb` come from STEP_HELD's
 # read of it). Leaves `a` at the argument after the triples, and `ne` for STEP_META, which counts the ids.
 STEP_IDS = ID_BUCKETS + """
@@ -149,23 +152,37 @@ if nI > 0 then
     end
     g[#g + 1] = x
   end
-  for _, b in ipairs(order) do
-    local g, names = by[b], {}
-    for i = 1, #g do names[i] = ARGV[g[i]] end
-    for i = 1, #names, 2000 do
-      local j = math.min(i + 1999, #names)
-      local cur = redis.call('HMGET', idkeys .. b, unpack(names, i, j))
-      for k = i, j do if cur[k - i + 1] then dup[#dup + 1] = names[k] end end
+  local wrote = 0
+  for n, b in ipairs(order) do
+    local g, key = by[b], idkeys .. b
+    if #g == 1 and #dup == 1 then
+      if redis.call('HSETNX', key, ARGV[g[1]], ARGV[g[1] + 1]) == 1 then wrote = n else dup[2] = ARGV[g[1]] end
+    else
+      local names = {}
+      for i = 1, #g do names[i] = ARGV[g[i]] end
+      for i = 1, #names, 2000 do
+        local j = math.min(i + 1999, #names)
+        local cur = redis.call('HMGET', key, unpack(names, i, j))
+        for k = i, j do if cur[k - i + 1] then dup[#dup + 1] = names[k] end end
+      end
+      if #dup == 1 then
+        local set = {}
+        for i = 1, #g do
+          set[2 * i - 1] = names[i]
+          set[2 * i] = ARGV[g[i] + 1]
+        end
+        multi('HSET', key, set)
+        wrote = n
+      end
     end
   end
-  if #dup > 1 then return dup end
-  for _, b in ipairs(order) do
-    local g, set = by[b], {}
-    for i = 1, #g do
-      set[#set + 1] = ARGV[g[i]]
-      set[#set + 1] = ARGV[g[i] + 1]
+  if #dup > 1 then
+    for n = 1, wrote do
+      local g, names = by[order[n]], {}
+      for i = 1, #g do names[i] = ARGV[g[i]] end
+      multi('HDEL', idkeys .. order[n], names)
     end
-    multi('HSET', idkeys .. b, set)
+    return dup
   end
 end
 local a = I + 3 * nI
