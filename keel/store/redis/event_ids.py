@@ -55,7 +55,7 @@ def _value(text: str) -> int:
 def id_hash(event_id: str) -> int:
     """The hash that picks an id's bucket (lua.ID_BUCKETS' `id_hash`: the first 32 bits of its SHA-1), computed by
     the writer for a commit step's ids so that the APPLY script spends no SHA-1 per id."""
-    return int.from_bytes(hashlib.sha1(event_id.encode()).digest()[:4], "big")
+    return int(hashlib.sha1(event_id.encode()).hexdigest()[:8], 16)      # as Lua: tonumber(sub(sha1hex, 1, 8), 16)
 
 
 def pack_mark(mark: str | None) -> str:
