@@ -190,17 +190,24 @@ def test_views_over_late_data_and_retractions_equal_the_memory_store(
                                  "occurred_at": day(i - late), "recorded_at": stamp(count), "by": "test",
                                  "payload": {"event": env["id"], "reason": "test"}})
             count += 1
+    assert_views_equal(memory, "debt:p", roll, 3, [(d, known_at) for d, r in [*reads, (len(history) // 2, count)]
+                                                   for known_at in (None, parse_time(stamp(min(r, count))))])
+
+
+def assert_views_equal(memory: Recorder, entity: str, roll: int, step: int,
+                       reads: list[tuple[int, int | None]]) -> None:
+    """Commit a memory store's writes to a fresh Redis namespace in steps, segments closed past `roll` bytes,
+    and check the entity's views at (valid day, known_at) equal the memory store's."""
     client = redis.Redis.from_url(service_env("KEEL_REDIS_URL"), decode_responses=True)
     store = RedisStore(client, namespace=f"sq{uuid.uuid4().hex[:12]}", owns_client=False)
     store.roll_bytes = roll
     try:
-        for i in range(0, len(memory.log), 3):
-            store.commit_batch("acme", memory.log[i:i + 3], None)
-        for d, r in [*reads, (len(history) // 2, count)]:
-            for known_at in (None, parse_time(stamp(min(r, count)))):
-                at = parse_time(day(d))
-                assert reading.view(store, "acme", "debt:p", at=at, known_at=known_at) == \
-                    reading.view(memory, "acme", "debt:p", at=at, known_at=known_at), (d, r)
+        for i in range(0, len(memory.log), step):
+            store.commit_batch("acme", memory.log[i:i + step], None)
+        for d, known_at in reads:
+            at = parse_time(day(d))
+            assert reading.view(store, "acme", entity, at=at, known_at=known_at) == \
+                reading.view(memory, "acme", entity, at=at, known_at=known_at), (d, known_at)
     finally:
         store.drop_namespace()
         client.close()
@@ -264,17 +271,5 @@ def test_an_end_in_the_open_segment_of_a_relation_whose_closed_rows_only_link(la
         memory.apply_writes("acme", [relation_write("debt:r", "owed_by", "household:acme", day(d), True,
                                                     source="test", evidence=f"u-{j}", recorded_at=stamp(200 + j),
                                                     by=None)], event_key(f"u-{j}", None, parse_time(stamp(200 + j))))
-    client = redis.Redis.from_url(service_env("KEEL_REDIS_URL"), decode_responses=True)
-    store = RedisStore(client, namespace=f"se{uuid.uuid4().hex[:12]}", owns_client=False)
-    store.roll_bytes = 800
-    try:
-        for i in range(0, len(memory.log), 4):
-            store.commit_batch("acme", memory.log[i:i + 4], None)
-        for known_at in (None, parse_time(stamp(199)), parse_time(stamp(100))):
-            for d in range(-6, 206, 9):
-                at = parse_time(day(d))
-                assert reading.view(store, "acme", "debt:r", at=at, known_at=known_at) == \
-                    reading.view(memory, "acme", "debt:r", at=at, known_at=known_at), (d, known_at)
-    finally:
-        store.drop_namespace()
-        client.close()
+    assert_views_equal(memory, "debt:r", 800, 4, [(d, known_at) for known_at in (
+        None, parse_time(stamp(199)), parse_time(stamp(100))) for d in range(-6, 206, 9)])
