@@ -194,9 +194,12 @@ class TestSegmentReads(RedisCase):
             store.unlink("acme", "due:u3", "for_debt", "debt:d1", d(40), evidence="x")
             store.open_fact("acme", "due:u4", "amount", 5, valid_from=d(41), evidence="y")     # the same relation
             store.open_fact("acme", "debt:d1", "balance", {"cop": 7}, valid_from=d(42), evidence="z")
+            store.link("acme", "due:new", "for_debt", "debt:d1", d(43), evidence="w")  # a subject the MGET misses
+        assert ("acme", "debt:d1") in s._views._subjects                    # read by MGET (ViewReader._with_mget)
         for t in (None, d(2.5), d(40), d(50)):
             assert reading.view(s, "acme", "debt:d1", at=t) == reading.view(m, "acme", "debt:d1", at=t), t
-        assert len(set(cache._entries) - before) == 3           # the three changed segments, folded again
+        assert "due:new" in s._views._subjects[("acme", "debt:d1")]
+        assert len(set(cache._entries) - before) == 4           # the three changed segments and the new one
         s._views._folds = cache = FoldCache(budget=16 * 250)    # room for a few: the oldest go, answers stay
         for t in (None, d(40), None):
             assert reading.view(s, "acme", "debt:d1", at=t) == reading.view(m, "acme", "debt:d1", at=t), t
