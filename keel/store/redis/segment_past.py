@@ -282,7 +282,8 @@ def _fold_rows(tls: dict[str, Timeline], blocks: list[list[Any]], cuts: dict[str
             below, lo, hi = cut
             rows = [row for row in rows if (below is not None and row[0] <= below) or (
                 (lo is None or row[0] >= lo) and (hi is None or row[0] <= hi))]
-        add_rows(tls, p, provs, rows)
+        if rows:        # a timeline without rows reads as none (`Span.reach`, `entity_view`)
+            add_rows(tls, p, provs, rows)
 
 
 def nearest(segments: dict[int, list[list[Any]]], last: list[list[Any]], bounds: dict[str, Cut | None],

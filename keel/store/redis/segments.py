@@ -443,5 +443,7 @@ def past_timelines(segments: Iterable[list[list[Any]]], wanted: Iterable[str], a
     tls: dict[str, Timeline] = {}
     for provs, p, rows in found:
         lo, hi = low.get(p), high.get(p)
-        add_rows(tls, p, provs, [row for row in rows if row[0] == lo or row[0] == hi])
+        kept = [row for row in rows if row[0] == lo or row[0] == hi]
+        if kept:        # a timeline without rows reads as none (`entity_view` leaves out None versions)
+            add_rows(tls, p, provs, kept)
     return tls
