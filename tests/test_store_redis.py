@@ -206,6 +206,18 @@ class TestSegmentReads(RedisCase):
         assert 0 < cache._held <= cache.budget and 0 < len(cache._entries) < 30
         assert cache._held == sum(len(text) for text, _ in cache._entries)
 
+    def test_a_view_by_mget_follows_a_generation_another_store_switched(self) -> None:
+        s, m = self.redis_store(), MemoryStore()
+        for store in (s, m):
+            store.upsert_entity("acme", "debt", "d1", valid_from=d(0))
+            store.link("acme", "due:u1", "for_debt", "debt:d1", d(0))
+        assert reading.view(s, "acme", "debt:d1") == reading.view(m, "acme", "debt:d1")
+        assert ("acme", "debt:d1") in s._views._subjects      # the next view reads by MGET (_with_mget)
+        other = self.redis_store(namespace=s.namespace)
+        other.switch_generation("acme", other.new_generation("acme"))     # an empty one: s still guesses 1
+        assert s.client.exists(s.data_prefix("acme", 1) + "s:debt:d1")
+        assert reading.view(s, "acme", "debt:d1") is None
+
     def test_the_spy_counts_whole_reads(self) -> None:
         s, m = self.redis_store(), MemoryStore()
         self.history(s, m, 40)

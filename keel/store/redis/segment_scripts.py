@@ -137,11 +137,9 @@ return {1}
 
 # KEYS: 1 gen, 2 the entity's open segment, 3 its incoming relations, 4 meta, 5 first recorded_at (hash).
 # ARGV: 1 expected gen, 2 the prefix of segment keys ("<data prefix>s:"), 3 the entity, 4 "1" to read relations
-#       naming it as object, 5.. escaped subjects whose open segments the caller reads itself (an MGET after
-#       this script in the same MULTI: segment_views.ViewReader; a GET in Lua copies each segment into a Lua
-#       string, several times the MGET's cost).
+#       naming it as object.
 # Answers {1} for an unknown entity, else {1, first recorded_at, open segment, elements, subjects' open
-# segments (one per element, "" when missing, false for a subject of ARGV[5..]), {kt, lag}}.
+# segments (one per element, "" when missing), {kt, lag}}.
 VIEW = GEN_CHECK + """
 local first = redis.call('HGET', KEYS[5], ARGV[3])
 if not first then return {1} end
@@ -150,7 +148,6 @@ local elements, segs = {}, {}
 if ARGV[4] == '1' then
   elements = redis.call('SMEMBERS', KEYS[3])
   local got = {}
-  for i = 5, #ARGV do got[ARGV[i]] = false end
   for x, el in ipairs(elements) do
     local owner = string.sub(el, 2, string.find(el, '|', 2, true) - 1)
     if got[owner] == nil then got[owner] = redis.call('GET', ARGV[2] .. owner) or '' end
