@@ -1,13 +1,13 @@
 """Layout 2's views: what `context` reads of an entity, now, at a past time and as known at a past time.
 
 A view reads the entity's open segment and those of the subjects of relations naming it (VIEW, one round
-trip; the subjects the entity's last view named by an MGET in the same MULTI); those serve reads at or after
-their restatements' anchors. Each segment is folded once per text (FoldCache): a view now decodes only the
-segments that changed since the last view of this process, and of a subject only the relations naming the
-viewed entity. A read with `known_at` first asks the
-recorded-time index which closed segment of each entity stands for what was known then (KNOWN). A read at an
-earlier time reads the closed segments the valid-time index names (PAST), and, where those do not answer
-exactly, reads around the time until they do (INDEX and SEGMENTS, segment_past.py); whole histories only as the
+trip; an entity viewed before, whose subjects are known, by plain commands in one MULTI instead, the subjects'
+segments by MGET); those serve reads at or after their restatements' anchors. Each segment is folded once per
+text (FoldCache): a view now decodes only the segments that changed since the last view of this process, and of
+a subject only the relations naming the viewed entity. A read with `known_at` first asks the recorded-time index
+which closed segment of each entity stands for what was known then (KNOWN). A read at an earlier time reads the
+closed segments the valid-time index names (PAST), and, where those do not answer exactly, reads around the time
+until they do (INDEX and SEGMENTS, segment_past.py); whole histories only as the
 last resort. The scripts are in segment_scripts.py; the store (segment_store.py) owns the connection, the
 generation checks and the cold tier.
 """
