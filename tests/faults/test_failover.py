@@ -13,7 +13,7 @@ from support.mcp_sessions import free_port
 from support.probes import get
 from support.redis_nodes import RedisNode
 from support.replay import count_lines, finance_file, split_file
-from support.workers import WorkerProcess, keel, status, unique_cartridge, wait_until
+from support.workers import WorkerProcess, keel, status, unique_cartridge, wait_committed, wait_until
 
 from .conftest import PrivateServices
 from .test_faults import judge, wait_done
@@ -34,7 +34,8 @@ def wait_repaired(cartridge: Path, env: dict[str, str], expected: int, worker: W
         doc = status(cartridge, env)
         return sum(p["end"] for p in doc["partitions"]) >= expected and doc["lag"] == 0 and _behind(doc) == 0 \
             and all(p["redis_applied"] is not None for p in doc["partitions"] if p["end"])
-    wait_until(repaired, 240, "lag 0 and Redis holding the log", interval=0.5, on_timeout=worker.text)
+    left = wait_committed(cartridge, env, expected, worker, 240)
+    wait_until(repaired, left, "lag 0 and Redis holding the log", interval=0.5, on_timeout=worker.text)
 
 
 def test_failover_to_a_lagging_replica_is_repaired_from_the_log(tmp_path: Path,

@@ -19,6 +19,7 @@ from support.workers import (
     redis_digests,
     status,
     unique_cartridge,
+    wait_committed,
     wait_until,
 )
 
@@ -45,6 +46,7 @@ def wait_done(cartridge: Path, env: dict[str, str], expected: int, worker: Worke
         except KafkaUnavailable:
             return False
         return sum(p["end"] for p in doc["partitions"]) >= expected and doc["lag"] == 0
+    timeout = wait_committed(cartridge, env, expected, worker, timeout)
     wait_until(done, timeout, f"lag 0 over {expected} records", interval=0.5,
                on_timeout=lambda: worker.text() if worker is not None else "")
     return doc
