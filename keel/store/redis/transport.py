@@ -64,11 +64,11 @@ def pipelined(client: Client, calls: Iterable[tuple[Any, ...]]) -> list[Any]:
         for call in calls:
             group.append(_pack_command(call))
             if len(group) >= _SEND_GROUP:
-                conn.send_packed_command(group)
+                conn.send_packed_command([b"".join(group)])     # one write: one wake-up of the server
                 sent += len(group)
                 group = []
         if group:
-            conn.send_packed_command(group)
+            conn.send_packed_command([b"".join(group)])
             sent += len(group)
         results: list[Any] = []
         for _ in range(sent):
