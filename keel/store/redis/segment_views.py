@@ -92,6 +92,9 @@ class FoldCache:
         return got
 
 
+SUBJECTS_KEPT = 100_000           # subjects' names remembered for views by MGET, in all (a few MB)
+
+
 class ViewReader:
     """The view reads of one RedisStore (its `read_views`), with the scripts they run."""
 
@@ -105,6 +108,7 @@ class ViewReader:
         self._segments_script = client.register_script(segment_scripts.SEGMENTS)
         self._folds = FoldCache()
         self._subjects: dict[tuple[str, str], list[str]] = {}    # (tenant, entity) -> escaped subjects, last seen
+        self._subjects_held = 0
 
     def read_views(self, requests: list[ViewRequest], at: Micros, known_at: Micros | None) -> list[EntityView | None]:
         """Each view from one VIEW call (the entity's open segment and those of the subjects of relations naming
@@ -165,11 +169,11 @@ class ViewReader:
     def _with_mget(self, requests: list[ViewRequest]) -> list[list[Any]] | None:
         """VIEW's answers read without the script, by plain commands in one MULTI on a single node: the entity's
         first recorded_at, the meta hash's kt and lag, its incoming relations, and one MGET of the tenant's
-        generation, its open segment and those of the subjects its last view named (`_subjects`). Lua copies every string a script reads
-        into a Lua string: VIEW cost 58 us of Redis CPU for a debt with 25 dues, these commands a fraction.
-        None (read with VIEW, `_script_many`) on Redis Cluster, when a request reads relations of an entity
-        not viewed before, when its relations name a subject its last view did not (the MGET missed it) or
-        when a tenant's generation switched (the generation is read in the same MULTI)."""
+        generation, its open segment and those of the subjects its last view named (`_subjects`). Lua copies
+        every string a script reads into a Lua string: VIEW cost 58 us of Redis CPU for a debt with 25 dues,
+        these commands 7. None (read with VIEW, `_script_many`) on Redis Cluster, when a request reads
+        relations of an entity not viewed before, when its relations name a subject its last view did not (the
+        MGET missed it) or when a tenant's generation switched (read in the same MULTI, checked as GEN_CHECK)."""
         store = self.store
         client = store.client
         if not isinstance(client, redis.Redis):
@@ -215,12 +219,15 @@ class ViewReader:
 
     def _remember(self, requests: list[ViewRequest], results: list[list[Any]]) -> None:
         """The escaped subjects each view's elements name (the next view of the entity reads their open
-        segments by MGET: `_with_mget`); emptied past _PARSED_MAX entities."""
+        segments by MGET: `_with_mget`); emptied past SUBJECTS_KEPT subjects in all."""
         for r, result in zip(requests, results):
             if len(result) > 1 and "r" in r.parts:
-                if len(self._subjects) >= _PARSED_MAX:
+                subjects = list(dict.fromkeys(el[1:el.index("|")] for el in result[3]))
+                if self._subjects_held + len(subjects) > SUBJECTS_KEPT:
                     self._subjects.clear()
-                self._subjects[(r.tenant, r.entity)] = list(dict.fromkeys(el[1:el.index("|")] for el in result[3]))
+                    self._subjects_held = 0
+                self._subjects[(r.tenant, r.entity)] = subjects
+                self._subjects_held += len(subjects)
 
     def _whole(self, tenant: str, entities: list[str]) -> dict[str, dict[str, Timeline]]:
         return {e: f.timelines for e, f in self.store._folds(tenant, entities).items()}
@@ -434,7 +441,7 @@ def _owner(element: str) -> str:
 
 
 _PARSED: dict[tuple[str, str], tuple[Key, str]] = {}
-_PARSED_MAX = 1 << 16
+_PARSED_MAX = 1 << 14          # (entity, text) pairs: a few MB
 
 
 def _parsed(entity: str, text: str) -> tuple[Key, str]:
