@@ -2,6 +2,7 @@
 the relay and the webhook as subprocesses, outbox writers, and reading a topic back."""
 from __future__ import annotations
 
+import atexit
 import json
 import re
 import time
@@ -23,10 +24,30 @@ services = pytest.mark.services
 
 
 def ingress_env() -> dict[str, str]:
-    """KEEL_POSTGRES_DSN and KEEL_KAFKA_BOOTSTRAP (skip, or fail under KEEL_REQUIRE_SERVICES=1)."""
+    """KEEL_POSTGRES_DSN and KEEL_KAFKA_BOOTSTRAP (skip, or fail under KEEL_REQUIRE_SERVICES=1); the PostgreSQL
+    server is this process's own (`outbox_dsn`)."""
     from support.services import service_env
-    return {"KEEL_POSTGRES_DSN": service_env("KEEL_POSTGRES_DSN"),
+    return {"KEEL_POSTGRES_DSN": outbox_dsn(service_env("KEEL_POSTGRES_DSN")),
             "KEEL_KAFKA_BOOTSTRAP": service_env("KEEL_KAFKA_BOOTSTRAP")}
+
+
+_outbox_server: list[str] = []
+
+
+def outbox_dsn(shared: str) -> str:
+    """A PostgreSQL server of this pytest process, started at its first call and stopped at its exit (the shared
+    server `shared` where PostgreSQL's binaries are absent). The relay waits for the oldest transaction running
+    anywhere in the cluster (keel/ingress/xmin.py): on the shared server, a transaction that a test on another
+    pytest-xdist worker held open made this worker's relays relay nothing."""
+    if not _outbox_server:
+        from support.private_pg import _bin, private_postgres
+        if _bin("initdb") is None or _bin("pg_ctl") is None:
+            _outbox_server.append(shared)
+        else:
+            server = private_postgres()
+            _outbox_server.append(server.__enter__().dsn)
+            atexit.register(server.__exit__, None, None, None)
+    return _outbox_server[0]
 
 
 def unique_cartridge(tmp_path: Path, name: str = "finance") -> Path:
