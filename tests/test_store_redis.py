@@ -206,6 +206,23 @@ class TestSegmentReads(RedisCase):
         assert 0 < cache._held <= cache.budget and 0 < len(cache._entries) < 30
         assert cache._held == sum(len(text) for text, _ in cache._entries)
 
+    def test_the_subjects_remembered_are_counted_once_per_entity(self) -> None:
+        """The subjects kept for views by MGET are bounded by their count in all (segment_views.SUBJECTS_KEPT):
+        an entity viewed again replaces its list, it does not add to the count."""
+        s, m = self.redis_store(), MemoryStore()
+        for store in (s, m):
+            for debt in ("d1", "d2"):
+                store.upsert_entity("acme", "debt", debt, valid_from=d(0))
+                for k in range(3):
+                    store.link("acme", f"due:{debt}{k}", "for_debt", f"debt:{debt}", d(k))
+        for round_ in range(5):
+            for store in (s, m):                # a subject the MGET misses: the view goes through VIEW again
+                store.link("acme", f"due:n{round_}", "for_debt", "debt:d1", d(10 + round_))
+            for debt in ("debt:d1", "debt:d2"):
+                assert reading.view(s, "acme", debt) == reading.view(m, "acme", debt)
+        views = s._views
+        assert views._subjects_held == sum(len(x) for x in views._subjects.values()) == 3 + 5 + 3
+
     def test_a_view_by_mget_follows_a_generation_another_store_switched(self) -> None:
         s, m = self.redis_store(), MemoryStore()
         for store in (s, m):

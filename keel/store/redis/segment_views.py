@@ -223,6 +223,9 @@ class ViewReader:
         for r, result in zip(requests, results):
             if len(result) > 1 and "r" in r.parts:
                 subjects = list(dict.fromkeys(el[1:el.index("|")] for el in result[3]))
+                before = self._subjects.pop((r.tenant, r.entity), None)     # seen again: counted once
+                if before is not None:
+                    self._subjects_held -= len(before)
                 if self._subjects_held + len(subjects) > SUBJECTS_KEPT:
                     self._subjects.clear()
                     self._subjects_held = 0
