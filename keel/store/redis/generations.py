@@ -20,6 +20,7 @@ from .keys import (
     applied_key,
     escape,
     gen_keys,
+    generation_of,
     layout_key,
     offset_field,
     watermarked_key,
@@ -127,7 +128,7 @@ class GenerationAdmin:
         n = self._n(tenant)
         with self._guard("drop_tenant", tenant):
             current, highest = self._client.mget(n.gen, n.gseq)
-            top = max(int(current or 1), int(highest or 1))
+            top = max(generation_of(current), int(highest or 1))
         deleted = sum(self._drop_data(tenant, g) for g in range(1, top + 1))
         with self._guard("drop_tenant", tenant):
             deleted += int(self._client.unlink(n.gen, n.gseq))

@@ -115,6 +115,11 @@ def check_name(what: str, name: str, allow_global: bool = False) -> str:
     return name
 
 
+def generation_of(stored: str | None) -> int:
+    """The generation a tenant's `gen` key holds: absent is 1 (as lua.GEN_CHECK reads it)."""
+    return int(stored or 1)
+
+
 class TenantKeys:
     """Key names of one tenant: `gen`, `gseq`, the replay marker and the data prefix of each generation."""
     __slots__ = ("base", "gen", "gseq", "replay")

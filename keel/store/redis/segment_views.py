@@ -25,7 +25,7 @@ from ..base import EntityView, Key, ViewRequest, entity_view, select_keys
 from . import cold as cold_tier
 from . import segment_past, segment_scripts
 from .codec import clamped_point, freshness_of
-from .keys import escape, gen_keys, index_key, key_of, prefix_of, unescape
+from .keys import escape, gen_keys, generation_of, index_key, key_of, prefix_of, unescape
 from .segments import Fold, add_rows, decode, past_timelines, recorded_range, wanted_rows
 from .transport import pipelined
 
@@ -201,7 +201,7 @@ class ViewReader:
         out: list[list[Any]] = []
         for r, subjects, expected in zip(requests, known, checks):
             first, meta, (gen, seg, *got) = next(answers), next(answers), next(answers)
-            if expected and (gen or "1") != expected:
+            if expected and str(generation_of(gen)) != expected:
                 return None
             elements = next(answers) if "r" in r.parts else []
             segments = dict(zip(subjects, got))

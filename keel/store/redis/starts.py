@@ -13,7 +13,7 @@ import redis
 
 from ..base import TenantStart
 from .event_ids import unpack_mark
-from .keys import BUCKETS, LATEST, TenantKeys, gen_keys, offset_field
+from .keys import BUCKETS, LATEST, TenantKeys, gen_keys, generation_of, offset_field
 from .retries import until_done
 from .transport import Client, chunks
 
@@ -66,7 +66,7 @@ class TenantStarts:
         results = iter(pipe.execute())
         left = []
         for i, (expected, d, guess) in zip(chunk, checked):
-            current = (next(results) or "1") if expected else expected
+            current = str(generation_of(next(results))) if expected else expected
             meta = next(results)
             ids = self.take_buckets(d, guess, meta[1], [next(results) for _ in range(guess)])
             if current != expected:

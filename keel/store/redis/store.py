@@ -39,6 +39,7 @@ from .keys import (
     applied_key,
     check_name,
     gen_keys,
+    generation_of,
     layout_key,
     offset_field,
     registry_key,
@@ -250,10 +251,10 @@ class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Even
                 result = self._reads(names, gen, expected, fill, transaction=False)
             if not expected:
                 return result
-            current = result[0] or "1"
-            if current == expected:
+            current = generation_of(result[0])
+            if str(current) == expected:
                 return result[1:]
-            self._gens[tenant] = int(current)
+            self._gens[tenant] = current
             return None
         return in_current(tenant, attempt)
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .keys import IDS, TenantKeys, gen_keys
+from .keys import IDS, TenantKeys, gen_keys, generation_of
 from .transport import Client
 
 
@@ -32,7 +32,7 @@ class TenantWalks:
             pipe = self._client.pipeline(transaction=False)
             for t in members:
                 pipe.get(self._n(t).gen)
-            gens = [self._pins.get(t) or int(g or 1) for t, g in zip(members, pipe.execute())]
+            gens = [self._pins.get(t) or generation_of(g) for t, g in zip(members, pipe.execute())]
             pipe = self._client.pipeline(transaction=False)
             for t, g in zip(members, gens):
                 holds_data(pipe, self._n(t).data(g))
@@ -45,7 +45,7 @@ class TenantWalks:
         pinned = self._pins.get(tenant)
         if pinned is not None:
             return pinned
-        gen = int(self._client.get(self._n(tenant).gen) or 1)
+        gen = generation_of(self._client.get(self._n(tenant).gen))
         self._gens[tenant] = gen
         return gen
 
