@@ -200,17 +200,17 @@ class ViewReader:
         answers = iter(done)
         out: list[list[Any]] = []
         for r, subjects, expected in zip(requests, known, checks):
-            first, meta, (gen, seg, *got) = next(answers), next(answers), next(answers)
+            first, meta, (gen, seg, *theirs) = next(answers), next(answers), next(answers)
             if expected and str(generation_of(gen)) != expected:
                 return None
             elements = next(answers) if "r" in r.parts else []
-            segments = dict(zip(subjects, got))
+            segments = dict(zip(subjects, theirs))
             if first is None:
                 out.append([1])
                 continue
             segs = []
             for el in elements:
-                got = segments.get(el[1:el.index("|")], False)
+                got = segments.get(_subject(el), False)
                 if got is False:            # a subject new since the last view: VIEW reads it
                     return None
                 segs.append(got or "")
@@ -222,7 +222,7 @@ class ViewReader:
         segments by MGET: `_with_mget`); emptied past SUBJECTS_KEPT subjects in all."""
         for r, result in zip(requests, results):
             if len(result) > 1 and "r" in r.parts:
-                subjects = list(dict.fromkeys(el[1:el.index("|")] for el in result[3]))
+                subjects = list(dict.fromkeys(map(_subject, result[3])))
                 before = self._subjects.pop((r.tenant, r.entity), None)     # seen again: counted once
                 if before is not None:
                     self._subjects_held -= len(before)
@@ -440,7 +440,12 @@ def _known_after(open_segment: str, known_at: Micros | None) -> bool:
 
 def _owner(element: str) -> str:
     """The subject named by an element `>` + escaped subject + `|` + P of an entity's incoming relations."""
-    return unescape(element[1:element.index("|")])
+    return unescape(_subject(element))
+
+
+def _subject(element: str) -> str:
+    """The escaped subject of an element of an entity's incoming relations (`>` + escaped subject + `|` + P)."""
+    return element[1:element.index("|")]
 
 
 _PARSED: dict[tuple[str, str], tuple[Key, str]] = {}
