@@ -202,18 +202,30 @@ def status(cartridge: Path, env: dict[str, str]) -> dict[str, Any]:
     return doc
 
 
-def committed(cartridge: Path, env: dict[str, str]) -> int:
-    """Offsets the worker group committed so far, from Kafka only (`status` reads more, too slowly to catch a
-    worker in the middle of a small backlog); 0 while the group's coordinator is not known yet."""
+def _group_parts(cartridge: Path, env: dict[str, str]) -> list[Any] | None:
+    """The worker group's partitions (end, committed, lag) from Kafka only: the group's offsets, what `status`
+    computes its lag from, for a fifth of its CPU; None while Kafka or the group's coordinator is not there
+    yet (e.g. a broker restarting)."""
     from keel.errors import KafkaUnavailable
     from keel.kafka import group_offsets
     from keel.wire import events_topic, group_id
     name = load_cartridge(cartridge).name
     try:
-        parts = asyncio.run(group_offsets(env["KEEL_KAFKA_BOOTSTRAP"], events_topic(name), group_id(name)))
+        return list(asyncio.run(group_offsets(env["KEEL_KAFKA_BOOTSTRAP"], events_topic(name), group_id(name))))
     except KafkaUnavailable:
-        return 0
-    return sum(p.committed or 0 for p in parts)
+        return None
+
+
+def _still_running(worker: WorkerProcess | None) -> None:
+    if worker is not None and not worker.alive():
+        raise AssertionError(f"worker exited with {worker.proc.returncode}:\n{worker.text()}")
+
+
+def committed(cartridge: Path, env: dict[str, str]) -> int:
+    """Offsets the worker group committed so far, from Kafka only (`status` reads more, too slowly to catch a
+    worker in the middle of a small backlog); 0 while the group's coordinator is not known yet."""
+    parts = _group_parts(cartridge, env)
+    return 0 if parts is None else sum(p.committed or 0 for p in parts)
 
 
 def wait_committed(cartridge: Path, env: dict[str, str], expected: int, worker: WorkerProcess | None,
@@ -221,20 +233,12 @@ def wait_committed(cartridge: Path, env: dict[str, str], expected: int, worker: 
     """Wait until Kafka alone says lag 0 over at least `expected` records: the group's offsets, what `status`
     computes its lag from, read for a fifth of `status`'s CPU. A wait for lag 0 waits for this first and then asks
     `status` (which reads Redis and the group's members too). Returns the seconds left of `timeout`."""
-    from keel.errors import KafkaUnavailable
-    from keel.kafka import group_offsets
-    from keel.wire import events_topic, group_id
-    name = load_cartridge(cartridge).name
     deadline = time.monotonic() + timeout
 
     def caught_up() -> bool:
-        if worker is not None and not worker.alive():
-            raise AssertionError(f"worker exited with {worker.proc.returncode}:\n{worker.text()}")
-        try:
-            parts = asyncio.run(group_offsets(env["KEEL_KAFKA_BOOTSTRAP"], events_topic(name), group_id(name)))
-        except KafkaUnavailable:        # e.g. a broker restarting, or a group coordinator not elected yet
-            return False
-        return sum(p.end for p in parts) >= expected and sum(p.lag for p in parts) == 0
+        _still_running(worker)
+        parts = _group_parts(cartridge, env)
+        return parts is not None and sum(p.end for p in parts) >= expected and sum(p.lag for p in parts) == 0
     wait_until(caught_up, timeout, f"lag 0 over {expected} records (the group's offsets)",
                on_timeout=lambda: worker.text() if worker is not None else "")
     return max(deadline - time.monotonic(), 1.0)
@@ -251,8 +255,7 @@ def wait_applied(cartridge: Path, env: dict[str, str], expected: int, worker: Wo
         except KafkaUnavailable:        # e.g. a fresh broker whose group coordinator is not elected yet
             return False
         ends = sum(p["end"] for p in doc["partitions"])
-        if worker is not None and not worker.alive():
-            raise AssertionError(f"worker exited with {worker.proc.returncode}:\n{worker.text()}")
+        _still_running(worker)
         return ends >= expected and doc["lag"] == 0
     left = wait_committed(cartridge, env, expected, worker, timeout)
     wait_until(done, left, f"lag 0 over {expected} records",
