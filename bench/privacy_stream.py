@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from privacy import CARTRIDGE, write_stream
 
 from keel.cartridge import load_cartridge
-from keel.privacy import FileKeyStore, KeyStore, Privacy
+from keel.keystore import FileKeyStore, KeyStore
+from keel.privacy import Privacy
 from workers.publish import Prepared, checked_records
 from workers.records import Record
 from workers.replay_build import PartitionBuild

@@ -12,7 +12,7 @@ from .cartridge import Cartridge, load_cartridge
 from .config import resolve
 from .connect import Graph, GraphSet, open_graph, open_graphs
 from .errors import UsageError
-from .privacy import open_key_file
+from .keystore import open_key_file
 
 
 def open(cartridge: str | Path | Cartridge, *, events: str | Path | None = None, redis: str | None = None,

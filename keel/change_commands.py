@@ -16,8 +16,9 @@ from .config import resolve
 from .diff import compare, render
 from .echo import cut, printable
 from .errors import EXIT_DOMAIN, EXIT_OK, EXIT_USAGE, UsageError
+from .keystore import FileKeyStore
 from .log_check import LogBuild, read_file, read_topic
-from .privacy import FileKeyStore, Privacy
+from .privacy import Privacy
 from .rule_checks import stream_problems, unmet_rules
 from .schema import cartridge_document, payload_document
 from .times import now_micros

@@ -15,7 +15,7 @@ from typing import Any
 from .config import Settings, resolve
 from .echo import printable
 from .errors import UsageError
-from .privacy import FileKeyStore, open_key_file
+from .keystore import FileKeyStore, open_key_file
 
 COMMANDS_GROUP = "keel.commands"     # entry points: `name = "package.module:register"`, register(subparsers)
 

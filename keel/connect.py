@@ -23,7 +23,8 @@ from .config import Settings
 from .embedded import build_embedded
 from .errors import UsageError
 from .eventlog import EventLog, FileLog
-from .privacy import KeyStore, Privacy
+from .keystore import KeyStore
+from .privacy import Privacy
 from .store.base import Store
 from .tool_set import ToolSet
 from .tools import SearchIndexes, Tools

@@ -38,8 +38,9 @@ from psycopg import sql
 from .cartridge import Cartridge
 from .config import Settings
 from .errors import StoreUnavailable, UsageError
+from .keystore import FileKeyStore, KeyStore, master_key, open_key_file, refuse_offboarded
 from .pg import Postgres
-from .privacy import FileKeyStore, KeyStore, Privacy, master_key, open_key_file, refuse_offboarded
+from .privacy import Privacy
 from .times import format_time, now_micros
 
 KEYS_DSN_ENV = "KEEL_KEYS_DSN"

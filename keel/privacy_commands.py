@@ -19,7 +19,8 @@ from .embedded import BOM, open_events
 from .envelope import ERASED, MAX_REASON, OFFBOARDED
 from .errors import EXIT_DOMAIN, EXIT_USAGE, EnvelopeRejected, UsageError
 from .identifiers import ENTITY, TENANT
-from .privacy import Privacy, b64, open_key_file
+from .keystore import b64, open_key_file
+from .privacy import Privacy
 from .times import format_time, now_micros
 
 MASTER_HELP = "a file holding the master key (default: KEEL_MASTER_KEY, else KEEL_MASTER_KEY_FILE)"

@@ -16,7 +16,7 @@ OTHER = bytes(32)
 
 
 def _file_backend(tmp_path: Path) -> Iterator[tuple[Callable, Callable[[], bytes]]]:
-    from keel.privacy import FileKeyStore
+    from keel.keystore import FileKeyStore
     path = tmp_path / "keys.json"
     yield (lambda master=MASTER: FileKeyStore(path, master)), path.read_bytes
 

@@ -103,7 +103,7 @@ SECRET_NAME = "Zoë Quintana-Ávila"
 
 
 def store_at(path: Path, master: bytes = MASTER):
-    from keel.privacy import FileKeyStore
+    from keel.keystore import FileKeyStore
     return FileKeyStore(path, master)
 
 
@@ -111,7 +111,7 @@ def test_master_key_from_the_environment_or_a_file(tmp_path: Path) -> None:
     import base64
 
     from keel.errors import UsageError
-    from keel.privacy import master_key
+    from keel.keystore import master_key
     text = base64.b64encode(MASTER).decode()
     assert master_key(env={"KEEL_MASTER_KEY": text}) == MASTER
     (tmp_path / "mk").write_text(text + "\n")
@@ -277,7 +277,7 @@ def test_a_sealed_file_builds_the_clear_file_graph(sealed: tuple[Path, Path, Pat
 
 
 def test_a_shredded_key_reads_as_the_mask(sealed: tuple[Path, Path, Path, Path], tmp_path: Path) -> None:
-    from keel.privacy import open_key_file
+    from keel.keystore import open_key_file
     folder, clear, out, keys = sealed
     assert open_key_file(keys).erase("t1", "client:c1") == 1
     expected = digests(folder, write_lines(tmp_path / "masked.jsonl", masked(STREAM, "t1", "client:c1", folder)))
@@ -501,7 +501,8 @@ def test_a_clear_record_is_refused_with_its_personal_fields_masked(tmp_path: Pat
     the envelope with those fields masked (never the clear values); an escaped type name does not hide it."""
     import json
 
-    from keel.privacy import FileKeyStore, Privacy
+    from keel.keystore import FileKeyStore
+    from keel.privacy import Privacy
     from keel.projector import Projector
     from workers.judge import judge
     from workers.mirror import RecordingStore

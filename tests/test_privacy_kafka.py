@@ -180,7 +180,8 @@ def test_erase_shreds_a_subject_in_redis_and_kafka(tmp_path: Path, keyed_env: di
 def test_the_worker_judge_reveals_masks_and_refuses_without_crashing(tmp_path: Path) -> None:
     import json
 
-    from keel.privacy import FileKeyStore, Privacy
+    from keel.keystore import FileKeyStore
+    from keel.privacy import Privacy
     from keel.projector import Projector
     from workers.judge import judge
     from workers.mirror import RecordingStore
