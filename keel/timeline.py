@@ -199,6 +199,25 @@ class Timeline:
             return winner.point, t
         return winner.point, self._next_point(end, known_at)
 
+    def steady(self, t: Micros) -> tuple[Micros | None, Micros | None]:
+        """(low, high): every read believed now at a time in [low, high) answers as the read at t, both `as_of`
+        and the covering run (None: unbounded on that side). An answer changes only where a point or an expiry
+        lies, so low is the greatest of those <= t and high the least > t; an expiry counts only on an
+        assertion at a point <= t (a later assertion's expiry lies beyond its point, itself > t)."""
+        entries = self.entries
+        i = bisect_right(entries, t, key=_point)
+        low = entries[i - 1].point if i else None
+        high = entries[i].point if i < len(entries) else None
+        for a in entries[:i]:
+            x = a.expires_at
+            if x is None:
+                continue
+            if x <= t:
+                low = x if low is None or x > low else low
+            elif high is None or x < high:
+                high = x
+        return low, high
+
     def deciding_point(self, t: Micros) -> Micros | None:
         """The point whose winner decides the version at t, believed now: the greatest point <= t whose winner
         is no void (None when there is none). A read at any time >= it looks at nothing before it."""
