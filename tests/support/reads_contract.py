@@ -242,6 +242,40 @@ class StoreReadsContract:
         [r] = reading.relations(s, T, "thing:a", at=day(4))
         assert (r["valid_from"], r["valid_to"]) == (day(1), day(5))
 
+    def test_views_read_again_at_other_times_and_after_writes_equal_the_memory_stores(self) -> None:
+        """A store may reuse a view it built (the Redis store does, while nothing it read changed and the time
+        stays where its answer holds): reads walking forward and back over days with versions, expiries and
+        relations with ends, results changed by the caller, and writes in between must all still answer as the
+        memory store does."""
+        s, m = self.make_store(), MemoryStore()
+
+        def both(write: str, *args: Any, **kwargs: Any) -> None:
+            getattr(s, write)(*args, **kwargs)
+            getattr(m, write)(*args, **kwargs)
+
+        def check(days: list[int]) -> None:
+            for d in days:
+                got, want = reading.view(s, T, E, at=day(d)), reading.view(m, T, E, at=day(d))
+                assert got is not None and want is not None
+                assert (got.info, got.facts, got.relations) == (want.info, want.facts, want.relations), d
+                got.facts.append({"changed": "by the caller"})
+                got.info.labels["changed"] = True
+                for row in got.relations:
+                    row["valid_to"] = "changed"
+
+        both("open_fact", T, E, "p", 1, valid_from=day(2))
+        both("open_fact", T, E, "p", 2, valid_from=day(5))
+        both("open_fact", T, E, "n", "x", valid_from=day(3), scope="tenant", expires_at=day(7))
+        both("link", T, "thing:a", "part_of", E, day(2))
+        both("link", T, "thing:b", "part_of", E, day(4))
+        both("unlink", T, "thing:a", "part_of", E, day(6))
+        days = list(range(1, 11))
+        check(days + days[::-1] + days)
+        both("link", T, "thing:c", "part_of", E, day(8))            # a new subject
+        both("open_fact", T, E, "p", 3, valid_from=day(9))
+        both("unlink", T, "thing:b", "part_of", E, day(9))          # a subject's relation ends
+        check(days + days[::-1])
+
     # ---- knowledge time --------------------------------------------------------------------
 
     def test_known_at_hides_what_was_recorded_later(self) -> None:

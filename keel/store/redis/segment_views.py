@@ -4,7 +4,8 @@ A view reads the entity's open segment and those of the subjects of relations na
 trip; an entity viewed before, whose subjects are known, by plain commands in one MULTI instead, the subjects'
 segments by MGET); those serve reads at or after their restatements' anchors. Each segment is folded once per
 text (FoldCache): a view now decodes only the segments that changed since the last view of this process, and of
-a subject only the relations naming the viewed entity. A read with `known_at` first asks the recorded-time index
+a subject only the relations naming the viewed entity; a view believed now is remembered on the entity's fold and
+reused while its folds are the same and the time stays where its answer holds (`_present`). A read with `known_at` first asks the recorded-time index
 which closed segment of each entity stands for what was known then (KNOWN). A read at an earlier time reads the
 closed segments the valid-time index names (PAST), and, where those do not answer exactly, reads around the time
 until they do (INDEX and SEGMENTS, segment_past.py); whole histories only as the
@@ -158,11 +159,13 @@ class ViewReader:
                     wanted[owner] = []
                 wanted[owner].append(p)
             subjects = {owner: self._folds.get(text, wanted[owner]) for owner, text in texts.items()}
-            if own.serves(at) and all(f.serves(at) for f in subjects.values()):
-                timelines = {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}}
+            if not (own.serves(at) and all(f.serves(at) for f in subjects.values())):
+                view = _view(r, self._past(r, own, elements, at, known_at, subs), elements, at, known_at)
+            elif known_at is None:
+                view = _present(r, own, subjects, elements, at)
             else:
-                timelines = self._past(r, own, elements, at, known_at, subs)
-            view = _view(r, timelines, elements, at, known_at)
+                view = _view(r, {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}},
+                             elements, at, known_at)
             out.append(view._replace(freshness=freshness_of(meta)))
         return out
 
@@ -464,10 +467,43 @@ def _parsed(entity: str, text: str) -> tuple[Key, str]:
     return got
 
 
-def _view(r: ViewRequest, timelines: dict[str, dict[str, Timeline]], elements: list[str], at: Micros,
-          known_at: Micros | None) -> EntityView:
-    """The view of one entity from its timelines and those of the subjects of relations naming it (by entity,
-    then P)."""
+VIEWS_PER_FOLD = 8         # present views remembered on one open segment's fold (other scopes, parts, subjects)
+
+
+def _present(r: ViewRequest, own: Fold, subjects: dict[str, Fold], elements: list[str], at: Micros) -> EntityView:
+    """The view believed now at `at` from folds that serve it, remembered on the entity's fold (`Fold.memo`, gone
+    with it) with the span of times where it holds: `Timeline.steady` over every timeline it read. A view asked
+    again while nothing it read changed (the same folds: a changed segment is another fold) and `at` stays inside
+    that span is the remembered one: building it again was a third of a debt's `context` (25 relations). A copy
+    is returned: callers may change what they get."""
+    key = (r.entity, None if r.scopes is None else tuple(r.scopes), r.parts, tuple(subjects.values()),
+           tuple(elements))
+    memo = own.memo
+    got = None if memo is None else memo.get(key)
+    if got is None or not ((got[0] is None or got[0] <= at) and (got[1] is None or at < got[1])):
+        point_keys, rel_keys, keyed = _keyed(r, {r.entity: own.timelines,
+                                                 **{o: f.timelines for o, f in subjects.items()}}, elements)
+        low: Micros | None = None
+        high: Micros | None = None
+        for k in (*point_keys, *rel_keys):
+            lo, hi = keyed[k].steady(at)
+            if lo is not None and (low is None or lo > low):
+                low = lo
+            if hi is not None and (high is None or hi < high):
+                high = hi
+        got = (low, high, _entity_view(r.entity, point_keys, rel_keys, keyed, at, None))
+        if memo is None or len(memo) >= VIEWS_PER_FOLD:
+            own.memo = memo = {}            # a new dict, not evictions: readers of the old one may be iterating
+        memo[key] = got
+    view: EntityView = got[2]
+    return view._replace(info=view.info._replace(labels=dict(view.info.labels)),
+                         facts=[dict(f) for f in view.facts], relations=[dict(x) for x in view.relations])
+
+
+def _keyed(r: ViewRequest, timelines: dict[str, dict[str, Timeline]], elements: list[str],
+           ) -> tuple[list[Key], list[Key], dict[Key, Timeline]]:
+    """(label and fact keys, relation keys, every timeline by key) a view of an entity reads, from its timelines
+    and those of the subjects of relations naming it (by entity, then P)."""
     keyed: dict[Key, Timeline] = {_parsed(r.entity, p)[0]: tl for p, tl in timelines[r.entity].items()}
     for el in elements:
         key, p = _parsed(r.entity, el)
@@ -475,5 +511,17 @@ def _view(r: ViewRequest, timelines: dict[str, dict[str, Timeline]], elements: l
         if tl is not None:
             keyed[key] = tl
     point_keys, rel_keys = select_keys(keyed, r.scopes, r.parts)
-    return entity_view(r.entity, ((k, keyed[k].as_of(at, known_at)) for k in point_keys),
+    return point_keys, rel_keys, keyed
+
+
+def _entity_view(entity: str, point_keys: list[Key], rel_keys: list[Key], keyed: dict[Key, Timeline], at: Micros,
+                 known_at: Micros | None) -> EntityView:
+    return entity_view(entity, ((k, keyed[k].as_of(at, known_at)) for k in point_keys),
                        ((k, covering(keyed[k].runs(known_at), at)) for k in rel_keys))
+
+
+def _view(r: ViewRequest, timelines: dict[str, dict[str, Timeline]], elements: list[str], at: Micros,
+          known_at: Micros | None) -> EntityView:
+    """The view of one entity from its timelines and those of the subjects of relations naming it (by entity,
+    then P)."""
+    return _entity_view(r.entity, *_keyed(r, timelines, elements), at, known_at)
