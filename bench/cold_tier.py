@@ -1,10 +1,11 @@
 """The cold tier, tiering off vs on, same run: Redis bytes per event, reads of the present and of the past, and
 the commit path's events/s, for a tenant with about two years of daily history.
 
-    .venv/bin/python bench/cold_tier.py [--entities 20] [--days 730] [--cold-after 90d] [--reads 2000]
+    .venv/bin/python bench/cold_tier.py [--entities 20] [--days 730] [--cold-after 90d] [--reads 2000] [--private-redis]
 
-Needs KEEL_REDIS_URL and KEEL_POSTGRES_DSN (deploy/local/services up); works in a private PostgreSQL schema and
-two fresh Redis namespaces, both dropped at the end. Steps:
+Needs KEEL_POSTGRES_DSN and KEEL_REDIS_URL (deploy/local/services up), or --private-redis: a redis-server of this
+run only, configured as the services' (bench/peers/compare.py), whose reads no other client's keys or load slow
+down; works in a private PostgreSQL schema and two fresh Redis namespaces, both dropped at the end. Steps:
   1. finance events: each debt's snapshot every day (a new balance and rate: 3 fact versions, a relink) for
      --days days ending yesterday, a due scheduled and paid each month;
   2. the same events committed (the embedded projector, one commit per event) into two namespaces:
@@ -41,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import psycopg
+from peers.compare import private_redis
 
 from keel.cartridge import load_cartridge
 from keel.cold_pg import ColdStore
@@ -141,15 +143,19 @@ def main() -> int:
     p.add_argument("--days", type=int, default=730)
     p.add_argument("--cold-after", default="90d")
     p.add_argument("--reads", type=int, default=2000)
+    p.add_argument("--private-redis", action="store_true", help="a redis-server of this run only")
     args = p.parse_args()
-    if not args.redis or not args.postgres:
-        sys.exit("set KEEL_REDIS_URL and KEEL_POSTGRES_DSN (or --redis/--postgres)")
+    if not (args.redis or args.private_redis) or not args.postgres:
+        sys.exit("set KEEL_REDIS_URL and KEEL_POSTGRES_DSN (or --redis/--postgres, or --private-redis)")
     cartridge = load_cartridge(ROOT / "cartridges" / "finance")
     schema = f"bench_cold_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(args.postgres, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     dsn = args.postgres + ("&" if "?" in args.postgres else "?") + f"options=-csearch_path%3D{schema}"
     tmp = Path(tempfile.mkdtemp(prefix="keel-cold-bench-"))
+    redis_proc = None
+    if args.private_redis:
+        redis_proc, args.redis = private_redis(tmp)
     start = dt.date.today() - dt.timedelta(days=args.days)
     events_file = tmp / "history.jsonl"
     events = history(events_file, args.entities, start, args.days)
@@ -268,6 +274,9 @@ def main() -> int:
             store.close()
         with psycopg.connect(args.postgres, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait()
     return 0
 
 
