@@ -16,13 +16,14 @@ from support.services import service_env
 
 from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
-from keel.store.redis.event_ids import EARLIER, id_hash, pack_mark, unpack_mark
+from keel.store.redis.event_ids import EARLIER, id_args, id_hash, pack_mark, unpack_mark
 from keel.store.redis.keys import BUCKETS, IDS, TenantKeys
 from keel.store.redis.lua import ID_BUCKETS, IDS_PER_BUCKET
 from keel.store.writes import event_key
 
 _HEX = st.text("0123456789abcdef", min_size=16, max_size=16)
-_NUMBER = st.one_of(st.integers(0, 2 ** 63).map(str), st.text("0123456789", min_size=1, max_size=22))
+_NUMBER = st.one_of(st.integers(0, 2 ** 63).map(str), st.text("0123456789", min_size=1, max_size=22),
+                    st.sampled_from(["0", "00", "01", "9" * 18, "1" + "0" * 18, "٣", "²", "+1", " 1"]))
 _ORIGINS = st.one_of(
     st.just(EARLIER), st.text(),
     st.builds("at line {}".format, _NUMBER),
@@ -48,6 +49,42 @@ def test_the_projectors_marks_pack_small() -> None:
                                                                   11 + 1 + 1 + 1 + 5 + 1 + len("keel.finance.events"))):
         packed = pack_mark(f"{digest} {origin}")
         assert len(packed) == size and unpack_mark(packed) == f"{digest} {origin}", packed
+
+
+# What earlier builds packed (their regular expression's), kept byte for byte: stored marks read back the same.
+_PACKED = {
+    "0123456789abcdef at keel.finance.events partition 11 offset 123456789": "ASNFZ4mrze8KL.HW80V.keel.finance.events",
+    "0123456789abcdef at line 15600": "ASNFZ4mrze8LDzw",
+    "0123456789abcdef earlier in the log": "ASNFZ4mrze8",
+    "0123456789abcdef at t partition 0 offset 0": "ASNFZ4mrze8KA.A.t",
+    "fedcba9876543210 at t partition 3 offset 999999999999999999": "_ty6mHZUMhAKD.3gtrOnY___.t",
+    "0123456789abcdef at t partition 01 offset 5": "ASNFZ4mrze8 at t partition 01 offset 5",
+    "0123456789abcdef at line 0": "ASNFZ4mrze8 at line 0",
+    "fedcba9876543210 at t partition 3 offset 1000000000000000000":
+        "_ty6mHZUMhA at t partition 3 offset 1000000000000000000",
+    "0123456789abcdef at t p partition 1 offset 2": "ASNFZ4mrze8 at t p partition 1 offset 2",
+    "0123456789abcdef at t partition \u0663 offset 2": "ASNFZ4mrze8 at t partition \u0663 offset 2",
+    "0123456789ABCDEF at line 5": "/0123456789ABCDEF at line 5",
+    "x": "/x",
+}
+
+
+@pytest.mark.parametrize("mark", sorted(_PACKED))
+def test_marks_pack_as_earlier_builds_packed_them(mark: str) -> None:
+    assert pack_mark(mark) == _PACKED[mark] and unpack_mark(_PACKED[mark]) == mark
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.text(min_size=1), st.one_of(st.none(), _MARKS), st.one_of(st.none(), st.integers(0, 2 ** 62))),
+                max_size=8))
+def test_a_steps_id_arguments_are_each_ids_mark_and_hash(items: list[tuple[str, str | None, int | None]]) -> None:
+    """id_args (the writer's one pass over a step's ids) gives pack_mark's and id_hash's answers, and the latest
+    recorded_at the ids carry; a plain str id carries neither."""
+    ids = [event_key(i, m, r) if m is not None or r is not None else i for i, m, r in items]
+    latest, args = id_args(ids)
+    assert args == [x for i in ids for x in (i, pack_mark(getattr(i, "mark", None)), id_hash(i))]
+    times = [r for i in ids if (r := getattr(i, "recorded_at", None)) is not None]
+    assert latest == (str(max(times)) if times else "")
 
 
 @pytest.fixture

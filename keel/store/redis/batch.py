@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from operator import itemgetter
 from typing import Any
 
 from ...errors import StateBehind
@@ -17,26 +16,27 @@ class PendingStep:
     """One tenant's apply step between tries: its events (repeated ids dropped), offset, the latest
     recorded_at of its writes, the partition's lag after it (the position's log end, when given) and the offset the
     writer saw the tenant hold (`held`, checked by the APPLY scripts: lua.STEP_HELD)."""
-    __slots__ = ("events", "field", "held", "lag", "latest", "offset", "tenant")
+    __slots__ = ("events", "field", "held", "lag", "offset", "tenant")
 
     def __init__(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
         self.tenant = tenant
-        seen: set[str] = set()
-        self.events: list[EventWrites] = []
-        for writes, event_id in events:
-            if event_id:
-                if event_id in seen:
-                    continue
-                seen.add(event_id)
-            self.events.append((writes, event_id))
+        ids = [event_id for _, event_id in events if event_id]
+        if len(set(ids)) == len(ids):           # the usual step: no id twice, the events as they are
+            self.events: list[EventWrites] = list(events)
+        else:
+            seen: set[str] = set()
+            self.events = []
+            for writes, event_id in events:
+                if event_id:
+                    if event_id in seen:
+                        continue
+                    seen.add(event_id)
+                self.events.append((writes, event_id))
         self.field, self.offset = ("", "0") if position is None else \
             (_offset_field(position[0], position[1]), str(int(position[2])))
         self.lag = "" if position is None or len(position) < 4 or position[3] is None else \
             str(max(0, int(position[3]) - int(position[2]) - 1))
         self.held: int | None = None if position is None or len(position) < 5 else position[4]   # type: ignore[misc]
-        latest = max((max(map(_RECORDED, map(_ASSERTION, writes))) for writes, _ in self.events if writes),
-                     default=None)
-        self.latest = "" if latest is None else int.__repr__(int(latest))   # digits, whatever int subclass
 
     @property
     def offset_arg(self) -> str:
@@ -53,16 +53,16 @@ def state_behind(p: PendingStep, stored: str) -> StateBehind:
                        stored=int(stored) if stored else None, tenant=p.tenant)
 
 
-def latest_of(ids: Sequence[Any]) -> str:
-    """The latest recorded_at the ids carry (keel.store.base.EventId), as text; "" when none does."""
-    times = [t for t in (getattr(event_id, "recorded_at", None) for event_id in ids) if t is not None]
-    return str(max(times)) if times else ""
+def latest_text(latest: int | None) -> str:
+    """ARGV[5] of the APPLY script: the latest recorded_at of a step's writes (segments.StepBlocks.latest), digits
+    whatever int subclass; "" when none."""
+    return "" if latest is None else int.__repr__(int(latest))
 
 
 _CACHE = 100_000                  # entries of the process-wide encoding caches before they are cleared
-_ASSERTION, _RECORDED = itemgetter(1), itemgetter(5)     # a write's assertion, an assertion's recorded_at
 _FIELDS: dict[tuple[str, int], str] = {}     # (topic, partition) -> offset field of the meta hash
-_PARTS: dict[Any, str] = {}     # key without its owner ("e2" for an entity's own timeline) -> P
+PREFIXES: dict[Any, str] = {}     # a key without its owner -> P (segments.encode_step reads it inline): key[:1] +
+#                                   key[2:], or key[0] for a key of two (an entity's own timeline: "e")
 
 
 def _offset_field(topic: str, partition: int) -> str:
@@ -74,16 +74,9 @@ def _offset_field(topic: str, partition: int) -> str:
     return field
 
 
-def _prefix(part: Any, key: Key) -> str:
-    if len(_PARTS) > _CACHE:
-        _PARTS.clear()
-    p = _PARTS[part] = prefix_of(key)
+def new_prefix(part: Any, key: Key) -> str:
+    """P of a key (keys.prefix_of) that PREFIXES lacks under `part`, kept there."""
+    if len(PREFIXES) > _CACHE:
+        PREFIXES.clear()
+    p = PREFIXES[part] = prefix_of(key)
     return p
-
-
-def cached_prefix(key: Key) -> str:
-    """P of a key (keys.prefix_of), from a process-wide cache."""
-    part = key[:1] + key[2:] if len(key) > 2 else f"{key[0]}{len(key)}"
-    p = _PARTS.get(part)
-    return _prefix(part, key) if p is None else p
-

@@ -17,6 +17,7 @@ from __future__ import annotations
 import binascii
 import hashlib
 import re
+import struct
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -27,22 +28,32 @@ from .retries import RETRIES
 from .transport import Client, chunks
 
 EARLIER = "earlier in the log"          # the origin the projector gives an event read from no known place
-_HEAD = re.compile(r"[0-9a-f]{16} ")
-_KNOWN = re.compile(r"([0-9a-f]{16}) (?:(earlier in the log)|at line ([1-9][0-9]{0,17})|"     # the projector's
-                    r"at ([A-Za-z0-9._-]+) partition (0|[1-9][0-9]{0,17}) offset (0|[1-9][0-9]{0,17}))")
+_TOPIC = re.compile(r"[A-Za-z0-9._-]+")     # a topic a mark's `K` form keeps (any other origin is kept whole)
 _DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"     # base64url's
 _VALUE = {c: i for i, c in enumerate(_DIGITS)}
 _TO_URL, _FROM_URL = bytes.maketrans(b"+/", b"-_"), bytes.maketrans(b"-_", b"+/")
 _GUESSES = 10_000                      # bucket counts remembered (by data prefix) before the cache is cleared
+_PARTITIONS: dict[str, tuple[str, str] | None] = {}    # `at <topic> partition <p>` -> the `K` form's parts
+_sha1 = hashlib.sha1
+_FIRST32 = struct.Struct(">I").unpack_from
+_b2a = binascii.b2a_base64
+
+
+_PAIRS = [a + b for a in _DIGITS for b in _DIGITS]     # n < 4096 as two digits
 
 
 def _number(n: int) -> str:
-    out = _DIGITS[n & 63]
-    n >>= 6
-    while n:
-        out = _DIGITS[n & 63] + out
-        n >>= 6
-    return out
+    """n >= 0 in base 64, most significant digit first, no leading zeros (two digits a step)."""
+    if n < 64:
+        return _DIGITS[n]
+    if n < 4096:
+        return _PAIRS[n]
+    out = _PAIRS[n & 4095]
+    n >>= 12
+    while n >= 4096:
+        out = _PAIRS[n & 4095] + out
+        n >>= 12
+    return (_DIGITS[n] if n < 64 else _PAIRS[n]) + out
 
 
 def _value(text: str) -> int:
@@ -55,26 +66,68 @@ def _value(text: str) -> int:
 def id_hash(event_id: str) -> int:
     """The hash that picks an id's bucket (lua.ID_BUCKETS' `id_hash`: the first 32 bits of its SHA-1), computed by
     the writer for a commit step's ids so that the APPLY script spends no SHA-1 per id."""
-    return int(hashlib.sha1(event_id.encode()).hexdigest()[:8], 16)      # as Lua: tonumber(sub(sha1hex, 1, 8), 16)
+    return int(_FIRST32(_sha1(event_id.encode()).digest())[0])   # as Lua: tonumber(sub(sha1hex, 1, 8), 16)
+
+
+def _decimal(text: str) -> bool:
+    """Whether `text` is a number the packed forms keep: decimal digits, at most 18, no leading zero but "0"."""
+    return text.isdigit() and text.isascii() and len(text) <= 18 and (text[0] != "0" or text == "0")
+
+
+def _partition(head: str) -> tuple[str, str] | None:
+    """What the `K` form keeps around the offset of an origin starting `head` (`at <topic> partition <p>`), None
+    when it keeps none (from a process-wide cache: a worker's marks name a few partitions)."""
+    if head in _PARTITIONS:
+        return _PARTITIONS[head]
+    if len(_PARTITIONS) > _GUESSES:
+        _PARTITIONS.clear()
+    words = head.split(" ")
+    known = len(words) == 4 and words[0] == "at" and words[2] == "partition" and _decimal(words[3]) \
+        and _TOPIC.fullmatch(words[1]) is not None
+    parts = _PARTITIONS[head] = (f"K{_number(int(words[3]))}.", "." + words[1]) if known else None
+    return parts
 
 
 def pack_mark(mark: str | None) -> str:
-    """What the store keeps for an event id's mark ("" for none: an id without a mark)."""
+    """What the store keeps for an event id's mark ("" for none: an id without a mark). By string operations,
+    not a regular expression: a worker packs one mark per event."""
     if not mark:
         return ""
-    m = _KNOWN.fullmatch(mark)
-    if m is None:
-        return _digest(mark[:16]) + mark[16:] if _HEAD.match(mark) else "/" + mark
-    head = _digest(m[1])
-    if m[2] is not None:
-        return head
-    if m[3] is not None:
-        return f"{head}L{_number(int(m[3]))}"
-    return f"{head}K{_number(int(m[5]))}.{_number(int(m[6]))}.{m[4]}"
+    head = mark[:16]
+    if mark[16:17] != " ":
+        return "/" + mark
+    try:
+        raw = bytes.fromhex(head)
+    except ValueError:
+        return "/" + mark
+    if raw.hex() != head:                   # upper case, spaces: not the 16 lower-case digits of a content hash
+        return "/" + mark
+    digest = _b2a(raw, newline=False)[:11].translate(_TO_URL).decode()
+    origin = mark[17:]
+    if origin == EARLIER:
+        return digest
+    where, sep, offset = origin.rpartition(" offset ")
+    if sep and _decimal(offset):
+        parts = _partition(where)
+        if parts is not None:
+            return f"{digest}{parts[0]}{_number(int(offset))}{parts[1]}"
+    elif origin[:8] == "at line " and _decimal(origin[8:]) and origin[8] != "0":
+        return f"{digest}L{_number(int(origin[8:]))}"
+    return digest + mark[16:]
 
 
-def _digest(hex16: str) -> str:
-    return binascii.b2a_base64(bytes.fromhex(hex16), newline=False)[:11].translate(_TO_URL).decode()
+def id_args(ids: Sequence[str]) -> tuple[str, list[Any]]:
+    """A commit step's ids for the APPLY script (lua.STEP_IDS): the latest recorded_at they carry (keel.store.base
+    .EventId; "" when none does) and, per id, the triple (id, packed mark, id_hash), in one pass."""
+    args: list[Any] = []
+    latest: Any = None
+    for event_id in ids:
+        rec = getattr(event_id, "recorded_at", None)
+        if rec is not None and (latest is None or rec > latest):
+            latest = rec
+        args += (event_id, pack_mark(getattr(event_id, "mark", None)),
+                 _FIRST32(_sha1(event_id.encode()).digest())[0])       # id_hash, inlined
+    return ("" if latest is None else str(latest)), args
 
 
 def unpack_mark(value: str) -> str | None:
@@ -173,4 +226,4 @@ class EventIdReads:
         return out
 
 
-__all__ = ["EARLIER", "EventIdReads", "id_hash", "pack_mark", "unpack_mark"]
+__all__ = ["EARLIER", "EventIdReads", "id_args", "id_hash", "pack_mark", "unpack_mark"]

@@ -28,10 +28,10 @@ from ..base import (
 )
 from . import cold as cold_tier
 from . import segment_scripts
-from .batch import PendingStep, latest_of, state_behind
+from .batch import PendingStep, latest_text, state_behind
 from .changelog import encode_copies
 from .codec import clamped_point, decode_point
-from .event_ids import id_hash, pack_mark
+from .event_ids import id_args
 from .keys import BUCKETS, escape, gen_keys, index_key, key_of, prefix_of
 from .loader import BulkLoader
 from .retries import KEPT_CONFLICTING, in_current, until_done
@@ -135,11 +135,9 @@ class RedisStore(RedisBase):
         ids = [event_id for _, event_id in p.events if event_id]
         k = gen_keys(d)
         keys = [names.gen, k.meta, k.first]
-        args: list[Any] = [expected, self.roll_bytes, p.field, p.offset_arg, p.latest, p.lag, latest_of(ids),
-                           len(ids)]
-        for event_id in ids:                    # each id with its packed mark and its hash (event_ids.py)
-            args += (event_id, pack_mark(getattr(event_id, "mark", None)), id_hash(event_id))
-        args.append(len(sb.entities))
+        ids_latest, id_triples = id_args(ids)   # each id with its packed mark and its hash (event_ids.py)
+        args: list[Any] = [expected, self.roll_bytes, p.field, p.offset_arg, latest_text(sb.latest), p.lag, ids_latest,
+                           len(ids), *id_triples, len(sb.entities)]
         for name, i in sb.entities.items():
             e = escape(name)
             keys += (k.open_segment(e), k.incoming(e))

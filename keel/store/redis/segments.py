@@ -33,7 +33,7 @@ from ...errors import UsageError
 from ...timeline import Assertion, Timeline, covering, insert, is_void_value, new_assertion
 from ...times import Micros
 from ..base import EventWrites, Key
-from .batch import cached_prefix
+from .batch import PREFIXES, new_prefix
 from .codec import json_text
 from .keys import escape, key_of
 
@@ -90,42 +90,49 @@ class StepBlocks:
 
 
 def encode_step(events: Sequence[EventWrites]) -> StepBlocks:
-    """The blocks of one step: per entity one delta with the provenance entries its rows use."""
+    """The blocks of one step: per entity one delta with the provenance entries its rows use. (The worker's hot
+    path: the owner met last, its delta and its provenance index are kept across writes, most of which share
+    them.)"""
     out = StepBlocks()
     ents = out.entities
+    mins = out.min_recorded
     note = out.note
     incoming = out.incoming
     parts: dict[str, tuple[list[Any], dict[Any, int], dict[str, list[Any]]]] = {}   # owner -> (provs, index, tls)
+    prefixes = PREFIXES
     latest = None
+    owner: Any = None           # the owner met last: its index `i`, its delta `part`, `k` of the provenance `prov`
+    i = k = 0
+    part: Any = None
+    prov: Any = None
     for writes, _ in events:
-        last_prov: Any = None
-        last_k: dict[str, int] = {}
         for key, a in writes:
             point, value, closed, source, evidence, rec, by, expires = a
             if rec.__class__ is not int:
                 rec = int(rec)
             if not -_LIMIT < point < _LIMIT:
                 raise UsageError(f"time {point} (micros) is outside the range the Redis store keeps (±2**53)")
-            owner = key[1]
-            note(owner, rec)
+            if key[1] != owner:
+                owner = key[1]
+                i = note(owner, rec)
+                part = parts.get(owner)
+                if part is None:
+                    part = parts[owner] = ([], {}, {})
+                k = -1
+            elif rec < mins[i]:
+                mins[i] = rec
             if latest is None or rec > latest:
                 latest = rec
-            part = parts.get(owner)
-            if part is None:
-                part = parts[owner] = ([], {}, {})
-            prov = (source, evidence, rec, by)
-            if prov is last_prov or prov == last_prov:
-                k = last_k.get(owner)
-            else:
-                last_prov, last_k = prov, {}
-                k = None
-            if k is None:
-                k = part[1].get(prov)
-                if k is None:
+            if k < 0 or not (source is prov[0] and evidence is prov[1] and rec == prov[2] and by is prov[3]):
+                prov = (source, evidence, rec, by)
+                k = part[1].get(prov, -1)
+                if k < 0:
                     k = part[1][prov] = len(part[0])
                     part[0].append([source, evidence, rec] if by is None else [source, evidence, rec, by])
-                last_k[owner] = k
-            p = cached_prefix(key)
+            pk = key[:1] + key[2:] if len(key) != 2 else key[0]
+            p = prefixes.get(pk)
+            if p is None:
+                p = new_prefix(pk, key)
             tv = value.__class__
             if tv is not str and tv is not int and value is not None and tv is not bool:
                 _check_json(value)
@@ -143,8 +150,8 @@ def encode_step(events: Sequence[EventWrites]) -> StepBlocks:
                 got[f">{escape(owner)}|{p}"] = None          # a dict: thousands of subjects may name one object
     out.latest = latest
     out.blocks = [None] * len(out.min_recorded)
-    for owner, (provs, _, tls) in parts.items():
-        out.blocks[ents[owner]] = _fast_encode([DELTA, provs, tls]).decode() + "\n"
+    for name, (provs, _, tls) in parts.items():
+        out.blocks[ents[name]] = _fast_encode([DELTA, provs, tls]).decode() + "\n"
     return out
 
 
