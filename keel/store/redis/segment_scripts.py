@@ -277,10 +277,13 @@ end
 
 # KEYS: 1 gen. ARGV: 1 expected gen, 2 the prefix of segment keys ("<data prefix>s:"), 3 the prefix of index keys
 #       ("<data prefix>v:"), 4 t (point9), 5 nO, nO escaped entities, then triples (the entity's position among
-#       them, P, "r" for a relation else ""), then k and scan (`index_answer`'s).
+#       them, P, "r" for a relation else ""), then k and scan (`index_answer`'s), then "1" for a read as believed
+#       now (no known_at).
 # For a read at t of each timeline from its closed segments: the segment with the greatest least point <= t
 # (the winner's: the index is in order, else flagged) and the one with the least least point > t (the next
-# point's), and for a relation the one with its first point (its run starts there: it has no end, else
+# point's) unless, read as believed now, the winner's segment reaches above t (its ranges being disjoint and in
+# order, the least point above t is then in it: every later segment starts above its greatest; with known_at
+# that point's rows may not be visible yet), and for a relation the one with its first point (its run starts there: it has no end, else
 # flagged). An entity with a flagged timeline is read around t (segment_past.py): each of its timelines gets
 # INDEX's answer (`index_answer`, k entries each side) instead, and with it the closed segments its first round
 # most likely holds (`guess`: segment_past.Span's first [B, U] and a kept relation's least point; the client
@@ -289,7 +292,7 @@ end
 # {open segment, n, closed segment n, ... (by n)}}}; a closed segment moved to the cold tier (cold.py) is "".
 PAST = GEN_CHECK + _WANTED_SEGMENTS + _INDEX_ANSWER + """
 local t, nO = ARGV[4], tonumber(ARGV[5])
-local k, scan = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
+local k, scan, now = tonumber(ARGV[#ARGV - 2]), tonumber(ARGV[#ARGV - 1]), ARGV[#ARGV] == '1'
 local verdicts, wanted, flagged = {}, {}, {}
 for x = 1, nO do wanted[x] = {} end
 local function want(x, member, P)
@@ -318,13 +321,13 @@ local function guess(x, a, P, rel)
   end
 end
 local fs = {}
-for i = 6 + nO, #ARGV - 2, 3 do
+for i = 6 + nO, #ARGV - 3, 3 do
   local x, P, rel = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2] == 'r'
   local f = flags(ARGV[3] .. ARGV[5 + x], P)
   fs[i] = f
   if f.overlap or (rel and f.ends) then flagged[x] = true end
 end
-for i = 6 + nO, #ARGV - 2, 3 do
+for i = 6 + nO, #ARGV - 3, 3 do
   local x, P, rel = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2] == 'r'
   local v = ARGV[3] .. ARGV[5 + x]
   if flagged[x] then
@@ -332,8 +335,11 @@ for i = 6 + nO, #ARGV - 2, 3 do
     guess(x, verdicts[#verdicts], P, rel)
   else
     verdicts[#verdicts + 1] = ''
-    want(x, redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, 1)[1], P)
-    want(x, redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, 1)[1], P)
+    local w = redis.call('ZREVRANGEBYLEX', v, '(' .. P .. t .. '~', '[' .. P .. '-', 'LIMIT', 0, 1)[1]
+    want(x, w, P)
+    if not (now and w and string.sub(w, #P + 10, #P + 18) > t) then
+      want(x, redis.call('ZRANGEBYLEX', v, '(' .. P .. t .. '~', '(' .. P .. '~', 'LIMIT', 0, 1)[1], P)
+    end
     if rel then want(x, redis.call('ZRANGEBYLEX', v, '[' .. P .. '-', '(' .. P .. '~', 'LIMIT', 0, 1)[1], P) end
   end
 end

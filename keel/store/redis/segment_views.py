@@ -307,7 +307,8 @@ class ViewReader:
         with self.store._guard("view", r.tenant):
             [result] = self.store._script_many(self._past_script, [(r.tenant, lambda d: (
                 used.append(d), [], [gen_keys(d).segments, gen_keys(d).valid_indexes, t9, len(opens), *opens,
-                                   *triples, segment_past.WINDOWS[0], segment_past.SCAN])[1:])])
+                                   *triples, segment_past.WINDOWS[0], segment_past.SCAN,
+                                   "1" if known_at is None else ""])[1:])])
         _, verdicts, segments = result
         missing = [(x, int(n)) for x, got in zip(opens, segments) for n, seg in zip(got[1::2], got[2::2]) if not seg]
         if missing:                         # closed segments in the cold tier (cold.py)
