@@ -29,6 +29,7 @@ from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore, segment_past
 from keel.store.redis.codec import encode_point
 from keel.store.redis.segment_views import ViewReader
+from keel.store.redis.segments import decode
 from keel.store.writes import event_key, relation_write
 from keel.times import parse_time
 
@@ -273,3 +274,18 @@ def test_an_end_in_the_open_segment_of_a_relation_whose_closed_rows_only_link(la
                                                     by=None)], event_key(f"u-{j}", None, parse_time(stamp(200 + j))))
     assert_views_equal(memory, "debt:r", 800, 4, [(d, known_at) for known_at in (
         None, parse_time(stamp(199)), parse_time(stamp(100))) for d in range(-6, 206, 9)])
+
+
+def test_closed_blocks_are_decoded_once_by_text_and_the_oldest_go_first() -> None:
+    """Past reads keep closed segments decoded by their text: a hit is the same blocks, and past the budget
+    the oldest texts go first (a text over a sixteenth of the budget is decoded, never kept)."""
+    cache = segment_past.ClosedBlocks(budget=16 * 50)       # texts of 41-43 characters: about 19 kept
+    texts = [f'[0,[["s","e{i}",{i}]],{{"l|x|":[[{i},0,"v{i}"]]}}]\n' for i in range(40)]
+    first = cache.get(texts[0])
+    assert first == decode(texts[0]) and cache.get(texts[0]) is first
+    for text in texts[1:]:
+        assert cache.get(text) == decode(text)
+    assert cache.get(texts[0]) is not first            # pushed out by the later ones
+    assert cache.get(texts[-1]) is cache.get(texts[-1])
+    big = texts[0] * 2                                  # over 50 characters
+    assert cache.get(big) == decode(big) and cache.get(big) is not cache.get(big)

@@ -18,6 +18,7 @@ row of a closed segment whose range contains that point, or of the open segment.
 """
 from __future__ import annotations
 
+import threading
 from bisect import bisect_right
 from collections.abc import Callable, Container, Sequence
 from itertools import pairwise
@@ -28,6 +29,46 @@ from ...timeline import Timeline, covering
 from ...times import Micros
 from .codec import clamped_point, decode_point
 from .segments import add_rows, breaks_runs, decode, wanted_rows
+
+
+class ClosedBlocks:
+    """Closed segments decoded for past reads, by their text (so a hit is exactly what decoding it gives, and a
+    text never goes stale). A closed segment never changes, and past reads near one time decode the same ones
+    again: decoding them was about a quarter of such a read's Python time. The entries hold at most `budget`
+    characters of text, the oldest going first (their blocks take a few times that); read, never changed, by
+    the readers. Thread-safe (a race may decode a segment twice)."""
+
+    def __init__(self, budget: int = 2 << 20) -> None:
+        self._entries: dict[str, list[list[Any]]] = {}
+        self._held = 0
+        self._lock = threading.Lock()       # a miss's insert and evictions (a hit takes no lock)
+        self.budget = budget
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._held = 0
+
+    def get(self, text: str) -> list[list[Any]]:
+        got = self._entries.get(text)
+        if got is not None:
+            return got
+        got = decode(text)
+        if not text or len(text) > self.budget // 16:
+            return got
+        with self._lock:
+            if text not in self._entries:
+                while self._held + len(text) > self.budget:
+                    oldest = next(iter(self._entries))
+                    self._held -= len(oldest)
+                    del self._entries[oldest]
+                self._entries[text] = got
+                self._held += len(text)
+        return got
+
+
+CLOSED = ClosedBlocks()     # one per process: keyed by text, it serves every store
+
 
 WINDOWS = (8, 256, 4000)  # index entries read each side of t for a timeline whose ranges do not overlap, in turn
 SCAN = 4000               # index entries read at most for one whose ranges overlap, width unknown (more: whole)
@@ -355,7 +396,7 @@ def widened(spans: dict[str, Span], tail: list[list[Any]], at: Micros, known_at:
             got = fetch(need)
             if got is None:
                 return None
-            decoded.update((n, decode(body)) for n, body in got.items())
+            decoded.update((n, CLOSED.get(body)) for n, body in got.items())
         bounds = {p: s.bounds() for p, s in spans.items()}
         near, tls = nearest(decoded, tail, bounds, held, at, known_at)
         tls.update(fold(decoded, tail, {**{p: cut for p, cut in bounds.items() if p not in near},

@@ -338,7 +338,7 @@ class ViewReader:
                 chosen = [sub[1]]
                 flagged.append(True)
             tls = None if any(flagged) else past_timelines(
-                [*map(decode, chosen[:-1]), _blocks(chosen[-1], opened)], ps, at, known_at)
+                [*map(segment_past.CLOSED.get, chosen[:-1]), _blocks(chosen[-1], opened)], ps, at, known_at)
             if tls is None:
                 whole.append(e)
                 lasts[e] = chosen[-1]
