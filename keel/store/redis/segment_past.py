@@ -23,25 +23,26 @@ from bisect import bisect_right
 from collections.abc import Callable, Container, Sequence
 from itertools import pairwise
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from ...timeline import Timeline, covering
 from ...times import Micros
 from .codec import clamped_point, decode_point
 from .segments import add_rows, breaks_runs, decode, wanted_rows
 
+K = TypeVar("K")
+V = TypeVar("V")
 
-class ClosedBlocks:
-    """Closed segments decoded for past reads, by their text (so a hit is exactly what decoding it gives, and a
-    text never goes stale). A closed segment never changes, and past reads near one time decode the same ones
-    again: decoding them was about a quarter of such a read's Python time. The entries hold at most `budget`
-    characters of text, the oldest going first (their blocks take a few times that); read, never changed, by
-    the readers. Thread-safe (a race may decode a segment twice)."""
 
-    def __init__(self, budget: int = 2 << 20) -> None:
-        self._entries: dict[str, list[list[Any]]] = {}
+class TextBudget(Generic[K, V]):
+    """Values kept by keys that name a segment's text, at most `budget` characters of those texts in all, the
+    oldest going first; a text over a sixteenth of the budget is never kept (it would push out many others).
+    Thread-safe: a hit takes no lock, a miss's insert and evictions do (a race may compute a value twice)."""
+
+    def __init__(self, budget: int) -> None:
+        self._entries: dict[K, tuple[V, int]] = {}      # key -> (value, characters of its text)
         self._held = 0
-        self._lock = threading.Lock()       # a miss's insert and evictions (a hit takes no lock)
+        self._lock = threading.Lock()
         self.budget = budget
 
     def clear(self) -> None:
@@ -49,21 +50,38 @@ class ClosedBlocks:
             self._entries.clear()
             self._held = 0
 
-    def get(self, text: str) -> list[list[Any]]:
-        got = self._entries.get(text)
-        if got is not None:
-            return got
-        got = decode(text)
-        if not text or len(text) > self.budget // 16:
-            return got
+    def _kept(self, key: K) -> V | None:
+        got = self._entries.get(key)
+        return None if got is None else got[0]
+
+    def _keep(self, key: K, text: str, value: V) -> None:
+        size = len(text)
+        if not size or size > self.budget // 16:
+            return
         with self._lock:
-            if text not in self._entries:
-                while self._held + len(text) > self.budget:
-                    oldest = next(iter(self._entries))
-                    self._held -= len(oldest)
-                    del self._entries[oldest]
-                self._entries[text] = got
-                self._held += len(text)
+            if key in self._entries:
+                return
+            while self._held + size > self.budget:
+                oldest = next(iter(self._entries))
+                self._held -= self._entries.pop(oldest)[1]
+            self._entries[key] = (value, size)
+            self._held += size
+
+
+class ClosedBlocks(TextBudget[str, list[list[Any]]]):
+    """Closed segments decoded for past reads, by their text (so a hit is exactly what decoding it gives, and a
+    text never goes stale). A closed segment never changes, and past reads near one time decode the same ones
+    again: decoding them was about a quarter of such a read's Python time. Their blocks take a few times the
+    text's size; read, never changed, by the readers."""
+
+    def __init__(self, budget: int = 2 << 20) -> None:
+        super().__init__(budget)
+
+    def get(self, text: str) -> list[list[Any]]:
+        got = self._kept(text)
+        if got is None:
+            got = decode(text)
+            self._keep(text, text, got)
         return got
 
 

@@ -14,7 +14,6 @@ generation checks and the cold tier.
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -42,7 +41,7 @@ class ViewHost(cold_tier.ColdTierHost, Protocol):
     def _folds(self, tenant: str, entities: list[str], gen: int | None = None) -> dict[str, Fold]: ...
 
 
-class FoldCache:
+class FoldCache(segment_past.TextBudget[tuple[str, Any], Fold]):
     """Open segments folded for present views, by the segment's text and the relations wanted of it.
 
     A view of an entity reads its open segment and that of every subject of a relation naming it (a debt: its
@@ -54,22 +53,14 @@ class FoldCache:
     objects. Thread-safe (a race may fold a segment twice); its folds are read, never changed, by the views."""
 
     def __init__(self, budget: int = 4 << 20) -> None:
-        self._entries: dict[tuple[str, Any], Fold] = {}
-        self._held = 0
-        self._lock = threading.Lock()       # a miss's insert and evictions (a hit takes no lock)
-        self.budget = budget
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._held = 0
+        super().__init__(budget)
 
     def get(self, text: str, relations: list[str] | None = None) -> Fold:
         """The fold of a segment: of every timeline (`relations` None: the viewed entity's own), or of the
         relations P named (a subject's)."""
         key = (text, None if relations is None else relations[0] if len(relations) == 1
                else tuple(sorted(set(relations))))
-        got = self._entries.get(key)
+        got = self._kept(key)
         if got is not None:
             return got
         blocks = decode(text)
@@ -79,17 +70,7 @@ class FoldCache:
         else:
             for provs, p, rows in wanted_rows(blocks, set(relations)):
                 add_rows(got.timelines, p, provs, rows)
-        if len(text) > self.budget // 16:     # a text that would push out many others
-            return got
-        with self._lock:
-            if key in self._entries:
-                return got
-            while self._held + len(text) > self.budget:
-                oldest = next(iter(self._entries))
-                self._held -= len(oldest[0])
-                del self._entries[oldest]
-            self._entries[key] = got
-            self._held += len(text)
+        self._keep(key, text, got)
         return got
 
 
