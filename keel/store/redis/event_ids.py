@@ -76,9 +76,8 @@ def _decimal(text: str) -> bool:
 
 def _partition(head: str) -> tuple[str, str] | None:
     """What the `K` form keeps around the offset of an origin starting `head` (`at <topic> partition <p>`), None
-    when it keeps none (from a process-wide cache: a worker's marks name a few partitions)."""
-    if head in _PARTITIONS:
-        return _PARTITIONS[head]
+    when it keeps none; kept in a process-wide cache (a worker's marks name a few partitions) that pack_mark reads
+    first."""
     if len(_PARTITIONS) > _GUESSES:
         _PARTITIONS.clear()
     words = head.split(" ")
@@ -107,8 +106,8 @@ def pack_mark(mark: str | None) -> str:
     if origin == EARLIER:
         return digest
     where, sep, offset = origin.rpartition(" offset ")
-    if sep and _decimal(offset):
-        parts = _partition(where)
+    if sep and offset.isdigit() and offset.isascii() and len(offset) <= 18 and (offset[0] != "0" or offset == "0"):
+        parts = _PARTITIONS[where] if where in _PARTITIONS else _partition(where)     # _decimal(offset), inlined
         if parts is not None:
             return f"{digest}{parts[0]}{_number(int(offset))}{parts[1]}"
     elif origin[:8] == "at line " and _decimal(origin[8:]) and origin[8] != "0":
