@@ -36,7 +36,9 @@ V = TypeVar("V")
 
 class TextBudget(Generic[K, V]):
     """Values kept by keys that name a segment's text, at most `budget` characters of those texts in all, the
-    oldest going first; a text over a sixteenth of the budget is never kept (it would push out many others).
+    oldest going first; a text over a sixteenth of the budget is never kept (it would push out many others). An
+    empty text is kept (it costs nothing): a subject with no open segment then folds to the same Fold each time,
+    which the present views remembered on folds rely on (segment_views._present).
     Thread-safe: a hit takes no lock, a miss's insert and evictions do (a race may compute a value twice)."""
 
     def __init__(self, budget: int) -> None:
@@ -56,7 +58,7 @@ class TextBudget(Generic[K, V]):
 
     def _keep(self, key: K, text: str, value: V) -> None:
         size = len(text)
-        if not size or size > self.budget // 16:
+        if size > self.budget // 16:
             return
         with self._lock:
             if key in self._entries:
