@@ -20,6 +20,10 @@ one store, and the writes of chunks of an eighth are checked equal to those. Val
     ends now / past     a debt linked to and unlinked from its household by turns (a relation with ends)
     voids now / past    a debt whose every 7th snapshot is corrected and every 13th retracted
 
+Each row repeats one read, so from the second call on the closed segments it decodes are decoded already
+(segment_past.ClosedBlocks, kept by text); --uncached empties that before every call, for the cost of a read of
+segments this process has not decoded before.
+
 Before timing, every shape's view is checked equal to the memory store's (fed the same writes) at the timed
 arguments and at --samples other valid days and recorded times spread over the history (not at every version).
 The collector is kept off the recorded histories (gc.freeze, and a young threshold like the one `keel worker`
@@ -57,6 +61,7 @@ from keel.cartridge import load_cartridge
 from keel.projector import Projector
 from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
+from keel.store.redis.segment_past import CLOSED
 from keel.store.writes import Write, event_key, relation_write
 from keel.times import parse_time
 
@@ -169,6 +174,8 @@ def main() -> None:
     ap.add_argument("--step", type=int, default=8, help="events per commit step when writing")
     ap.add_argument("--chunk", type=int, default=200, help="envelopes projected over one memory store")
     ap.add_argument("--samples", type=int, default=8, help="other valid days and recorded times checked per shape")
+    ap.add_argument("--uncached", action="store_true", help="empty the decoded closed segments (segment_past.CLOSED) "
+                    "before each call: the cost of a read whose segments this process has not decoded before")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES, metavar="SHAPE",
                     help=f"the shapes to time (default all: {', '.join(SHAPES)})")
     args = ap.parse_args()
@@ -202,7 +209,9 @@ def main() -> None:
                 for r in checks:
                     if reading.view(store, tenant, entity, **r) != reading.view(memory, tenant, entity, **r):
                         raise SystemExit(f"Redis answers {shape} at {n:,} versions ({r}) unlike the memory store")
-                calls[(n, shape)] = lambda t=tenant, e=entity, r=read: reading.view(store, t, e, **r)
+                calls[(n, shape)] = ((lambda t=tenant, e=entity, r=read: (CLOSED.clear(), reading.view(store, t, e, **r)))
+                                     if args.uncached else
+                                     (lambda t=tenant, e=entity, r=read: reading.view(store, t, e, **r)))
                 print(f"{shape} at {n:,} versions: Redis answers as the memory store at {len(checks)} times",
                       flush=True)
             built.clear()
