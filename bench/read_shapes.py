@@ -21,7 +21,7 @@ one store, and the writes of chunks of an eighth are checked equal to those. Val
     voids now / past    a debt whose every 7th snapshot is corrected and every 13th retracted
 
 Each row repeats one read, so from the second call on the closed segments it decodes are decoded already
-(segment_past.ClosedBlocks, kept by text); --uncached empties that before every call, for the cost of a read of
+(text_cache.ClosedBlocks, kept by text); --uncached empties that before every call, for the cost of a read of
 segments this process has not decoded before.
 
 Before timing, every shape's view is checked equal to the memory store's (fed the same writes) at the timed
@@ -61,7 +61,7 @@ from keel.cartridge import load_cartridge
 from keel.projector import Projector
 from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
-from keel.store.redis.segment_past import CLOSED
+from keel.store.redis.text_cache import CLOSED
 from keel.store.writes import Write, event_key, relation_write
 from keel.times import parse_time
 
@@ -174,7 +174,7 @@ def main() -> None:
     ap.add_argument("--step", type=int, default=8, help="events per commit step when writing")
     ap.add_argument("--chunk", type=int, default=200, help="envelopes projected over one memory store")
     ap.add_argument("--samples", type=int, default=8, help="other valid days and recorded times checked per shape")
-    ap.add_argument("--uncached", action="store_true", help="empty the decoded closed segments (segment_past.CLOSED) "
+    ap.add_argument("--uncached", action="store_true", help="empty the decoded closed segments (text_cache.CLOSED) "
                     "before each call: the cost of a read whose segments this process has not decoded before")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES, metavar="SHAPE",
                     help=f"the shapes to time (default all: {', '.join(SHAPES)})")

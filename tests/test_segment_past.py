@@ -26,7 +26,7 @@ from keel import reading
 from keel.cartridge import load_cartridge
 from keel.projector import Projector
 from keel.store.memory import MemoryStore
-from keel.store.redis import RedisStore, segment_past
+from keel.store.redis import RedisStore, segment_past, text_cache
 from keel.store.redis.codec import encode_point
 from keel.store.redis.segment_views import ViewReader
 from keel.store.redis.segments import decode
@@ -279,7 +279,7 @@ def test_an_end_in_the_open_segment_of_a_relation_whose_closed_rows_only_link(la
 def test_closed_blocks_are_decoded_once_by_text_and_the_oldest_go_first() -> None:
     """Past reads keep closed segments decoded by their text: a hit is the same blocks, and past the budget
     the oldest texts go first (a text over a sixteenth of the budget is decoded, never kept)."""
-    cache = segment_past.ClosedBlocks(budget=16 * 50)       # texts of 41-43 characters: about 19 kept
+    cache = text_cache.ClosedBlocks(budget=16 * 50)       # texts of 41-43 characters: about 19 kept
     texts = [f'[0,[["s","e{i}",{i}]],{{"l|x|":[[{i},0,"v{i}"]]}}]\n' for i in range(40)]
     first = cache.get(texts[0])
     assert first == decode(texts[0]) and cache.get(texts[0]) is first

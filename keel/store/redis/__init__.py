@@ -14,6 +14,7 @@
     starts.py, walks.py  what a worker's mirror reads first; the tenants and entities of a namespace
     store.py           RedisBase: connection, tenants, offsets, meta reads, generations (no entity data)
     segments.py, segment_scripts.py  an entity's segments, in Python and in Lua
+    text_cache.py      what is derived from a segment's text (folds, decoded blocks), kept by that text
     segment_views.py, segment_past.py  views now, at past times and as known then, read from segments
     segment_loader.py  bulk loads of a replay's shadow generation (a BulkLoader)
     segment_store.py   RedisStore: RedisBase plus the entities' segments (the one Redis store)

@@ -27,6 +27,7 @@ from . import segment_past, segment_scripts
 from .codec import clamped_point, freshness_of
 from .keys import escape, gen_keys, generation_of, index_key, key_of, prefix_of, unescape
 from .segments import Fold, add_rows, decode, past_timelines, recorded_range, wanted_rows
+from .text_cache import CLOSED, TextBudget
 from .transport import pipelined
 
 
@@ -41,7 +42,7 @@ class ViewHost(cold_tier.ColdTierHost, Protocol):
     def _folds(self, tenant: str, entities: list[str], gen: int | None = None) -> dict[str, Fold]: ...
 
 
-class FoldCache(segment_past.TextBudget[tuple[str, Any], Fold]):
+class FoldCache(TextBudget[tuple[str, Any], Fold]):
     """Open segments folded for present views, by the segment's text and the relations wanted of it.
 
     A view of an entity reads its open segment and that of every subject of a relation naming it (a debt: its
@@ -319,7 +320,7 @@ class ViewReader:
                 chosen = [sub[1]]
                 flagged.append(True)
             tls = None if any(flagged) else past_timelines(
-                [*map(segment_past.CLOSED.get, chosen[:-1]), _blocks(chosen[-1], opened)], ps, at, known_at)
+                [*map(CLOSED.get, chosen[:-1]), _blocks(chosen[-1], opened)], ps, at, known_at)
             if tls is None:
                 whole.append(e)
                 lasts[e] = chosen[-1]
