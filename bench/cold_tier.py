@@ -14,7 +14,7 @@ down; works in a private PostgreSQL schema and two fresh Redis namespaces, both 
   3. Redis bytes (MEMORY USAGE of every key of the tenant, by kind) per event, off vs on; PostgreSQL bytes;
   4. reads in-process (the store's view, then Tools.context): now, at a past time older than --cold-after
      (served from the cold tier when on), and with known_at; p50/p99 µs and CPU µs per call, off vs on,
-     reads now also with the store's FoldCache emptied before each call (the first read after writes to the
+     reads now also with the store's FoldCache and PresentViews emptied before each call (the first read after writes to the
      entity and its relations' subjects: every open segment decoded again),
      in alternating blocks (after gc.freeze of what the build left, as bench/read_shapes.py: a full collection
      over it otherwise lands in about 1% of the calls, some 50 ms each);
@@ -242,6 +242,7 @@ def main() -> int:
                   f"{b[0]:>8.0f} /{b[1]:>7.0f} ({b[2]:>5.0f}){b[1] / a[1]:>12.2f}")
         def uncached(t: Tools) -> object:
             t.store._views._folds.clear()          # type: ignore[attr-defined]   # every segment decoded again
+            t.store._views._views.clear()          # type: ignore[attr-defined]   # and every view built again
             return t.context(ent())
         for what, call in (("context now", lambda t: t.context(ent())),
                            ("context now, no folds cached", uncached),

@@ -1,6 +1,6 @@
 """`Timeline.steady`: a read believed now gives the same answer at every time of the span it names; the Redis
 store's present views are reused while "now" stays inside the spans of every timeline they read
-(keel/store/redis/present.py).
+(keel/store/redis/segment_views.py, PresentViews).
 
 Property: for generated timelines (values, ends, voids, expiries, corrections at one point), the answer at t and at
 every other time inside [low, high) is the same, for facts (`as_of`) and relations (the covering run); and each

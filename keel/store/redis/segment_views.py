@@ -4,8 +4,8 @@ A view reads the entity's open segment and those of the subjects of relations na
 trip; an entity viewed before, whose subjects are known, by plain commands in one MULTI instead, the subjects'
 segments by MGET); those serve reads at or after their restatements' anchors. Each segment is folded once per
 text (FoldCache): a view now decodes only the segments that changed since the last view of this process, and of
-a subject only the relations naming the viewed entity; a view believed now is remembered on the entity's fold and
-reused while its folds are the same and the time stays where its answer holds (`_present`). A read with `known_at` first asks the recorded-time index
+a subject only the relations naming the viewed entity; a view believed now is kept by the texts it was read from
+and reused while the time stays where its answer holds (`PresentViews`). A read with `known_at` first asks the recorded-time index
 which closed segment of each entity stands for what was known then (KNOWN). A read at an earlier time reads the
 closed segments the valid-time index names (PAST), and, where those do not answer exactly, reads around the time
 until they do (INDEX and SEGMENTS, segment_past.py); whole histories only as the
@@ -71,8 +71,55 @@ class FoldCache(TextBudget[tuple[str, Any], Fold]):
         else:
             for provs, p, rows in wanted_rows(blocks, set(relations)):
                 add_rows(got.timelines, p, provs, rows)
-        self._keep(key, text, got)
+        self._keep(key, len(text), got)
         return got
+
+
+class PresentViews(TextBudget[tuple[Any, ...], tuple[Micros, Micros | None, EntityView]]):
+    """Views believed now, kept by what they were read from (tenant, entity, scopes, parts, the open segments'
+    texts and the elements naming the subjects) with the span of times where each holds, and handed out again
+    (copied: callers may change what they get) while `at` stays inside it. Once the folds were cached, shaping a
+    debt's view from them at every call (25 relations, the facts), the 26 fold look-ups and their `serves` checks
+    were most of a `context` now, though nothing read had changed.
+
+    The span: from where every fold read serves (`Fold.serves` is t >= each restatement anchor) and the greatest
+    point or expiry <= `at` of every timeline read, to the least point or expiry > `at` (`Timeline.steady`).
+    Keyed by the texts themselves, a hit is exactly what building the view again gives; at most `budget`
+    characters of text, the oldest going first."""
+
+    def __init__(self, budget: int = 4 << 20) -> None:
+        super().__init__(budget)
+
+    def get(self, key: tuple[Any, ...], at: Micros) -> EntityView | None:
+        got = self._kept(key)
+        if got is None or at < got[0] or (got[1] is not None and at >= got[1]):
+            return None
+        return _copied(got[2])
+
+    def build(self, key: tuple[Any, ...], r: ViewRequest, own: Fold, subjects: dict[str, Fold], elements: list[str],
+              at: Micros) -> EntityView:
+        """The view at `at` from folds that all serve it (read as believed now), kept under `key`."""
+        point_keys, rel_keys, keyed = _keyed(r, {r.entity: own.timelines,
+                                                 **{o: f.timelines for o, f in subjects.items()}}, elements)
+        low = max((a for f in (own, *subjects.values()) for a in f.anchors.values()), default=_EARLIEST)
+        high: Micros | None = None
+        for k in (*point_keys, *rel_keys):
+            lo, hi = keyed[k].steady(at)
+            if lo is not None and lo > low:
+                low = lo
+            if hi is not None and (high is None or hi < high):
+                high = hi
+        view = _entity_view(r.entity, point_keys, rel_keys, keyed, at, None)
+        self._keep(key, len(key[4]) + sum(map(len, key[6])), (low, high, view))
+        return _copied(view)
+
+
+_EARLIEST = -(1 << 62)       # before every time: a span with no lower bound
+
+
+def _copied(view: EntityView) -> EntityView:
+    return view._replace(info=view.info._replace(labels=dict(view.info.labels)),
+                         facts=[dict(f) for f in view.facts], relations=[dict(x) for x in view.relations])
 
 
 SUBJECTS_KEPT = 100_000           # subjects' names remembered for views by MGET, in all (a few MB)
@@ -90,6 +137,7 @@ class ViewReader:
         self._index_script = client.register_script(segment_scripts.INDEX)
         self._segments_script = client.register_script(segment_scripts.SEGMENTS)
         self._folds = FoldCache()
+        self._views = PresentViews()
         self._subjects: dict[tuple[str, str], list[str]] = {}    # (tenant, entity) -> escaped subjects, last seen
         self._subjects_held = 0
 
@@ -130,6 +178,14 @@ class ViewReader:
                 timelines = self._whole(r.tenant, [r.entity, *(_owner(el) for el in elements)])
                 out.append(_view(r, timelines, elements, at, known_at)._replace(freshness=freshness_of(meta)))
                 continue
+            present = None if known_at is not None else (
+                r.tenant, r.entity, None if r.scopes is None else tuple(r.scopes), r.parts, seg, tuple(elements),
+                tuple(segs))
+            if present is not None:
+                kept = self._views.get(present, at)
+                if kept is not None:
+                    out.append(kept._replace(freshness=freshness_of(meta)))
+                    continue
             own = self._folds.get(subs[r.entity][1] if r.entity in subs else seg)
             texts: dict[str, str] = {}
             wanted: dict[str, list[str]] = {}
@@ -143,8 +199,8 @@ class ViewReader:
             subjects = {owner: self._folds.get(text, wanted[owner]) for owner, text in texts.items()}
             if not (own.serves(at) and all(f.serves(at) for f in subjects.values())):
                 view = _view(r, self._past(r, own, elements, at, known_at, subs), elements, at, known_at)
-            elif known_at is None:
-                view = _present(r, own, subjects, elements, at)
+            elif present is not None:
+                view = self._views.build(present, r, own, subjects, elements, at)
             else:
                 view = _view(r, {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}},
                              elements, at, known_at)
@@ -448,39 +504,6 @@ def _parsed(entity: str, text: str) -> tuple[Key, str]:
         got = _PARSED[(entity, text)] = (index_key(entity, text),
                                          text[text.index("|") + 1:] if text[0] == ">" else text)
     return got
-
-
-VIEWS_PER_FOLD = 8         # present views remembered on one open segment's fold (other scopes, parts, subjects)
-
-
-def _present(r: ViewRequest, own: Fold, subjects: dict[str, Fold], elements: list[str], at: Micros) -> EntityView:
-    """The view believed now at `at` from folds that serve it, remembered on the entity's fold (`Fold.memo`, gone
-    with it) with the span of times where it holds: `Timeline.steady` over every timeline it read. A view asked
-    again while nothing it read changed (the same folds: a changed segment is another fold) and `at` stays inside
-    that span is the remembered one: building it again was a third of a debt's `context` (25 relations). A copy
-    is returned: callers may change what they get."""
-    key = (r.entity, None if r.scopes is None else tuple(r.scopes), r.parts, tuple(subjects.values()),
-           tuple(elements))
-    memo = own.memo
-    got = None if memo is None else memo.get(key)
-    if got is None or not ((got[0] is None or got[0] <= at) and (got[1] is None or at < got[1])):
-        point_keys, rel_keys, keyed = _keyed(r, {r.entity: own.timelines,
-                                                 **{o: f.timelines for o, f in subjects.items()}}, elements)
-        low: Micros | None = None
-        high: Micros | None = None
-        for k in (*point_keys, *rel_keys):
-            lo, hi = keyed[k].steady(at)
-            if lo is not None and (low is None or lo > low):
-                low = lo
-            if hi is not None and (high is None or hi < high):
-                high = hi
-        got = (low, high, _entity_view(r.entity, point_keys, rel_keys, keyed, at, None))
-        if memo is None or len(memo) >= VIEWS_PER_FOLD:
-            own.memo = memo = {}            # a new dict, not evictions: readers of the old one may be iterating
-        memo[key] = got
-    view: EntityView = got[2]
-    return view._replace(info=view.info._replace(labels=dict(view.info.labels)),
-                         facts=[dict(f) for f in view.facts], relations=[dict(x) for x in view.relations])
 
 
 def _keyed(r: ViewRequest, timelines: dict[str, dict[str, Timeline]], elements: list[str],

@@ -184,11 +184,10 @@ class Fold:
     delta may reach below one (then only a whole fold is exact). `deltas=False` leaves the deltas' rows out
     (their timelines are there, empty) until `fill`: whether the fold `serves` a read needs none of them, and a
     read it does not serve reads other segments."""
-    __slots__ = ("anchors", "dirty", "fallbacks", "memo", "starts", "timelines", "voided")
+    __slots__ = ("anchors", "dirty", "fallbacks", "starts", "timelines", "voided")
 
     def __init__(self, blocks: Iterable[list[Any]], whole: bool, deltas: bool = True) -> None:
         self.timelines: dict[str, Timeline] = {}
-        self.memo: dict[Any, Any] | None = None     # what readers derive from this fold, dropped with it
         self.anchors: dict[str, Micros] = {}
         self.starts: dict[str, Micros] = {}     # relations restated with the start of the run covering the anchor
         self.fallbacks: set[str] = set()        # other timelines restated with the point deciding before the anchor

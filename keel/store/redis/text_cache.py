@@ -15,8 +15,7 @@ V = TypeVar("V")
 class TextBudget(Generic[K, V]):
     """Values kept by keys that name a segment's text, at most `budget` characters of those texts in all, the
     oldest going first; a text over a sixteenth of the budget is never kept (it would push out many others). An
-    empty text is kept (it costs nothing): a subject with no open segment then folds to the same Fold each time,
-    which the present views remembered on folds rely on (segment_views._present).
+    empty text is kept (it costs nothing): a subject with no open segment then folds to the same Fold each time.
     Thread-safe: a hit takes no lock, a miss's insert and evictions do (a race may compute a value twice)."""
 
     def __init__(self, budget: int) -> None:
@@ -34,8 +33,8 @@ class TextBudget(Generic[K, V]):
         got = self._entries.get(key)
         return None if got is None else got[0]
 
-    def _keep(self, key: K, text: str, value: V) -> None:
-        size = len(text)
+    def _keep(self, key: K, size: int, value: V) -> None:
+        """Keep `value` under `key`, counted as `size` characters of text (those of the texts the key names)."""
         if size > self.budget // 16:
             return
         with self._lock:
@@ -61,7 +60,7 @@ class ClosedBlocks(TextBudget[str, list[list[Any]]]):
         got = self._kept(text)
         if got is None:
             got = decode(text)
-            self._keep(text, text, got)
+            self._keep(text, len(text), got)
         return got
 
 
