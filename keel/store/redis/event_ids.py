@@ -106,8 +106,8 @@ def pack_mark(mark: str | None) -> str:
     if origin == EARLIER:
         return digest
     where, sep, offset = origin.rpartition(" offset ")
-    if sep and offset.isdigit() and offset.isascii() and len(offset) <= 18 and (offset[0] != "0" or offset == "0"):
-        parts = _PARTITIONS[where] if where in _PARTITIONS else _partition(where)     # _decimal(offset), inlined
+    if sep and _decimal(offset):
+        parts = _PARTITIONS[where] if where in _PARTITIONS else _partition(where)
         if parts is not None:
             return f"{digest}{parts[0]}{_number(int(offset))}{parts[1]}"
     elif origin[:8] == "at line " and _decimal(origin[8:]) and origin[8] != "0":
@@ -124,8 +124,7 @@ def id_args(ids: Sequence[str]) -> tuple[str, list[Any]]:
         rec = getattr(event_id, "recorded_at", None)
         if rec is not None and (latest is None or rec > latest):
             latest = rec
-        args += (event_id, pack_mark(getattr(event_id, "mark", None)),
-                 _FIRST32(_sha1(event_id.encode()).digest())[0])       # id_hash, inlined
+        args += (event_id, pack_mark(getattr(event_id, "mark", None)), id_hash(event_id))
     return ("" if latest is None else str(latest)), args
 
 
