@@ -26,7 +26,7 @@ from keel.store.base import (
 )
 from keel.store.memory import MemoryStore
 from keel.store.redis import BulkLoader, RedisStore
-from keel.store.redis.segment_views import FoldCache
+from keel.store.redis.text_cache import FoldCache
 
 pytestmark = pytest.mark.services
 

@@ -26,8 +26,8 @@ from . import cold as cold_tier
 from . import segment_past, segment_scripts
 from .codec import clamped_point, freshness_of
 from .keys import escape, gen_keys, generation_of, index_key, key_of, prefix_of, unescape
-from .segments import Fold, add_rows, decode, past_timelines, recorded_range, wanted_rows
-from .text_cache import CLOSED, TextBudget
+from .segments import Fold, decode, past_timelines, recorded_range
+from .text_cache import CLOSED, FoldCache, TextBudget
 from .transport import pipelined
 
 
@@ -42,39 +42,6 @@ class ViewHost(cold_tier.ColdTierHost, Protocol):
     def _folds(self, tenant: str, entities: list[str], gen: int | None = None) -> dict[str, Fold]: ...
 
 
-class FoldCache(TextBudget[tuple[str, Any], Fold]):
-    """Open segments folded for present views, by the segment's text and the relations wanted of it.
-
-    A view of an entity reads its open segment and that of every subject of a relation naming it (a debt: its
-    25 dues), and folding them was most of its time, though a segment changes far less often than it is read.
-    The text itself is the key, so a hit is exactly what folding it again gives (a changed segment is another
-    key: nothing goes stale). Of a subject only the relations naming the viewed entity are folded (its other
-    timelines are left empty); `Fold.serves` still says whether the segment serves a read. The entries hold at
-    most `budget` characters of text, the oldest going first; folded, they take a few times that in Python
-    objects. Thread-safe (a race may fold a segment twice); its folds are read, never changed, by the views."""
-
-    def __init__(self, budget: int = 4 << 20) -> None:
-        super().__init__(budget)
-
-    def get(self, text: str, relations: list[str] | None = None) -> Fold:
-        """The fold of a segment: of every timeline (`relations` None: the viewed entity's own), or of the
-        relations P named (a subject's)."""
-        key = (text, None if relations is None else relations[0] if len(relations) == 1
-               else tuple(sorted(set(relations))))
-        got = self._kept(key)
-        if got is not None:
-            return got
-        blocks = decode(text)
-        got = Fold(blocks, whole=False, deltas=False)
-        if relations is None:
-            got.fill(blocks)
-        else:
-            for provs, p, rows in wanted_rows(blocks, set(relations)):
-                add_rows(got.timelines, p, provs, rows)
-        self._keep(key, len(text), got)
-        return got
-
-
 class PresentViews(TextBudget[tuple[Any, ...], tuple[Micros, Micros | None, EntityView]]):
     """Views believed now, kept by what they were read from (tenant, entity, scopes, parts, the open segments'
     texts and the elements naming the subjects) with the span of times where each holds, and handed out again
@@ -87,8 +54,7 @@ class PresentViews(TextBudget[tuple[Any, ...], tuple[Micros, Micros | None, Enti
     Keyed by the texts themselves, a hit is exactly what building the view again gives; at most `budget`
     characters of text, the oldest going first."""
 
-    def __init__(self, budget: int = 4 << 20) -> None:
-        super().__init__(budget)
+    BUDGET = 4 << 20
 
     def get(self, key: tuple[Any, ...], at: Micros) -> EntityView | None:
         got = self._kept(key)
@@ -96,9 +62,10 @@ class PresentViews(TextBudget[tuple[Any, ...], tuple[Micros, Micros | None, Enti
             return None
         return _copied(got[2])
 
-    def build(self, key: tuple[Any, ...], r: ViewRequest, own: Fold, subjects: dict[str, Fold], elements: list[str],
-              at: Micros) -> EntityView:
-        """The view at `at` from folds that all serve it (read as believed now), kept under `key`."""
+    def build(self, key: tuple[Any, ...], size: int, r: ViewRequest, own: Fold, subjects: dict[str, Fold],
+              elements: list[str], at: Micros) -> EntityView:
+        """The view at `at` from folds that all serve it (read as believed now), kept under `key`, counted as
+        `size` characters of text (those of the segments it was read from)."""
         point_keys, rel_keys, keyed = _keyed(r, {r.entity: own.timelines,
                                                  **{o: f.timelines for o, f in subjects.items()}}, elements)
         low = max((a for f in (own, *subjects.values()) for a in f.anchors.values()), default=_EARLIEST)
@@ -110,7 +77,7 @@ class PresentViews(TextBudget[tuple[Any, ...], tuple[Micros, Micros | None, Enti
             if hi is not None and (high is None or hi < high):
                 high = hi
         view = _entity_view(r.entity, point_keys, rel_keys, keyed, at, None)
-        self._keep(key, len(key[4]) + sum(map(len, key[6])), (low, high, view))
+        self._keep(key, size, (low, high, view))
         return _copied(view)
 
 
@@ -200,7 +167,7 @@ class ViewReader:
             if not (own.serves(at) and all(f.serves(at) for f in subjects.values())):
                 view = _view(r, self._past(r, own, elements, at, known_at, subs), elements, at, known_at)
             elif present is not None:
-                view = self._views.build(present, r, own, subjects, elements, at)
+                view = self._views.build(present, len(seg) + sum(map(len, segs)), r, own, subjects, elements, at)
             else:
                 view = _view(r, {r.entity: own.timelines, **{o: f.timelines for o, f in subjects.items()}},
                              elements, at, known_at)
