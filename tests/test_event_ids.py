@@ -16,7 +16,15 @@ from support.services import service_env
 
 from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
-from keel.store.redis.event_ids import EARLIER, id_args, id_hash, pack_mark, unpack_mark
+from keel.store.redis.event_ids import (
+    EARLIER,
+    id_args,
+    id_bucket,
+    id_hash,
+    note_counts,
+    pack_mark,
+    unpack_mark,
+)
 from keel.store.redis.keys import BUCKETS, IDS, TenantKeys
 from keel.store.redis.lua import ID_BUCKETS, IDS_PER_BUCKET
 from keel.store.writes import event_key
@@ -74,15 +82,39 @@ def test_marks_pack_as_earlier_builds_packed_them(mark: str) -> None:
     assert pack_mark(mark) == _PACKED[mark] and unpack_mark(_PACKED[mark]) == mark
 
 
+def _groups(args: list[object]) -> tuple[int, int, list[tuple[object, list[tuple[object, object]]]]]:
+    """id_args' arguments read back as STEP_IDS reads them: nI, the bucket count, (bucket, its (id, mark) pairs)."""
+    n, nb, x, out = int(args[0]), int(args[1]), 2, []       # type: ignore[call-overload]
+    while x < len(args):
+        b, k = args[x], int(args[x + 1])                     # type: ignore[call-overload]
+        if k == 1:
+            pairs, x = [(args[x + 2], args[x + 3])], x + 4
+        else:
+            ids, flat = args[x + 2:x + 2 + k], args[x + 2 + k:x + 2 + 3 * k]
+            pairs, x = list(zip(flat[::2], flat[1::2])), x + 2 + 3 * k
+            assert [i for i, _ in pairs] == ids
+        out.append((b, pairs))
+    return n, nb, out
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.text(min_size=1), st.one_of(st.none(), _MARKS), st.one_of(st.none(), st.integers(0, 2 ** 62))),
-                max_size=8))
-def test_a_steps_id_arguments_are_each_ids_mark_and_hash(items: list[tuple[str, str | None, int | None]]) -> None:
-    """id_args (the writer's one pass over a step's ids) gives pack_mark's and id_hash's answers, and the latest
-    recorded_at the ids carry; a plain str id carries neither."""
+                max_size=40, unique_by=lambda t: t[0]), st.integers(0, 500), st.integers(1, 9))
+def test_a_steps_id_arguments_are_its_ids_and_marks_by_bucket(
+        items: list[tuple[str, str | None, int | None]], ne: int, nb: int) -> None:
+    """id_args (the writer's one pass over a step's ids) groups each id with pack_mark's answer under its bucket
+    for the bucket count the step's splits leave from the counts last noted, and gives the latest recorded_at the
+    ids carry; a plain str id carries neither."""
+    d = f"t{uuid.uuid4().hex}"
+    note_counts(d, ne, nb)
     ids = [event_key(i, m, r) if m is not None or r is not None else i for i, m, r in items]
-    latest, args = id_args(ids)
-    assert args == [x for i in ids for x in (i, pack_mark(getattr(i, "mark", None)), id_hash(i))]
+    latest, args = id_args(d, ids)
+    n, after, groups = _groups(args)
+    assert n == len(ids) and after == max(nb, -(-(ne + len(ids)) // IDS_PER_BUCKET))
+    assert len({b for b, _ in groups}) == len(groups)
+    assert sorted((str(i), m) for b, pairs in groups for i, m in pairs) == \
+        sorted((str(i), pack_mark(getattr(i, "mark", None))) for i in ids)
+    assert all(b == id_bucket(id_hash(str(i)), after) for b, pairs in groups for i, _ in pairs)
     times = [r for i in ids if (r := getattr(i, "recorded_at", None)) is not None]
     assert latest == (str(max(times)) if times else "")
 
@@ -155,14 +187,39 @@ def test_a_large_step_splits_the_buckets_before_it_adds_its_ids(store: RedisStor
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(min_size=1, max_size=80), min_size=1, max_size=50))
-def test_the_writer_hashes_ids_as_the_lua_buckets_do(ids: list[str]) -> None:
-    """The writer sends each id's hash (event_ids.id_hash) so the APPLY script spends no SHA-1 on it; splits and
-    single look-ups hash in Lua (lua.ID_BUCKETS' id_hash): both must give the same number for any text."""
+@given(st.lists(st.text(min_size=1, max_size=80), min_size=1, max_size=50), st.integers(1, 5000))
+def test_the_writer_buckets_ids_as_the_lua_buckets_do(ids: list[str], nb: int) -> None:
+    """The writer groups a step's ids by bucket (event_ids.id_hash and id_bucket) so the APPLY script spends no
+    SHA-1 on them; splits, single look-ups and a stale guess hash in Lua (lua.ID_BUCKETS): both must give the same
+    hash and bucket for any text and bucket count."""
     client = redis.Redis.from_url(service_env("KEEL_REDIS_URL"), decode_responses=True)
     try:
-        got = client.eval(ID_BUCKETS + "local out = {} for i = 1, #ARGV do out[i] = tostring(id_hash(ARGV[i])) end "
-                                       "return out", 0, *ids)
+        got = client.eval(ID_BUCKETS + "local nb = tonumber(ARGV[1]) local out = {} for i = 2, #ARGV do "
+                                       "local h = id_hash(ARGV[i]) "
+                                       "out[#out + 1] = {tostring(h), id_bucket(h, nb, id_top(nb))} end "
+                                       "return out", 0, nb, *ids)
     finally:
         client.close()
-    assert [int(h) for h in got] == [id_hash(i) for i in ids]
+    assert [(int(h), b) for h, b in got] == [(id_hash(i), id_bucket(id_hash(i), nb)) for i in ids]
+
+
+def test_a_stale_guess_of_the_buckets_still_adds_each_id_to_its_bucket(store: RedisStore) -> None:
+    """The writer's guess of the bucket count (the counts the last APPLY answered) may be stale: another writer
+    added ids meanwhile, or this one just started. The script then groups the ids itself: every id is found by the
+    Lua look-up in its bucket, the dedupe stays exact, and the answer sets the guess right again."""
+    d = TenantKeys(store.namespace, "t").data(1)
+    memory = MemoryStore()
+    for step, (ne, nb) in enumerate([(0, 1), (0, 1), (0, 1), (1000, 7), (0, 1), (70, 3), (None, None)]):
+        events = [([], event_key(f"s{step}-{i}", f"{i:016x} at line {i}", 1)) for i in range(45)]
+        events += [([], event_key(f"s0-{step}", None, 1))]          # applied at step 0 (from step 1 on)
+        if ne is not None:
+            note_counts(d, ne, nb)
+        for s in (store, memory):
+            s.commit_batch("t", events, None)
+    count, buckets = (int(x) for x in store.client.hmget(d + "m", IDS, BUCKETS))
+    assert count == len(memory.event_ids("t")) and (buckets - 1) * IDS_PER_BUCKET < count <= buckets * IDS_PER_BUCKET
+    for b in range(buckets):
+        assert all(id_bucket(id_hash(i), buckets) == b for i in store.client.hkeys(f"{d}e:{b}"))
+    assert store.event_marks("t") == memory.event_marks("t") and store.event_ids("t") == memory.event_ids("t")
+    assert all(store.has_event("t", i) for i in memory.event_ids("t"))
+    assert id_args(d, ["x"])[1][:2] == [1, max(buckets, -(-(count + 1) // IDS_PER_BUCKET))]

@@ -1,7 +1,8 @@
 """A generation's applied event ids and their marks (layout 3): small hashes id -> packed mark, read back exactly.
 
-The APPLY script keeps them in buckets `d e:<b>` by linear hashing (lua.STEP_IDS, the one place of the bucket
-rule; the writer sends each id's hash, `id_hash`), about 64 ids a bucket, which Redis keeps as listpacks: about 33 bytes per id and mark instead of ~130 in
+The APPLY script keeps them in buckets `d e:<b>` by linear hashing (lua.ID_BUCKETS, the bucket rule in Lua;
+`id_hash` and `id_bucket` here, with which the writer groups a step's ids by bucket: `id_args`), about 64 ids a
+bucket, which Redis keeps as listpacks: about 33 bytes per id and mark instead of ~130 in
 a set of ids plus a hash of marks (layout 2). Reads of single ids ask the ID_LOOKUP script, which finds an id's
 bucket; reads of every id read every bucket by name, the bucket count (`eb` of the meta hash) in the same
 MULTI/EXEC, and again with more buckets when it grew.
@@ -24,6 +25,7 @@ from typing import Any
 
 from ...errors import StoreUnavailable
 from .keys import BUCKETS, gen_keys
+from .lua import IDS_PER_BUCKET
 from .retries import RETRIES
 from .transport import Client, chunks
 
@@ -34,6 +36,7 @@ _VALUE = {c: i for i, c in enumerate(_DIGITS)}
 _TO_URL, _FROM_URL = bytes.maketrans(b"+/", b"-_"), bytes.maketrans(b"-_", b"+/")
 _GUESSES = 10_000                      # bucket counts remembered (by data prefix) before the cache is cleared
 _PARTITIONS: dict[str, tuple[str, str] | None] = {}    # `at <topic> partition <p>` -> the `K` form's parts
+_COUNTS: dict[str, tuple[int, int]] = {}    # data prefix -> (ids, buckets) its last APPLY answered (note_counts)
 _sha1 = hashlib.sha1
 _FIRST32 = struct.Struct(">I").unpack_from
 _b2a = binascii.b2a_base64
@@ -64,9 +67,15 @@ def _value(text: str) -> int:
 
 
 def id_hash(event_id: str) -> int:
-    """The hash that picks an id's bucket (lua.ID_BUCKETS' `id_hash`: the first 32 bits of its SHA-1), computed by
-    the writer for a commit step's ids so that the APPLY script spends no SHA-1 per id."""
+    """The hash that picks an id's bucket (lua.ID_BUCKETS' `id_hash`: the first 32 bits of its SHA-1)."""
     return int(_FIRST32(_sha1(event_id.encode()).digest())[0])   # as Lua: tonumber(sub(sha1hex, 1, 8), 16)
+
+
+def id_bucket(h: int, nb: int) -> int:
+    """The bucket of an id of hash `h` among `nb` (lua.ID_BUCKETS' `id_bucket`: linear hashing)."""
+    top = 1 << (nb.bit_length() - 1)
+    b = h % top
+    return h % (2 * top) if b < nb - top else b
 
 
 def _decimal(text: str) -> bool:
@@ -115,17 +124,40 @@ def pack_mark(mark: str | None) -> str:
     return digest + mark[16:]
 
 
-def id_args(ids: Sequence[str]) -> tuple[str, list[Any]]:
-    """A commit step's ids for the APPLY script (lua.STEP_IDS): the latest recorded_at they carry (keel.store.base
-    .EventId; "" when none does) and, per id, the triple (id, packed mark, id_hash), in one pass."""
-    args: list[Any] = []
+def id_args(d: str, ids: Sequence[str]) -> tuple[str, list[Any]]:
+    """A commit step's ids for the APPLY script of data prefix `d` (lua.STEP_IDS): the latest recorded_at they carry
+    (keel.store.base.EventId; "" when none does) and the arguments nI, the bucket count after the step's splits as
+    guessed from the counts the last APPLY answered (note_counts), then the ids with their packed marks grouped by
+    bucket for that count; in one pass. A wrong guess costs Redis a SHA-1 per id, never a wrong answer."""
     latest: Any = None
+    n = len(ids)
+    ne, nb = _COUNTS.get(d, (0, 1))
+    nb = max(nb, -(-(ne + n) // IDS_PER_BUCKET))     # the splits STEP_IDS makes first
+    groups: dict[int, list[Any]] = {}
     for event_id in ids:
         rec = getattr(event_id, "recorded_at", None)
         if rec is not None and (latest is None or rec > latest):
             latest = rec
-        args += (event_id, pack_mark(getattr(event_id, "mark", None)), id_hash(event_id))
+        b = id_bucket(id_hash(event_id), nb)
+        pair = (event_id, pack_mark(getattr(event_id, "mark", None)))
+        if b in groups:
+            groups[b].append(pair)
+        else:
+            groups[b] = [pair]
+    args: list[Any] = [n, nb]
+    for b, pairs in groups.items():
+        if len(pairs) == 1:
+            args += (b, 1, *pairs[0])
+        else:
+            args += (b, len(pairs), *(event_id for event_id, _ in pairs), *(x for pair in pairs for x in pair))
     return ("" if latest is None else str(latest)), args
+
+
+def note_counts(d: str, ne: Any, nb: Any) -> None:
+    """Keep the ids applied and the buckets of data prefix `d` an APPLY answered: id_args' next guess."""
+    if len(_COUNTS) > _GUESSES:
+        _COUNTS.clear()
+    _COUNTS[d] = (int(ne), int(nb))
 
 
 def unpack_mark(value: str) -> str | None:
@@ -224,4 +256,4 @@ class EventIdReads:
         return out
 
 
-__all__ = ["EARLIER", "EventIdReads", "id_args", "id_hash", "pack_mark", "unpack_mark"]
+__all__ = ["EARLIER", "EventIdReads", "id_args", "id_bucket", "id_hash", "note_counts", "pack_mark", "unpack_mark"]

@@ -69,13 +69,15 @@ end
 # A generation's applied event ids and their marks (keys.py: `d e:<b>`), in small hashes id -> packed mark
 # (event_ids.py; "" for an id without one) that Redis keeps as listpacks: buckets by linear hashing. The meta hash
 # holds `ne`, the ids applied, and `eb`, the buckets (absent: one). Bucket b of n holds the ids whose hash h
-# (the first 32 bits of the id's SHA-1: `id_hash` here, event_ids.id_hash in Python, which computes it for a
-# commit step's ids so that Redis does not; tests/test_event_ids.py compares the two) gives `h % top == b`, or `h % (2 * top) == b` when `h % top` is below
-# `n - top` (already split), with top the greatest power of 2 <= n. A step that would take the ids past
+# (the first 32 bits of the id's SHA-1) gives `h % top == b`, or `h % (2 * top) == b` when `h % top` is below
+# `n - top` (already split), with top the greatest power of 2 <= n: `id_hash` and `id_bucket` here,
+# event_ids.id_hash and id_bucket in Python, where the writer groups a commit step's ids by bucket so that Redis
+# neither hashes nor groups them (tests/test_event_ids.py compares the two). A step that would take the ids past
 # IDS_PER_BUCKET per bucket first splits bucket `n - top` into itself and `n` (its ids with `h % (2 * top) ~= n - top`
 # move), one bucket at a time: each id is moved O(1) times on average, a bucket holds about IDS_PER_BUCKET ids (at
 # most twice that on average, before its split), well below hash-max-listpack-entries (default 512). This is the
-# one place of the rule: reads of single ids go through ID_LOOKUP, reads of all ids read every bucket by name.
+# one place of the rule in Lua: reads of single ids go through ID_LOOKUP, reads of all ids read every bucket by
+# name.
 # 64, measured on bench/cold_tier.py's 15,600 ids with their packed marks (MEMORY USAGE per id): 16 a bucket 36.7 B,
 # 32 34.2 B, 64 32.6 B (fullest bucket 139), 128 31.8 B, 192 31.4 B; a set plus a hash took 129 B. Past 64 a byte
 # or less is saved while every lookup scans a listpack twice as long.
@@ -96,28 +98,31 @@ local function id_bucket(h, nb, top)
 end
 """
 
-# A commit step's event ids and marks: ARGV[8] nI, then nI triples (id, packed mark or "", id_hash of the id in
-# decimal) from ARGV[I]. First the
-# buckets are split (one at a time, as above) until they have room for the step's ids at IDS_PER_BUCKET a bucket,
-# so that no bucket takes a whole large step (a replay's step of 5,000 ids) and outgrows a listpack for good; the
-# bucket count is stored at once (a split changes no answer). Then the step's ids are grouped by bucket, and each
-# bucket's group is added in one call when it is one id (HSETNX) or two when it is more (HMGET finds those applied
-# already, then one HSET): a small tenant's step fills a bucket or two with a few calls, a large tenant's spreads
-# over many buckets at one call per id. A step's ids are distinct (batch.PendingStep drops repeats). Once an id is
-# found applied, the groups after it are only looked up, those written before it are removed again (HDEL) and the
-# answer is {3, id, ...} with every id found (nothing else is written: the writer drops them and retries). Each
-# call from Lua, and each write command in the append-only file and the replication stream, costs more than the
-# look-up itself: bench/redis_instructions.py counts them. It runs before the step's other
-# writes. KEYS[2] is the meta hash, whose name ends in `m` after the data prefix (`ne` and `eb` come from STEP_HELD's
-# read of it). Leaves `a` at the argument after the triples, and `ne` for STEP_META, which counts the ids.
+# A commit step's event ids and marks: ARGV[8] nI, ARGV[9] the bucket count the writer grouped them for (its
+# guess of `eb` after this step's splits: event_ids.id_args), then from ARGV[10] the groups, one per bucket: b,
+# n, then (id, packed mark or "") when n is 1, else the n ids and then the n pairs (id, mark), so that the group's
+# HMGET and HSET take ranges of ARGV as they are and no Lua runs per id. First the buckets are split (one at a
+# time, as above) until they have room for the step's ids at IDS_PER_BUCKET a bucket, so that no bucket takes a
+# whole large step (a replay's step of 5,000 ids) and outgrows a listpack for good; the bucket count is stored at
+# once (a split changes no answer). When the count then differs from the writer's (its guess was stale: a new
+# writer, another writer meanwhile), the ids are grouped here again, by id_hash (correctness never depends on the
+# guess; the answer tells the writer the counts: segment_scripts.APPLY). Each bucket's group is added in one call
+# when it is one id (HSETNX) or two when it is more (HMGET finds those applied already, then one HSET): a small
+# tenant's step fills a bucket or two with a few calls, a large tenant's spreads over many buckets at one call per
+# id. A step's ids are distinct (batch.PendingStep drops repeats). Once an id is found applied, the groups after
+# it are only looked up, those written before it are removed again (HDEL) and the answer is {3, id, ...} with
+# every id found (nothing else is written: the writer drops them and retries). Each call from Lua, each string of
+# ARGV, and each write command in the append-only file and the replication stream, costs more than the look-up
+# itself: bench/redis_instructions.py counts them. It runs before the step's other writes. KEYS[2] is the meta
+# hash, whose name ends in `m` after the data prefix (`ne` and `eb` come from STEP_HELD's read of it). Leaves `a`
+# at the argument after the groups, and `ne` and `nb` (the counts before the step, and the buckets after it) for
+# STEP_META and the answer.
 STEP_IDS = ID_BUCKETS + """
 local nI = tonumber(ARGV[8])
-local I = 9
 local idkeys = string.sub(KEYS[2], 1, -2) .. 'e:'
-local ne = 0
+local ne, nb = tonumber(meta[2] or '0'), tonumber(meta[3] or '1')
+local a = 10
 if nI > 0 then
-  ne = tonumber(meta[2] or '0')
-  local nb = tonumber(meta[3] or '1')
   local top = id_top(nb)
   if ne + nI > nb * """ + str(IDS_PER_BUCKET) + """ then
     repeat
@@ -141,47 +146,60 @@ if nI > 0 then
     until ne + nI <= nb * """ + str(IDS_PER_BUCKET) + """
     redis.call('HSET', KEYS[2], 'eb', nb)
   end
-  local by, sets, order, dup = {}, {}, {}, {3}
-  local low, top2 = nb - top, 2 * top         -- id_bucket, inlined: this loop runs once per id
-  for x = I, I + 3 * nI - 3, 3 do
-    local h = tonumber(ARGV[x + 2])
-    local b = h % top
-    if b < low then b = h % top2 end
-    local names = by[b]
-    if not names then
-      by[b] = {ARGV[x]}
-      sets[b] = {ARGV[x], ARGV[x + 1]}
-      order[#order + 1] = b
+  local dup, done = {3}, {}
+  -- add(key, ids, i, j, sets, p, q): the group ids[i..j] with its pairs sets[p..q] into bucket `key`
+  local function add(key, ids, i, j, sets, p, q)
+    if i == j and #dup == 1 then
+      if redis.call('HSETNX', key, ids[i], sets[p + 1]) == 0 then dup[2] = ids[i] return end
     else
-      names[#names + 1] = ARGV[x]
-      local set = sets[b]
-      set[#set + 1] = ARGV[x]
-      set[#set + 1] = ARGV[x + 1]
+      for s = i, j, 2000 do
+        local t = math.min(s + 1999, j)
+        local cur = redis.call('HMGET', key, unpack(ids, s, t))
+        for k = 1, t - s + 1 do if cur[k] then dup[#dup + 1] = ids[s + k - 1] end end
+      end
+      if #dup > 1 then return end
+      multi('HSET', key, sets, p, q)
     end
+    done[#done + 1] = key
+    done[#done + 1] = ids
+    done[#done + 1] = i
+    done[#done + 1] = j
   end
-  local wrote = 0
-  for n, b in ipairs(order) do
-    local names, key = by[b], idkeys .. b
-    if #names == 1 and #dup == 1 then
-      if redis.call('HSETNX', key, names[1], sets[b][2]) == 1 then wrote = n else dup[2] = names[1] end
+  local by, sets, order = {}, {}, nil
+  if ARGV[9] ~= tostring(nb) then order = {} end
+  local seen = 0
+  while seen < nI do
+    local n = tonumber(ARGV[a + 1])
+    local i, p, q = a + 2, a + 2 + n, a + 1 + 3 * n
+    if n == 1 then p, q = i, i + 1 end
+    if not order then
+      add(idkeys .. ARGV[a], ARGV, i, i + n - 1, ARGV, p, q)
     else
-      for i = 1, #names, 2000 do
-        local j = math.min(i + 1999, #names)
-        local cur = redis.call('HMGET', key, unpack(names, i, j))
-        for k = i, j do if cur[k - i + 1] then dup[#dup + 1] = names[k] end end
-      end
-      if #dup == 1 then
-        multi('HSET', key, sets[b])
-        wrote = n
+      for x = p, q, 2 do
+        local b = id_bucket(id_hash(ARGV[x]), nb, top)
+        local names = by[b]
+        if not names then
+          by[b], sets[b] = {}, {}
+          names = by[b]
+          order[#order + 1] = b
+        end
+        local set = sets[b]
+        names[#names + 1] = ARGV[x]
+        set[#set + 1] = ARGV[x]
+        set[#set + 1] = ARGV[x + 1]
       end
     end
+    seen = seen + n
+    a = q + 1
+  end
+  if order then
+    for _, b in ipairs(order) do add(idkeys .. b, by[b], 1, #by[b], sets[b], 1, #sets[b]) end
   end
   if #dup > 1 then
-    for n = 1, wrote do multi('HDEL', idkeys .. order[n], by[order[n]]) end
+    for w = 1, #done, 4 do multi('HDEL', done[w], done[w + 1], done[w + 2], done[w + 3]) end
     return dup
   end
 end
-local a = I + 3 * nI
 """
 
 # KEYS: 1 gen, 2 meta hash. ARGV: 1 expected gen, 2.. event ids. Answers {1, packed mark ("" none) or nil per id

@@ -32,18 +32,20 @@ from .lua import GEN_CHECK, LOG_CHUNKS, MULTI, STEP_HELD, STEP_IDS, STEP_META
 #       entity e (1-based): 2 + 2e its open segment, 3 + 2e its incoming relations (set).
 # ARGV (3 to 9 shared with lua.py's STEP_* parts): 1 expected gen, 2 the size past which a segment is reported, 3 offset field
 #       ("" = none), 4 offset, 5 the latest recorded_at of the writes ("" = none), 6 the partition's lag after this
-#       step ("" = unknown), 7 the latest recorded_at of the ids ("" = none), 8 nI, nI pairs (id, packed mark or
-#       "": lua.STEP_IDS), nE, then per entity: name, least recorded_at of the writes involving it, its delta
-#       block ("" = none), nX, nX elements to add to its incoming relations; then the change-log chunks of the
-#       step's writes (changelog.py), appended to `<data prefix>ch`.
-# Answers {1, e...}: the entities (1-based) whose open segment is now larger than ARGV[2] (the writer closes
-# them); {3, id...} when ids were applied already (nothing written: the writer drops them and retries); {4, stored}
-# when the tenant's state went back (scripts.STEP_HELD).
+#       step ("" = unknown), 7 the latest recorded_at of the ids ("" = none), 8 nI, 9 the writer's bucket count,
+#       the nI ids and packed marks grouped by bucket (lua.STEP_IDS), nE, then per entity: name, least
+#       recorded_at of the writes involving it, its delta block ("" = none), nX, nX elements to add to its
+#       incoming relations; then the change-log chunks of the step's writes (changelog.py), appended to
+#       `<data prefix>ch`.
+# Answers {1, ne, nb, e...}: the ids applied and their buckets now (the writer's next guess: event_ids.note_counts),
+# then the entities (1-based) whose open segment is now larger than ARGV[2] (the writer closes them); {3, id...}
+# when ids were applied already (nothing written: the writer drops them and retries); {4, stored} when the
+# tenant's state went back (lua.STEP_HELD).
 APPLY = GEN_CHECK + STEP_HELD + MULTI + LOG_CHUNKS + STEP_IDS + """
 local nE = tonumber(ARGV[a])
 a = a + 1
 local roll = tonumber(ARGV[2])
-local names, mins, big = {}, {}, {1}
+local names, mins, big = {}, {}, {1, ne + nI, nb}
 for e = 1, nE do
   names[e], mins[e] = ARGV[a], ARGV[a + 1]
   local block = ARGV[a + 2]

@@ -31,7 +31,7 @@ from . import segment_scripts
 from .batch import PendingStep, latest_text, state_behind
 from .changelog import encode_copies
 from .codec import clamped_point, decode_point
-from .event_ids import id_args
+from .event_ids import id_args, note_counts
 from .keys import BUCKETS, escape, gen_keys, index_key, key_of, prefix_of
 from .loader import BulkLoader
 from .retries import KEPT_CONFLICTING, in_current, until_done
@@ -103,8 +103,9 @@ class RedisStore(RedisBase):
         for p, (d, gen), result in zip(pending, tries, results):
             code = int(result[0])
             if code == 1:
+                note_counts(d, result[1], result[2])     # the ids' counts: the next step's guess (event_ids.py)
                 names = list(p.blocks.entities) if p.blocks is not None else []
-                rolls += ((p.tenant, d, gen, names[int(e) - 1]) for e in result[1:])
+                rolls += ((p.tenant, d, gen, names[int(e) - 1]) for e in result[3:])
                 continue
             if code == 4:
                 raise state_behind(p, result[1])
@@ -135,9 +136,9 @@ class RedisStore(RedisBase):
         ids = [event_id for _, event_id in p.events if event_id]
         k = gen_keys(d)
         keys = [names.gen, k.meta, k.first]
-        ids_latest, id_triples = id_args(ids)   # each id with its packed mark and its hash (event_ids.py)
+        ids_latest, id_part = id_args(d, ids)   # the ids with their packed marks, by bucket (event_ids.py)
         args: list[Any] = [expected, self.roll_bytes, p.field, p.offset_arg, latest_text(sb.latest), p.lag, ids_latest,
-                           len(ids), *id_triples, len(sb.entities)]
+                           *id_part, len(sb.entities)]
         for name, i in sb.entities.items():
             e = escape(name)
             keys += (k.open_segment(e), k.incoming(e))
