@@ -86,14 +86,10 @@ def _groups(args: list[object]) -> tuple[int, int, list[tuple[object, list[tuple
     """id_args' arguments read back as STEP_IDS reads them: nI, the bucket count, (bucket, its (id, mark) pairs)."""
     n, nb, x, out = int(args[0]), int(args[1]), 2, []       # type: ignore[call-overload]
     while x < len(args):
-        b, k = args[x], int(args[x + 1])                     # type: ignore[call-overload]
-        if k == 1:
-            pairs, x = [(args[x + 2], args[x + 3])], x + 4
-        else:
-            ids, flat = args[x + 2:x + 2 + k], args[x + 2 + k:x + 2 + 3 * k]
-            pairs, x = list(zip(flat[::2], flat[1::2])), x + 2 + 3 * k
-            assert [i for i, _ in pairs] == ids
-        out.append((b, pairs))
+        k = int(args[x + 1])                                 # type: ignore[call-overload]
+        flat = args[x + 2:x + 2 + 2 * k]
+        out.append((args[x], list(zip(flat[::2], flat[1::2]))))
+        x += 2 + 2 * k
     return n, nb, out
 
 

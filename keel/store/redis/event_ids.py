@@ -146,10 +146,7 @@ def id_args(d: str, ids: Sequence[str]) -> tuple[str, list[Any]]:
             groups[b] = [pair]
     args: list[Any] = [n, nb]
     for b, pairs in groups.items():
-        if len(pairs) == 1:
-            args += (b, 1, *pairs[0])
-        else:
-            args += (b, len(pairs), *(event_id for event_id, _ in pairs), *(x for pair in pairs for x in pair))
+        args += (b, len(pairs), *(x for pair in pairs for x in pair))
     return ("" if latest is None else str(latest)), args
 
 

@@ -100,8 +100,8 @@ end
 
 # A commit step's event ids and marks: ARGV[8] nI, ARGV[9] the bucket count the writer grouped them for (its
 # guess of `eb` after this step's splits: event_ids.id_args), then from ARGV[10] the groups, one per bucket: b,
-# n, then (id, packed mark or "") when n is 1, else the n ids and then the n pairs (id, mark), so that the group's
-# HMGET and HSET take ranges of ARGV as they are and no Lua runs per id. First the buckets are split (one at a
+# n, then n pairs (id, packed mark or ""), so that the group's HSET takes a range of ARGV as it is (its HMGET
+# takes the ids copied to a table: cheaper than sending each id twice, measured). First the buckets are split (one at a
 # time, as above) until they have room for the step's ids at IDS_PER_BUCKET a bucket, so that no bucket takes a
 # whole large step (a replay's step of 5,000 ids) and outgrows a listpack for good; the bucket count is stored at
 # once (a split changes no answer). When the count then differs from the writer's (its guess was stale: a new
@@ -170,10 +170,15 @@ if nI > 0 then
   local seen = 0
   while seen < nI do
     local n = tonumber(ARGV[a + 1])
-    local i, p, q = a + 2, a + 2 + n, a + 1 + 3 * n
-    if n == 1 then p, q = i, i + 1 end
+    local p, q = a + 2, a + 1 + 2 * n
     if not order then
-      add(idkeys .. ARGV[a], ARGV, i, i + n - 1, ARGV, p, q)
+      if n == 1 then
+        add(idkeys .. ARGV[a], ARGV, p, p, ARGV, p, q)
+      else
+        local ids = {}
+        for x = p, q, 2 do ids[#ids + 1] = ARGV[x] end
+        add(idkeys .. ARGV[a], ids, 1, n, ARGV, p, q)
+      end
     else
       for x = p, q, 2 do
         local b = id_bucket(id_hash(ARGV[x]), nb, top)
