@@ -107,7 +107,7 @@ def test_a_steps_id_arguments_are_its_ids_and_marks_by_bucket(
     latest, args = id_args(d, ids)
     n, after, groups = _groups(args)
     assert n == len(ids) and after == max(nb, -(-(ne + len(ids)) // IDS_PER_BUCKET))
-    assert len({b for b, _ in groups}) == len(groups)
+    assert len({b for b, _ in groups}) == len(groups) and all(pairs for _, pairs in groups)   # no empty group
     assert sorted((str(i), m) for b, pairs in groups for i, m in pairs) == \
         sorted((str(i), pack_mark(getattr(i, "mark", None))) for i in ids)
     assert all(b == id_bucket(id_hash(str(i)), after) for b, pairs in groups for i, _ in pairs)

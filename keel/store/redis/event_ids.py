@@ -133,20 +133,27 @@ def id_args(d: str, ids: Sequence[str]) -> tuple[str, list[Any]]:
     n = len(ids)
     ne, nb = _COUNTS.get(d, (0, 1))
     nb = max(nb, -(-(ne + n) // IDS_PER_BUCKET))     # the splits STEP_IDS makes first
-    groups: dict[int, list[Any]] = {}
+    pairs: list[Any] = []                            # id, packed mark, id, packed mark, ...
+    add = pairs.append
     for event_id in ids:
         rec = getattr(event_id, "recorded_at", None)
         if rec is not None and (latest is None or rec > latest):
             latest = rec
-        b = id_bucket(id_hash(event_id), nb)
-        pair = (event_id, pack_mark(getattr(event_id, "mark", None)))
-        if b in groups:
-            groups[b].append(pair)
+        add(event_id)
+        add(pack_mark(getattr(event_id, "mark", None)))
+    if nb == 1 and n:                                # one bucket holds every id: no hash to compute
+        return ("" if latest is None else str(latest)), [n, 1, 0, n, *pairs]
+    groups: dict[int, list[Any]] = {}
+    for i in range(0, 2 * n, 2):
+        b = id_bucket(id_hash(pairs[i]), nb)
+        group = groups.get(b)
+        if group is None:
+            groups[b] = pairs[i:i + 2]
         else:
-            groups[b] = [pair]
+            group += pairs[i:i + 2]
     args: list[Any] = [n, nb]
-    for b, pairs in groups.items():
-        args += (b, len(pairs), *(x for pair in pairs for x in pair))
+    for b, group in groups.items():
+        args += (b, len(group) >> 1, *group)
     return ("" if latest is None else str(latest)), args
 
 
