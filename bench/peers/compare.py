@@ -200,6 +200,11 @@ def print_ratios(base: Baseline, rounds: int, mine: list[Figures], ones: list[Fi
         cells = "".join("         -" if f is None else f"{f:>10,.0f}" for f in (m, one, two))
         print(f"  {name:<32}{cells}{ratio(m, one):>8}{ratio(m, two):>8}")
     print("  (events/s: higher is better; CPU: lower is better)")
+    # Paired: each round's layout 2 ran right after this worker, so the load they met is closer than across rounds.
+    paired = [m[0] / two[0] for m, two in zip(mine, twos) if two[0]]
+    if paired:
+        print(f"  events/s this / layout 2, round by round: {', '.join(f'{r:.3f}' for r in paired)}; "
+              f"median {statistics.median(paired):.3f}")
 
 
 
