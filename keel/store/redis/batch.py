@@ -15,8 +15,9 @@ from .keys import offset_field, prefix_of
 class PendingStep:
     """One tenant's apply step between tries: its events (repeated ids dropped), offset, the latest
     recorded_at of its writes, the partition's lag after it (the position's log end, when given) and the offset the
-    writer saw the tenant hold (`held`, checked by the APPLY scripts: lua.STEP_HELD)."""
-    __slots__ = ("events", "field", "held", "lag", "offset", "tenant")
+    writer saw the tenant hold (`held`, checked by the APPLY scripts: lua.STEP_HELD). `ids` are the events' ids, in
+    order, as the dedupe check listed them (the APPLY arguments reuse the list)."""
+    __slots__ = ("events", "field", "held", "ids", "lag", "offset", "tenant")
 
     def __init__(self, tenant: str, events: Sequence[EventWrites], position: Position | None) -> None:
         self.tenant = tenant
@@ -26,17 +27,25 @@ class PendingStep:
         else:
             seen: set[str] = set()
             self.events = []
+            ids = []
             for writes, event_id in events:
                 if event_id:
                     if event_id in seen:
                         continue
                     seen.add(event_id)
+                    ids.append(event_id)
                 self.events.append((writes, event_id))
+        self.ids: list[str] = ids
         self.field, self.offset = ("", "0") if position is None else \
             (_offset_field(position[0], position[1]), str(int(position[2])))
         self.lag = "" if position is None or len(position) < 4 or position[3] is None else \
             str(max(0, int(position[3]) - int(position[2]) - 1))
         self.held: int | None = None if position is None or len(position) < 5 else position[4]   # type: ignore[misc]
+
+    def drop(self, applied: set[str]) -> None:
+        """Leave out the events whose ids Redis holds already (an APPLY's answer 3)."""
+        self.events = [e for e in self.events if e[1] not in applied]
+        self.ids = [event_id for event_id in self.ids if event_id not in applied]
 
     @property
     def offset_arg(self) -> str:

@@ -115,8 +115,7 @@ class RedisStore(RedisBase):
                 if self.strict_generations and p.tenant not in self._pins:
                     raise GenerationChanged(p.tenant, old, int(result[1]))
             else:
-                applied = set(result[1:])
-                p.events = [e for e in p.events if e[1] not in applied]
+                p.drop(set(result[1:]))
                 p.blocks = None
             left.append(p)
         if rolls:
@@ -133,10 +132,9 @@ class RedisStore(RedisBase):
         if p.blocks is None:
             p.blocks = encode_step(p.events)
         sb = p.blocks
-        ids = [event_id for _, event_id in p.events if event_id]
         k = gen_keys(d)
         keys = [names.gen, k.meta, k.first]
-        ids_latest, id_part = id_args(d, ids)   # the ids with their packed marks, by bucket (event_ids.py)
+        ids_latest, id_part = id_args(d, p.ids)   # the ids with their packed marks, by bucket (event_ids.py)
         args: list[Any] = [expected, self.roll_bytes, p.field, p.offset_arg, latest_text(sb.latest), p.lag, ids_latest,
                            *id_part, len(sb.entities)]
         for name, i in sb.entities.items():
