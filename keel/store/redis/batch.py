@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from ...errors import StateBehind
-from ..base import EventWrites, Key, Position
-from .keys import offset_field, prefix_of
+from ..base import EventWrites, Position
+from .keys import offset_field
 
 
 class PendingStep:
@@ -70,8 +69,6 @@ def latest_text(latest: int | None) -> str:
 
 _CACHE = 100_000                  # entries of the process-wide encoding caches before they are cleared
 _FIELDS: dict[tuple[str, int], str] = {}     # (topic, partition) -> offset field of the meta hash
-PREFIXES: dict[Any, str] = {}     # a key without its owner -> P (segments.encode_step reads it inline): key[:1] +
-#                                   key[2:], or key[0] for a key of two (an entity's own timeline: "e")
 
 
 def _offset_field(topic: str, partition: int) -> str:
@@ -82,10 +79,3 @@ def _offset_field(topic: str, partition: int) -> str:
         field = _FIELDS[(topic, partition)] = offset_field(topic, partition)
     return field
 
-
-def new_prefix(part: Any, key: Key) -> str:
-    """P of a key (keys.prefix_of) that PREFIXES lacks under `part`, kept there."""
-    if len(PREFIXES) > _CACHE:
-        PREFIXES.clear()
-    p = PREFIXES[part] = prefix_of(key)
-    return p

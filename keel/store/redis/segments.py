@@ -33,9 +33,8 @@ from ...errors import UsageError
 from ...timeline import Assertion, Timeline, covering, insert, is_void_value, new_assertion
 from ...times import Micros
 from ..base import EventWrites, Key
-from .batch import PREFIXES, new_prefix
 from .codec import json_text
-from .keys import escape, key_of
+from .keys import escape, key_of, prefix_of
 
 DELTA, RESTATEMENT = 0, 1
 ROLL_BYTES = 12_000          # an open segment larger than this is closed and restated by the writer (a read now
@@ -55,7 +54,20 @@ def _plain(obj: Any) -> Any:
 _fast_encode = msgspec.json.Encoder(enc_hook=_plain).encode   # blocks: 10x json's per-call cost
 _loads = msgspec.json.Decoder().decode
 _point = itemgetter(0)     # Assertion.point, as a key for bisect
-_LIMIT = 2 ** 53             # points as layout 1 keeps them (a namespace can move between layouts)
+_PREFIXES: dict[Any, str] = {}     # a key without its owner -> P (encode_step reads it inline: key[:1] + key[2:],
+#                                    or key[0] for a key of two, an entity's own timeline: "e")
+_PREFIXES_KEPT = 100_000
+
+
+def _new_prefix(part: Any, key: Key) -> str:
+    """P of a key (keys.prefix_of) that _PREFIXES lacks under `part`, kept there."""
+    if len(_PREFIXES) > _PREFIXES_KEPT:
+        _PREFIXES.clear()
+    p = _PREFIXES[part] = prefix_of(key)
+    return p
+
+
+_LIMIT = 2 ** 53             # the points the store keeps: within ±2**53, which a double (JSON, Lua) holds exactly
 
 __all__ = ["DELTA", "RESTATEMENT", "ROLL_BYTES", "Fold", "StepBlocks", "decode", "encode_step", "recorded_range",
            "restate"]
@@ -96,7 +108,7 @@ def encode_step(events: Sequence[EventWrites]) -> StepBlocks:
     note = out.note
     incoming = out.incoming
     parts: dict[str, tuple[list[Any], dict[Any, int], dict[str, list[Any]]]] = {}   # owner -> (provs, index, tls)
-    prefixes = PREFIXES
+    prefixes = _PREFIXES
     latest = None
     owner: Any = None           # the owner met last: its index `i`, its delta `part`, `k` of the provenance `prov`
     i = k = 0
@@ -129,7 +141,7 @@ def encode_step(events: Sequence[EventWrites]) -> StepBlocks:
             pk = key[:1] + key[2:] if len(key) != 2 else key[0]
             p = prefixes.get(pk)
             if p is None:
-                p = new_prefix(pk, key)
+                p = _new_prefix(pk, key)
             tv = value.__class__
             if tv is not str and tv is not int and value is not None and tv is not bool:
                 _check_json(value)
