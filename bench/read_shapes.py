@@ -1,6 +1,6 @@
 """Reads of one deep entity in every shape issue 23 names, from the Redis store, at 1,000 to 100,000 versions.
 
-    .venv/bin/python bench/read_shapes.py [--versions 1000 10000 100000] [--repeat 200] [--step 8] [--shapes ...]
+    .venv/bin/python bench/read_shapes.py [--versions 1000 10000 100000] [--repeat 1000] [--rounds 5] [--step 8] [--shapes ...]
 
 Starts a redis-server of its own (bench/peers/compare.py's private_redis). For each size, one tenant per shape
 family holds one entity with that many versions, written through the real Projector of cartridges/finance
@@ -31,6 +31,9 @@ sets), as bench/redis_store.py does: a full collection over them otherwise lands
 p50 and p99 in milliseconds (medians of --rounds rounds; a read slower than 50 ms is timed --repeat/40 times),
 CPU µs per call (this process + the redis-server, over the timed calls), and the p99 at the largest size over the
 p99 at the smallest (issue 23's goal: p99 <= 2 ms at 100,000 versions and <= 2x the 1,000-version figure).
+Why 1,000 calls a round and 5 rounds: the p99 of 200 calls is the second slowest call, so one stall of the host
+(a few ms, a few times a minute on this VM) set a row's p99 in about one run of three (docs/performance.md); the
+p99 of 1,000 calls is the tenth slowest. A run takes about 2 minutes at 1,000 and 100,000 versions.
 """
 from __future__ import annotations
 
@@ -169,8 +172,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--versions", type=int, nargs="+", default=[1_000, 10_000, 100_000],
                     help="versions of the deep entity")
-    ap.add_argument("--repeat", type=int, default=200, help="calls per shape, size and round")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds (medians printed)")
+    ap.add_argument("--repeat", type=int, default=1000, help="calls per shape, size and round (the p99 of 200 "
+                    "calls is the second slowest: one host stall of a few ms decided it)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds (medians printed)")
     ap.add_argument("--step", type=int, default=8, help="events per commit step when writing")
     ap.add_argument("--chunk", type=int, default=200, help="envelopes projected over one memory store")
     ap.add_argument("--samples", type=int, default=8, help="other valid days and recorded times checked per shape")
