@@ -88,5 +88,10 @@ def percentiles(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
         t0 = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t0) * 1000)
+    return p50_p99(samples)
+
+
+def p50_p99(samples: list[float]) -> tuple[float, float]:
+    """(p50, p99) of `samples` (sorted here, in place)."""
     samples.sort()
     return samples[len(samples) // 2], samples[min(len(samples) - 1, int(len(samples) * 0.99))]

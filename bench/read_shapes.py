@@ -28,8 +28,9 @@ Before timing, every shape's view is checked equal to the memory store's (fed th
 arguments and at --samples other valid days and recorded times spread over the history (not at every version).
 The collector is kept off the recorded histories (gc.freeze, and a young threshold like the one `keel worker`
 sets), as bench/redis_store.py does: a full collection over them otherwise lands in the timed calls. Printed:
-p50 and p99 in milliseconds (medians of --rounds rounds; a read slower than 50 ms is timed --repeat/40 times),
-CPU µs per call (this process + the redis-server, over the timed calls), and the p99 at the largest size over the
+p50 and p99 in milliseconds (medians of --rounds rounds; a read slower than 50 ms is timed --repeat/40 times;
+the sizes of one shape timed in turns, call by call: `interleaved`), CPU µs per call (this process + the
+redis-server, over a separate block of a fifth as many calls of one size), and the p99 at the largest size over the
 p99 at the smallest (issue 23's goal: p99 <= 2 ms at 100,000 versions and <= 2x the 1,000-version figure).
 Why 1,000 calls a round and 5 rounds: the p99 of 200 calls is the second slowest call, so one stall of the host
 (a few ms, a few times a minute on this VM) set a row's p99 in about one run of three (docs/performance.md); the
@@ -55,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import percentiles
+from common import p50_p99
 from peers.compare import private_redis
 from redis_memory import Recorder
 
@@ -168,6 +169,20 @@ def redis_cpu(client: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def interleaved(calls: dict[Any, Callable[[], Any]], counts: dict[Any, int]) -> dict[Any, tuple[float, float]]:
+    """(p50, p99) in ms of each call, timed in turns (one of each size, then again) so that every size meets the
+    same moments of the host: a stall then lands in all of them, not in one size's block, and the p99 ratio of
+    two sizes compares like with like."""
+    samples: dict[Any, list[float]] = {key: [] for key in calls}
+    for i in range(max(counts.values())):
+        for key, call in calls.items():
+            if i < counts[key]:
+                t0 = time.perf_counter()
+                call()
+                samples[key].append((time.perf_counter() - t0) * 1000)
+    return {key: p50_p99(ms) for key, ms in samples.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--versions", type=int, nargs="+", default=[1_000, 10_000, 100_000],
@@ -225,14 +240,22 @@ def main() -> None:
         rounds: dict[tuple[int, str], list[tuple[float, float]]] = {}
         cpu: dict[tuple[int, str], list[tuple[float, int]]] = {}
         for _ in range(args.rounds):
-            for key, call in calls.items():
-                t0 = time.perf_counter()
-                call()
-                slow = time.perf_counter() - t0 > 0.05           # a read of the whole history: fewer calls
-                count = max(5, args.repeat // 40) if slow else args.repeat
-                c0, r0 = time.process_time(), redis_cpu(client)
-                rounds.setdefault(key, []).append(percentiles(call, count))
-                cpu.setdefault(key, []).append((time.process_time() - c0 + redis_cpu(client) - r0, count))
+            for shape in args.shapes:
+                keys = [(n, shape) for n in args.versions]
+                counts: dict[tuple[int, str], int] = {}
+                for key in keys:
+                    t0 = time.perf_counter()
+                    calls[key]()
+                    slow = time.perf_counter() - t0 > 0.05           # a read of the whole history: fewer calls
+                    counts[key] = max(5, args.repeat // 40) if slow else args.repeat
+                for key in keys:                 # CPU: a block of calls of one size, Redis's read before and after
+                    c0, r0 = time.process_time(), redis_cpu(client)
+                    for _ in range(max(5, counts[key] // 5)):
+                        calls[key]()
+                    cpu.setdefault(key, []).append((time.process_time() - c0 + redis_cpu(client) - r0,
+                                                    max(5, counts[key] // 5)))
+                for key, figure in interleaved({key: calls[key] for key in keys}, counts).items():
+                    rounds.setdefault(key, []).append(figure)
         fig = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in rounds.items()}
         us = {k: 1e6 * sum(c for c, _ in v) / sum(m for _, m in v) for k, v in cpu.items()}
         small, big = min(args.versions), max(args.versions)
