@@ -169,6 +169,11 @@ def redis_cpu(client: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def short(n: int) -> str:
+    """A size for a column head: 100, 1k, 100k."""
+    return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
+
+
 def interleaved(calls: dict[Any, Callable[[], Any]], counts: dict[Any, int]) -> dict[Any, tuple[float, float]]:
     """(p50, p99) in ms of each call, timed in turns (one of each size, then again) so that every size meets the
     same moments of the host: a stall then lands in all of them, not in one size's block, and the p99 ratio of
@@ -262,7 +267,7 @@ def main() -> None:
         print(f"\nview of one deep entity (p50 and p99 in ms, medians of {args.rounds} rounds of {args.repeat} calls, "
               f"{max(5, args.repeat // 40)} for a read slower than 50 ms; CPU µs per call, this process + redis-server)")
         head = "".join(f"{f'{n:,} p50':>12}{f'{n:,} p99':>12}{f'{n:,} cpu':>12}" for n in args.versions)
-        print(f"  {'shape':<16}{head}{f'p99 {big // 1000}k/{small // 1000}k':>14}")
+        print(f"  {'shape':<16}{head}{f'p99 {short(big)}/{short(small)}':>14}")
         for shape in args.shapes:
             cells = "".join(f"{fig[(n, shape)][0]:>12.3f}{fig[(n, shape)][1]:>12.3f}{us[(n, shape)]:>12.0f}"
                             for n in args.versions)
