@@ -254,11 +254,11 @@ def main() -> None:
                     slow = time.perf_counter() - t0 > 0.05           # a read of the whole history: fewer calls
                     counts[key] = max(5, args.repeat // 40) if slow else args.repeat
                 for key in keys:                 # CPU: a block of calls of one size, Redis's read before and after
+                    block = max(5, counts[key] // 5)
                     c0, r0 = time.process_time(), redis_cpu(client)
-                    for _ in range(max(5, counts[key] // 5)):
+                    for _ in range(block):
                         calls[key]()
-                    cpu.setdefault(key, []).append((time.process_time() - c0 + redis_cpu(client) - r0,
-                                                    max(5, counts[key] // 5)))
+                    cpu.setdefault(key, []).append((time.process_time() - c0 + redis_cpu(client) - r0, block))
                 for key, figure in interleaved({key: calls[key] for key in keys}, counts).items():
                     rounds.setdefault(key, []).append(figure)
         fig = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in rounds.items()}
