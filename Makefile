@@ -30,6 +30,7 @@ PYCACHE := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache
 test: install  ## the whole suite; starts local Kafka, Redis and PostgreSQL unless KEEL_* point at them, and a container engine for the deploy tier
 	scripts/ensure-promtool  # Debian's prometheus package, for promtool (tests/test_alert_rules.py)
 	scripts/ensure-chromium  # Debian's chromium and chromium-driver, for the inspector's browser test
+	scripts/ensure-clients  # the real MCP clients the agent-client tests drive (tests/clients/, docs/agents.md)
 	$(PYCACHE) scripts/with-services scripts/with-engine $(BIN)/python -m pytest $(PARALLEL) --durations=30  # the slowest tests, for the suite-time goal
 
 # the slow tiers' pytest markers (tests/conftest.py TIERS); `make test-fast` leaves them out
@@ -37,6 +38,7 @@ SLOW_TIERS := faults or deploy or rebalance or rolling_segments
 test-fast: install  ## the suite without its slow tiers (SLOW_TIERS): the loop while working; `make test` runs them all
 	scripts/ensure-promtool
 	scripts/ensure-chromium
+	scripts/ensure-clients
 	$(PYCACHE) scripts/with-services $(BIN)/python -m pytest $(PARALLEL) -m "not ($(SLOW_TIERS))"
 
 test-deploy: install  ## only the deploy tier: images from deploy/, the stack in containers, the compose file
