@@ -195,6 +195,7 @@ def render(report: DiffReport) -> str:
                  f"{report.read} envelope(s) read, {len(report.old.refused)} refused by the old cartridge, "
                  f"{len(report.new.refused)} by the new")
     if changed and not report.newly_refused:
-        lines.append("`keel replay <new cartridge> --all` (with the new cartridge deployed to the workers) "
-                     "rebuilds them so")
+        new = report.new.cartridge.path
+        lines.append(f"to apply it: deploy {new} to the workers, then `keel replay {new} --all` rebuilds the "
+                     f"{changed} tenant(s) whose graph changes as shown above.")
     return "\n".join(lines)

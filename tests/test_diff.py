@@ -116,3 +116,14 @@ def test_diff_needs_a_log(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "give the log to compare on" in err
     code, _, err = run(capsys, "diff", FINANCE, FINANCE, EVENTS, "--kafka")
     assert code == 2 and "give one of an events file or --kafka" in err
+
+
+def test_the_report_ends_with_a_whole_sentence_naming_the_new_cartridge(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 40: the report ended with "…rebuilds them so", which read as cut off."""
+    new = variant(tmp_path / "v2", label_currency)
+    code, out, _ = run(capsys, "diff", FINANCE, new, EVENTS)
+    assert code == 1
+    assert out.rstrip("\n").splitlines()[-1] == (
+        f"to apply it: deploy {new} to the workers, then `keel replay {new} --all` rebuilds the 1 tenant(s) whose "
+        f"graph changes as shown above.")
