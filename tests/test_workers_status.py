@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
 from keel.deadletters import fold
@@ -146,3 +147,116 @@ def test_a_partition_without_a_watermark_in_a_watermarked_namespace_is_behind_by
     legacy = RedisPart(watermarks={0: 29, 1: None}, holds_data=True, predates_watermarks=True)
     doc = shape_status("finance", partitions, None, {}, None, None, {}, now=NOW, redis=legacy)
     assert doc["partitions"][1]["redis_behind"] is None       # written before watermarks: nothing to compare
+
+
+# ---- Redis refusing writes, on a real redis-server of the test's own -------------------------------------------
+
+def redis_with_namespace(tmp_path, name: str):
+    """(a redis-server on its own port, a cartridge whose namespace it holds, as workers left it, and its
+    settings)."""
+    from support.redis_nodes import RedisNode
+    from support.workers import unique_cartridge
+
+    from keel.cartridge import load_cartridge
+    from keel.config import resolve
+    from keel.connect import open_redis_store
+    node = RedisNode(tmp_path / f"redis-{name}").start()
+    cartridge = load_cartridge(unique_cartridge(tmp_path))
+    settings = resolve({"redis": node.url, "kafka": "127.0.0.1:1"})
+    open_redis_store(cartridge, settings).close()        # the namespace's layout stamp, as any writer leaves it
+    return node, cartridge
+
+
+def squeezed_redis(tmp_path, policy: str):
+    """A redis-server on its own port holding a namespace and some data, then told (CONFIG SET maxmemory) to use
+    less memory than it does, under `policy`: every write is refused from then on (under volatile-lru too: no key
+    has a TTL)."""
+    node, cartridge = redis_with_namespace(tmp_path, policy)
+    client = node.client()
+    for i in range(2000):
+        client.set(f"filler:{i}", "x" * 500)
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory-policy", policy)
+    client.config_set("maxmemory", str(used // 2))
+    return node, cartridge
+
+
+def stalled_doc(redis) -> dict:
+    """A status document whose partition 1 has lag and an owner that has not committed for 600 s."""
+    old = commit_metadata("keel-worker-h1-1")
+    old = old.replace(old.split('"at":')[1].rstrip("}"), str(NOW - 600))
+    partitions = [PartitionOffsets(0, 100, 100, 0, old), PartitionOffsets(1, 90, 40, 50, old)]
+    group = GroupDescription("Stable", (GroupMember("m1", "keel-worker-h1-1", "/10.0.0.1", (0, 1)),))
+    return shape_status("finance", partitions, group, redis.applied, fold([]), {}, {}, now=NOW, redis=redis)
+
+
+@pytest.mark.parametrize("policy", ["noeviction", "volatile-lru"])
+def test_status_names_redis_out_of_memory_as_the_cause(tmp_path, kafka_bootstrap: str, policy: str) -> None:
+    """Issue 40: against a Redis refusing writes (out of memory) status blamed the worker ("that worker stopped
+    consuming"). INFO alone said nothing under a volatile-* policy; Redis's answer to a write is asked too."""
+    import redis as redislib
+
+    from keel.config import resolve
+    from workers.status import _redis_part
+    node, cartridge = squeezed_redis(tmp_path, policy)
+    try:
+        with pytest.raises(redislib.exceptions.OutOfMemoryError):
+            node.client().set("probe:by-the-test", "1")             # Redis does refuse writes
+        keys = node.client().dbsize()
+        settings = resolve({"redis": node.url, "kafka": kafka_bootstrap})
+        redis = _redis_part(cartridge, settings, [], None, True)
+        assert redis.condition is not None and redis.condition.startswith("Redis is out of memory ("), redis.condition
+        assert f"policy {policy}) and refuses writes" in redis.condition
+        assert redis.memory is not None and redis.memory["used"] > redis.memory["maxmemory"] > 0
+        doc = stalled_doc(redis)
+        assert doc["problems"][0] == redis.condition
+        [stalled] = [p for p in doc["problems"] if p.startswith("partition 1: lag 50")]
+        assert "Redis cannot take writes, see above" in stalled and "stopped consuming" not in stalled
+        assert node.client().get("probe:by-the-test") is None and node.client().dbsize() == keys  # nothing written
+    finally:
+        node.stop()
+
+
+def test_keel_status_names_redis_out_of_memory(tmp_path, kafka_bootstrap: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The command itself, on the real Kafka and the squeezed Redis: the first problem names Redis's memory."""
+    import json
+
+    from keel.cli import main
+    node, cartridge = squeezed_redis(tmp_path, "volatile-lru")
+    try:
+        code = main(["status", str(cartridge.path), "--redis", node.url, "--kafka", kafka_bootstrap, "--json"])
+        doc = json.loads(capsys.readouterr().out)
+        assert code == 0 and doc["unavailable"] == {}
+        assert doc["problems"][0].startswith("Redis is out of memory (") and "refuses writes" in doc["problems"][0]
+        assert doc["redis_memory"]["policy"] == "volatile-lru" and doc["redis_memory"]["oom_refusals"] >= 1
+    finally:
+        node.stop()
+
+
+def test_a_batch_refused_for_memory_is_named_although_small_writes_pass(tmp_path, kafka_bootstrap: str) -> None:
+    """A batch larger than the room left is refused while small writes still pass (a worker's pipeline at the
+    edge of maxmemory): status cannot see it in INFO or in a small write, but Redis counts every OOM answer."""
+    import redis as redislib
+
+    from keel.config import resolve
+    from workers.status import _redis_part
+    node, cartridge = redis_with_namespace(tmp_path, "edge")
+    try:
+        client = node.client()
+        client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) + (1 << 20)))
+        batch = client.pipeline(transaction=False)
+        for i in range(100):
+            batch.set(f"big:{i}", "x" * 100_000)                   # 10 MB into 1 MB of room
+        with pytest.raises(redislib.exceptions.OutOfMemoryError):
+            batch.execute()
+        redis = _redis_part(cartridge, resolve({"redis": node.url, "kafka": kafka_bootstrap}), [], None, True)
+        assert redis.memory is not None and redis.memory["oom_refusals"] >= 1
+        [stalled] = [p for p in stalled_doc(redis)["problems"] if p.startswith("partition 1: lag 50")]
+        if redis.condition is None:         # the refused batch's memory was given back: small writes pass again
+            assert "Redis has refused" in stalled and "for lack of memory since it started" in stalled
+            assert stalled.index("Redis has refused") < stalled.index("else that worker stopped consuming")
+        else:                               # still over maxmemory when asked
+            assert "out of memory" in redis.condition and "Redis cannot take writes" in stalled
+    finally:
+        node.stop()

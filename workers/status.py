@@ -6,7 +6,8 @@ the group's members; the dead-letter topic (every writer: workers, relay, webhoo
 redriven) and the last hour. Redis: each tenant's applied offset. Either may be down: what cannot be read
 is said (`unavailable`) and the command exits EXIT_PARTIAL instead of 0. `problems` says in plain words
 what an operator must look at: no member in the group, a partition with lag whose owner stopped
-committing, dead letters arriving.
+committing, dead letters arriving. Whether Redis refuses writes (out of memory, read-only, …) is asked of Redis
+itself, with a write that changes nothing (`redis_condition`), before any worker is blamed for a stall.
 """
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
+
 from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.connect import open_redis_store
 from keel.deadletters import DeadLetters, read_dead_letters
 from keel.errors import EXIT_UNAVAILABLE, KafkaUnavailable, StoreUnavailable
 from keel.kafka import GroupDescription, PartitionOffsets, describe_group, group_offsets, topic_exists
+from keel.store.redis.transport import is_oom
 from keel.wire import dlq_topic, events_topic, group_id, partition_for
 
 from .archive import status_of as cold_status
@@ -110,7 +114,13 @@ def _problems(doc: dict[str, Any], stalled_after: float) -> list[str]:
                        f"knows it (deploy it; check it first with `keel validate <cartridge> --kafka`)")
         elif p["stalled"]:
             o = p["owner"]
+            memory = doc.get("redis_memory") or {}
             why = ("Redis cannot take writes, see above" if redis_cause else
+                   f"Redis has refused {memory['oom_refusals']} command(s) for lack of memory since it started "
+                   f"({memory['used']} of maxmemory {memory['maxmemory']} bytes used now): a batch larger than the "
+                   f"room left is refused while small writes pass, so that worker is likely retrying one (raise "
+                   f"maxmemory or free memory); else that worker stopped consuming"
+                   if memory.get("oom_refusals") and memory.get("maxmemory") else
                    "that worker stopped consuming")
             out.append(f"partition {p['partition']}: lag {p['lag']} and no commit for {p['last_commit_age_s']:.0f}s "
                        f"(over {stalled_after:.0f}s) although member {o['client_id']} ({o['host']}) owns it: {why}")
@@ -176,6 +186,7 @@ def shape_status(name: str, partitions: list[PartitionOffsets], group: GroupDesc
         "dead_letters_counted_by_workers": redis_counts,
         "unavailable": unavailable,
         "redis_condition": redis.condition,
+        "redis_memory": redis.memory,
         "redis_holds_data": redis.holds_data,
         "offboarded": None if redis.offboarded is None else {
             t: {k: v for k, v in info.items() if k in ("at", "keys", "receipt")}
@@ -208,7 +219,8 @@ class RedisPart:
     watermarks: dict[int, int | None] = field(default_factory=dict)           # partition -> applied through
     holds_data: bool | None = None
     predates_watermarks: bool | None = None      # Store.predates_watermarks
-    condition: str | None = None                 # out of memory, read-only (RedisStore.condition)
+    condition: str | None = None                 # refuses writes: out of memory, read-only (redis_condition)
+    memory: dict[str, Any] | None = None         # used, maxmemory, policy, oom_refusals (INFO memory, errorstats)
     offboarded: dict[str, dict[str, Any]] | None = None      # tenant -> its offboarding (workers/offboarded.py)
     cold: dict[str, Any] | None = None           # the cold tier's sizes and the mover's last pass (workers/archive.py)
 
@@ -221,8 +233,8 @@ def _redis_part(cartridge: Cartridge, settings: Settings, partitions: list[Parti
     store = open_redis_store(cartridge, settings)
     try:
         part = RedisPart(dead_letters=DeadLetterCounts(store.client, cartridge.name).counts(),
-                         condition=store.condition(), holds_data=store.holds_data(),
-                         predates_watermarks=store.predates_watermarks())
+                         condition=redis_condition(store), memory=redis_memory(store),
+                         holds_data=store.holds_data(), predates_watermarks=store.predates_watermarks())
         part.watermarks = store.partitions_applied(topic, [p.partition for p in partitions])
         part.offboarded = OffboardedSet(store).all()
         part.cold = cold_status(store, settings)
@@ -236,6 +248,65 @@ def _redis_part(cartridge: Cartridge, settings: Settings, partitions: list[Parti
         return part
     finally:
         store.close()
+
+
+# A script that may write (no `no-writes` flag) and writes nothing: Redis 7 refuses it before running it exactly
+# when it refuses writes (out of memory under any maxmemory policy, a read-only replica, failing RDB snapshots,
+# too few replicas), and otherwise it changes nothing.
+WRITE_PROBE = "#!lua\nreturn 1"
+REFUSALS = {"OOM": "out of memory", "READONLY": "read-only", "MISCONF": "failing to save its snapshots (MISCONF)",
+            "NOREPLICAS": "without the replicas min-replicas-to-write asks for (NOREPLICAS)"}
+
+
+def redis_condition(store: Any) -> str | None:
+    """Why Redis refuses Keel's writes although it answers, or None: what Redis says to a write now (the probe
+    above), else RedisStore.condition's reading of INFO. `INFO memory` alone missed it: at maxmemory under a
+    `volatile-*` policy with no key to evict Redis refuses writes as under noeviction."""
+    refused = write_refusal(store.client)
+    if refused is None:
+        return store.condition()
+    if refused == "OOM":
+        m = redis_memory(store)
+        used = "" if m is None else (f" ({m['used']} of maxmemory {m['maxmemory']} bytes used, policy "
+                                     f"{m['policy']})")
+        return (f"Redis is out of memory{used} and refuses writes: raise maxmemory or free memory; workers resume "
+                f"by themselves")
+    if refused == "READONLY":
+        return store.condition() or ("Redis is a read-only replica: point Keel at the primary, or use a "
+                                     "redis+sentinel:// URL to follow failovers")
+    return f"Redis refuses writes, {REFUSALS[refused]}: see its log; workers resume by themselves once it takes them"
+
+
+def write_refusal(client: Any) -> str | None:
+    """The kind of refusal (a key of REFUSALS) Redis answers a write with now, or None when it would take it (or
+    the probe cannot tell: an older Redis, a Cluster client, a lost connection; the INFO reading stands)."""
+    try:
+        client.eval(WRITE_PROBE, 0)
+    except OutOfMemoryError:
+        return "OOM"
+    except ReadOnlyError:
+        return "READONLY"
+    except ResponseError as e:
+        return next((kind for kind in REFUSALS if str(e).startswith(kind) or is_oom(e) and kind == "OOM"), None)
+    except Exception:  # noqa: BLE001 - the probe only adds to what INFO says; any other failure tells nothing
+        return None
+    return None
+
+
+def redis_memory(store: Any) -> dict[str, Any] | None:
+    """used, maxmemory, policy and oom_refusals (commands Redis answered OOM since it started: errorstat_OOM),
+    of one node; None when INFO cannot be read that way (a Cluster client answers per node)."""
+    try:
+        info = store.client.info("memory")
+        errors = store.client.info("errorstats")
+    except Exception:  # noqa: BLE001 - an addition to the status; RedisStore.condition reports the outage
+        return None
+    if "used_memory" not in info:
+        return None
+    oom = errors.get("errorstat_OOM")
+    return {"used": int(info["used_memory"]), "maxmemory": int(info.get("maxmemory", 0)),
+            "policy": info.get("maxmemory_policy"),
+            "oom_refusals": int(oom.get("count", 0)) if isinstance(oom, dict) else 0}
 
 
 def render_status(doc: dict[str, Any]) -> str:
