@@ -182,3 +182,23 @@ def test_validate_counts_the_files_lines(tmp_path: Path, capsys) -> None:
     events.write_text("\n".join([*lines, lines[0], "", '{"id": "broken"', lines[1]]) + "\n")   # 17 + 4 lines
     code, _, err = run(capsys, "validate", FINANCE, events)
     assert code == 2 and f"{events}: 1 bad line(s) of 21" in err
+
+
+def test_a_default_kafka_address_is_named_once_on_stderr(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Issue 40: `keel status` without KEEL_KAFKA_BOOTSTRAP quietly read 127.0.0.1:9092, whoever's broker that is.
+    The address a command uses is named on stderr when it came from the default, the first time it is used."""
+    import keel.config
+    from keel.config import resolve
+    monkeypatch.setattr(keel.config, "_named", set())
+    monkeypatch.delenv("KEEL_KAFKA_BOOTSTRAP", raising=False)
+    settings = resolve({})
+    assert capsys.readouterr().err == ""                  # resolving says nothing: only a use of the address does
+    assert settings.kafka_bootstrap == settings.kafka_bootstrap == "127.0.0.1:9092"
+    assert capsys.readouterr().err == ("keel: using Kafka at 127.0.0.1:9092 (default; set KEEL_KAFKA_BOOTSTRAP or "
+                                       "pass --kafka)\n")
+    monkeypatch.setattr(keel.config, "_named", set())
+    assert resolve({"kafka": "10.0.0.5:9092"}).kafka_bootstrap == "10.0.0.5:9092"
+    assert resolve({}, env={"KEEL_KAFKA_BOOTSTRAP": "10.0.0.6:9092"}).kafka_bootstrap == "10.0.0.6:9092"
+    assert capsys.readouterr().err == ""
+    assert resolve({}, env={"KEEL_KAFKA_BOOTSTRAP": ""}).kafka_bootstrap == "127.0.0.1:9092"   # empty: not set
+    assert "using Kafka at 127.0.0.1:9092 (default" in capsys.readouterr().err

@@ -260,3 +260,31 @@ def test_a_batch_refused_for_memory_is_named_although_small_writes_pass(tmp_path
             assert "out of memory" in redis.condition and "Redis cannot take writes" in stalled
     finally:
         node.stop()
+
+
+def test_keel_status_names_the_default_kafka_it_reads_and_the_redis_it_does_not(tmp_path) -> None:
+    """Issue 40: without KEEL_KAFKA_BOOTSTRAP status quietly read 127.0.0.1:9092. It says so, once, on stderr;
+    given an address it says nothing; without a Redis URL it says that Redis was not read."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from support.workers import unique_cartridge
+    root = Path(__file__).resolve().parents[1]
+    cartridge = str(unique_cartridge(tmp_path))
+    env = {k: v for k, v in os.environ.items() if k not in ("KEEL_KAFKA_BOOTSTRAP", "KEEL_REDIS_URL")}
+
+    def status(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "keel.cli", "status", cartridge, *extra], capture_output=True,
+                              text=True, cwd=root, env=env, timeout=120, check=False)
+    out = status("--redis", "redis://127.0.0.1:1/0")
+    notice = "keel: using Kafka at 127.0.0.1:9092 (default; set KEEL_KAFKA_BOOTSTRAP or pass --kafka)"
+    assert out.stderr.splitlines().count(notice) == 1, out.stderr
+    assert "CANNOT READ REDIS" in out.stdout and out.returncode == 3
+    out = status("--kafka", "127.0.0.1:1", "--json")
+    assert "using Kafka" not in out.stderr and json.loads(out.stdout)["kafka"] == "127.0.0.1:1"
+    assert json.loads(out.stdout)["redis"] is None
+    out = status("--kafka", "127.0.0.1:1")
+    assert "Redis not read (no --redis URL, no KEEL_REDIS_URL)" in out.stdout

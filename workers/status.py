@@ -25,6 +25,7 @@ from keel.connect import open_redis_store
 from keel.deadletters import DeadLetters, read_dead_letters
 from keel.errors import EXIT_UNAVAILABLE, KafkaUnavailable, StoreUnavailable
 from keel.kafka import GroupDescription, PartitionOffsets, describe_group, group_offsets, topic_exists
+from keel.store.redis.connection import redacted
 from keel.store.redis.transport import is_oom
 from keel.wire import dlq_topic, events_topic, group_id, partition_for
 
@@ -165,8 +166,11 @@ def gather_status(cartridge: Cartridge, settings: Settings, *, tenant: str | Non
             redis = _redis_part(cartridge, settings, partitions, tenant, per_tenant)
         except StoreUnavailable as e:
             unavailable["redis"] = str(e)
-    return shape_status(name, partitions, group, redis.applied, dead, redis.dead_letters, unavailable,
-                        now=time.time(), stalled_after=stalled_after, redis=redis)
+    doc = shape_status(name, partitions, group, redis.applied, dead, redis.dead_letters, unavailable,
+                       now=time.time(), stalled_after=stalled_after, redis=redis)
+    doc["kafka"] = settings.kafka_address            # what was read: the addresses (a Redis URL's password hidden)
+    doc["redis"] = redacted(settings.redis_url) if settings.redis_url else None
+    return doc
 
 
 def shape_status(name: str, partitions: list[PartitionOffsets], group: GroupDescription | None,
@@ -315,6 +319,9 @@ def render_status(doc: dict[str, Any]) -> str:
     lines = [f"{doc['topic']}  group {doc['group']} ({doc['group_state'] or 'unknown'})  lag {lag}"]
     for what, why in doc["unavailable"].items():
         lines.append(f"  CANNOT READ {what.upper()}: {why}")
+    if "redis" in doc and doc["redis"] is None:
+        lines.append("  Redis not read (no --redis URL, no KEEL_REDIS_URL): tenants, watermarks and whether Redis "
+                     "takes writes are unknown")
     if doc["members"] is not None:
         lines.append(f"  members: {len(doc['members'])}"
                      + "".join(f"\n    {m['client_id']} at {m['host']}: partitions {list(m['partitions'])}"
