@@ -19,9 +19,13 @@ Defaults: `type`/`id` are the event's subject, `subject` and `from` are `{event.
 occurred_at. A value is a YAML scalar; a string may hold placeholders: `{field}` is a payload field,
 `{event.X}` an attribute of the event (id tenant type subject subject_type subject_id source by occurred_at
 recorded_at), `{name:date}` the UTC calendar day (YYYY-MM-DD) of a time; `{{` and `}}` are literal braces.
-A string that is exactly one placeholder keeps the value's JSON type; any other string is text. A label, fact or ref whose value uses an optional
-payload field that is absent (or null) is left out; a step whose entity, relation end or time uses one is
-skipped.
+A string that is exactly one placeholder keeps the value's JSON type; any other string is text. Every placeholder
+names a JSON value: `{event.occurred_at}` and `{event.recorded_at}` are RFC 3339 text (format_time: what Keel prints
+times as), never the Instant a Python handler sees. A label, fact or ref whose value uses an optional payload field
+that is absent (or null), or `{event.by}` of an event without `by`, is left out; a step whose entity, relation end
+or time uses one is skipped. What could only fail at run time is refused here, naming the step: an object or array
+field inside text (it has no text form), a ref that is not text, a time inside an entity id (its `:` is not an id
+character), a time that names no time.
 """
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ EVENT_ATTRIBUTES = ("id", "tenant", "type", "subject", "subject_type", "subject_
                     "occurred_at", "recorded_at")
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 DAY = "date"        # the one placeholder format: `{occurred_at:date}` is the UTC calendar day YYYY-MM-DD
+TIMES = ("occurred_at", "recorded_at")      # the event attributes that hold a time (an Instant)
+OPTIONAL_ATTRIBUTES = ("by",)               # event attributes that may be None: left out like an absent field
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STEPS: dict[str, tuple[frozenset[str], frozenset[str]]] = {     # step -> (allowed keys, required keys)
     "upsert": (frozenset({"type", "id", "ref", "labels"}), frozenset()),
@@ -110,7 +116,7 @@ def parse_value(raw: object, at: str, event: EventSpec, problems: _Problems) -> 
             if attribute not in EVENT_ATTRIBUTES:
                 problems.add(at, f"{{{field}}}: the event has no attribute {attribute!r}; use one of "
                                  f"{' '.join(EVENT_ATTRIBUTES)}")
-            elif ref.day and attribute not in ("occurred_at", "recorded_at"):
+            elif ref.day and attribute not in TIMES:
                 problems.add(at, f"{{{field}:{DAY}}}: only occurred_at and recorded_at are times")
         elif not _FIELD.match(field) or field not in event.payload:
             problems.add(at, f"{{{field}}}: not a payload field of this event type")
@@ -121,7 +127,42 @@ def parse_value(raw: object, at: str, event: EventSpec, problems: _Problems) -> 
         return "".join(p for p in parts if isinstance(p, str))
     if len(parts) == 1:
         return parts[0]
+    for ref in parts:
+        if isinstance(ref, Ref) and kind_of(ref, event) in ("object", "array"):
+            problems.add(at, f"{raw!r}: {{{ref.name}}} is an {kind_of(ref, event)} field, which has no text form; "
+                             f"use it alone (\"{{{ref.name}}}\") to keep it as JSON")
     return Template(tuple(parts))
+
+
+def kind_of(ref: Ref, event: EventSpec) -> str | None:
+    """What a placeholder projects: `time` (an event time as RFC 3339 text), `string` (every other attribute and
+    every `:date` form), or the payload field's declared type (None when the name is not known)."""
+    if ref.day:
+        return "string"
+    attribute = ref.attribute
+    if attribute is not None:
+        return "time" if attribute in TIMES else "string"
+    field = event.fields().get(ref.name)
+    return None if field is None else field.type
+
+
+def _check_kind(value: Value, role: str, at: str, event: EventSpec, problems: _Problems) -> None:
+    """Refuse, before any event, a value that could only fail when applied: a ref that is not text, a time in
+    an entity id (RFC 3339 holds `:`, which ids cannot), a step time naming a field that holds no time."""
+    refs = refs_of(value)
+    if role == "ref" and isinstance(value, Ref) and kind_of(value, event) not in (None, "string", "time", "date",
+                                                                                 "datetime"):
+        problems.add(at, f"{{{value.name}}} is a {kind_of(value, event)} field; a ref is a pointer, text: write "
+                         f"it inside text (\"<system>#{{{value.name}}}\")")
+    elif role == "entity":
+        for ref in refs:
+            if kind_of(ref, event) == "time":
+                problems.add(at, f"{{{ref.name}}} is a time (RFC 3339 holds ':', which an entity id cannot); "
+                                 f"use {{{ref.name}:{DAY}}}, the calendar day")
+    elif role == "time" and isinstance(value, Ref) and kind_of(value, event) not in (None, "time", "date",
+                                                                                     "datetime"):
+        problems.add(at, f"{{{value.name}}} is not a time: name a date or datetime field, or "
+                         f"{{event.occurred_at}} / {{event.recorded_at}}")
 
 
 def refs_of(value: Value) -> list[Ref]:
@@ -181,6 +222,7 @@ def _time(body: dict[str, Any], where: str, event: EventSpec, problems: _Problem
     """The step's time: a placeholder, or a fixed time parsed now (YAML reads an unquoted date as a date)."""
     raw = body.get("at", "{event.occurred_at}")
     at = raw if isinstance(raw, date) else parse_value(raw, f"{where}.at", event, problems)
+    _check_kind(at, "time", f"{where}.at", event, problems)
     if isinstance(at, str | date):
         try:
             return parse_time(at)
@@ -196,6 +238,7 @@ def _entity(raw: object, where: str, spec: CartridgeSpec, event: EventSpec, prob
     """An entity reference of a step: a type of the cartridge, or the other cartridge's type a relation end
     names (`foreign`: `<cartridge>.<type>`)."""
     value = parse_value(raw, where, event, problems)
+    _check_kind(value, "entity", where, event, problems)
     kind = entity_type_of(value, event)
     if isinstance(value, str) and ":" not in value:
         problems.add(where, f"{value!r} is not an entity ('<entity type>:<id>')")
@@ -214,7 +257,9 @@ def _parse_upsert(body: dict[str, Any], where: str, spec: CartridgeSpec, event: 
     if "type" in body and "id" not in body:
         problems.add(f"{where}.id", "required when type is given")
     ident = parse_value(body.get("id", "{event.subject_id}"), f"{where}.id", event, problems)
+    _check_kind(ident, "entity", f"{where}.id", event, problems)
     ref = parse_value(body["ref"], f"{where}.ref", event, problems) if "ref" in body else None
+    _check_kind(ref, "ref", f"{where}.ref", event, problems)
     labels = body.get("labels") or {}
     if not isinstance(labels, dict):
         problems.add(f"{where}.labels", "expected a mapping of label names to values")
@@ -278,7 +323,8 @@ class _Source:
         self.optional = {name for name, f in event.fields().items() if f.optional}
         self.subject_type = event.subject
         self.namespace: dict[str, Any] = {"_new": tuple.__new__, "_W": Write, "_A": Assertion,
-                                          "_labels": checked_label_writes, "_point": _point, "_day": _day}
+                                          "_labels": checked_label_writes, "_point": _point, "_day": _day,
+                                          "_time": format_time}
         self.lines: list[str] = []
         self.reads: list[str] = []              # the payload reads, done once at the top
         self.fields: dict[str, str] = {}        # payload field -> its local name
@@ -289,13 +335,21 @@ class _Source:
         return name
 
     def ref(self, ref: Ref) -> str:
-        """The expression of a placeholder's value (its `:date` form applied)."""
-        return f"_day({self.read(ref)})" if ref.day else self.read(ref)
+        """The expression of a placeholder's value, a JSON value: its `:date` form applied, an event time as its
+        RFC 3339 text (an Instant is no JSON value)."""
+        if ref.day:
+            return f"_day({self.read(ref)})"
+        if ref.attribute in TIMES:
+            return f"_time({self.read(ref)})"
+        return self.read(ref)
 
     def read(self, ref: Ref) -> str:
-        """The expression of the value a placeholder names: an event attribute, or a payload field read once."""
+        """The expression of the value a placeholder names: an event attribute (a time as its micros, `occ` or
+        `rec`), or a payload field read once."""
         attribute = ref.attribute
         if attribute is not None:
+            if attribute in TIMES:
+                return "occ" if attribute == "occurred_at" else "rec"
             return f"event.{attribute}"         # a checked name of EVENT_ATTRIBUTES
         local = self.fields.get(ref.name)
         if local is None:
@@ -313,13 +367,15 @@ class _Source:
         return self.const(value)
 
     def guard(self, *values: Value) -> str | None:
-        """The condition under which every optional payload field the values use is present."""
-        names = sorted({self.read(r) for v in values for r in refs_of(v) if r.name in self.optional})
+        """The condition under which every optional payload field (and optional attribute, `event.by`) the values
+        use is present."""
+        names = sorted({self.read(r) for v in values for r in refs_of(v)
+                        if (r.name in self.optional and r.attribute is None) or r.attribute in OPTIONAL_ATTRIBUTES})
         return " and ".join(f"{n} is not None" for n in names) or None
 
     def point(self, at: Value) -> str:
-        if isinstance(at, Ref) and at.name == "event.occurred_at":
-            return "occ"
+        if isinstance(at, Ref) and at.attribute in TIMES and not at.day:
+            return self.read(at)                # the event's own time, already micros
         if isinstance(at, int):
             return self.const(at)
         return f"_point({self.expr(at)})"

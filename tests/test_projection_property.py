@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from keel import MemoryStore, Projector, load_cartridge
 from keel.errors import KeelError
 from keel.projector import EventStore
+from keel.times import format_time, parse_time
 
 CATALOG = {
     "name": "prop",
@@ -24,9 +25,10 @@ CATALOG = {
         "mnum": "optional number"}}},
 }
 VALUES = ["{x}", "{n}", "{maybe}", "{mnum}", "fixed", 7, True, None, "{x}-{maybe}", "{event.id}/{n}",
-          "{event.occurred_at}", "{when:date}", "{at:date}", "{{x}}"]
-BETA = ["beta:{x}", "beta:{maybe}", "beta:k{n}", "beta:fixed", "beta:{x} bad"]
-TIMES = [None, "{when}", "{at}", "2026-02-03", "{event.recorded_at}"]
+          "{event.occurred_at}", "{event.recorded_at}", "at {event.occurred_at}", "{event.by}", "by {event.by}",
+          "{when:date}", "{at:date}", "{{x}}"]
+BETA = ["beta:{x}", "beta:{maybe}", "beta:k{n}", "beta:fixed", "beta:{x} bad", "beta:{event.by}"]
+TIMES = [None, "{when}", "{at}", "2026-02-03", "{event.recorded_at}", "{event.occurred_at}"]
 PREDICATES = ["p1", "p2", "p3"]
 WHOLE = re.compile(r"^\{([a-z_.]+)(:date)?\}$")
 
@@ -83,8 +85,9 @@ def resolve(raw: Any, event: Any) -> tuple[bool, Any]:
         if value is None:
             return False, None
         if spec == "date":
-            from keel.times import format_time, parse_time
             value = format_time(parse_time(value))[:10]
+        elif name in ("event.occurred_at", "event.recorded_at"):
+            value = format_time(value)      # a time projects its RFC 3339 text, as Keel prints it (docs/cartridges.md)
         values.append(value)
     m = WHOLE.match(raw)
     if m:
@@ -153,16 +156,17 @@ def outcome(fn: Any, event: Any, projector: Projector) -> tuple[str, Any]:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(program=steps(), payload=events)
-def test_compiled_steps_write_what_the_handler_api_writes(tmp_path_factory: Any, program: list, payload: dict) -> None:
+@given(program=steps(), payload=events, by=st.sampled_from([None, "ana"]))
+def test_compiled_steps_write_what_the_handler_api_writes(tmp_path_factory: Any, program: list, payload: dict,
+                                                          by: str | None) -> None:
     folder = tmp_path_factory.mktemp("prop")
     doc = {**CATALOG, "events": {"alpha.did": {**CATALOG["events"]["alpha.did"], "project": program}}}
     (Path(folder) / "cartridge.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     cartridge = load_cartridge(folder)
     projector = Projector(cartridge, MemoryStore())
     event = projector.parse({"id": "e-1", "tenant": "t", "type": "alpha.did", "subject": "alpha:s1",
-                             "occurred_at": "2026-01-02T03:04:05Z", "recorded_at": "2026-01-03T00:00:00Z",
-                             "payload": payload})
+                             "occurred_at": "2026-01-02T03:04:05Z", "recorded_at": "2026-01-03T00:00:00.25Z",
+                             "by": by, "payload": payload})
     compiled = cartridge.registry.handler("alpha.did")
     got, want = outcome(compiled, event, projector), outcome(lambda e, s: interpret(program, e, s), event, projector)
     if got[0] == want[0] == "failed" and "ValueRefused" in (got[1], want[1]):
