@@ -120,11 +120,13 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    """`keel schema CARTRIDGE [--event TYPE [--version N]]`: JSON Schema (draft 2020-12) on stdout."""
+    """`keel schema CARTRIDGE [--event TYPE [--version N]] [--clear]`: JSON Schema (draft 2020-12) on stdout;
+    personal fields sealed, as on the topic, or (`--clear`) as before sealing."""
     cartridge = load_cartridge(args.cartridge)
     if args.version is not None and args.event is None:
         raise UsageError("--version needs --event TYPE")
-    doc = cartridge_document(cartridge) if args.event is None else payload_document(cartridge, args.event,
-                                                                                     args.version)
+    clear = bool(getattr(args, "schema_clear", False))
+    doc = cartridge_document(cartridge, clear=clear) if args.event is None else payload_document(
+        cartridge, args.event, args.version, clear=clear)
     print(json.dumps(doc, ensure_ascii=False, indent=2))
     return EXIT_OK

@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--event", metavar="TYPE", help="only this event type's payload schema")
     p.add_argument("--version", type=positive_int, metavar="N", help="with --event: this version (default: the "
                    "cartridge's)")
+    p.add_argument("--clear", dest="schema_clear", action="store_true",
+                   help="personal fields in clear, as keel seal, keel publish, the outbox relay and the webhook take "
+                   "them (default: sealed, as on the topic; docs/envelope.md)")
     p.set_defaults(run=cmd_schema)
 
     common = KeelArgumentParser(add_help=False)

@@ -7,6 +7,12 @@ by undoing the YAML upcast steps (a version a Python upcaster reads is any objec
 returns). The cartridge's document validates a whole envelope of any of its event types: `type` names one,
 and `allOf` ties each (type, version) to its payload schema in `$defs` (`<type>.v<N>`); an envelope without
 `version` is version 1. Keel's own checks stay the authority (a pattern approximates a time; Keel parses it).
+
+A cartridge's `personal:` fields travel sealed (docs/privacy.md): on the events topic, and in every file `keel seal`
+writes, their value is the `keel.enc` wire object, not the declared type. The document describes the records as
+they are on the topic, so a personal field's schema is that wire object (or, with `personal: {accept_clear: true}`,
+the wire object or the clear value). `clear=True` describes the form before sealing instead, what `keel seal`,
+`keel publish`, the outbox relay and the webhook take: every field of its declared type.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from pydantic import TypeAdapter
 from .cartridge import Cartridge
 from .envelope import ANNOTATED, MAX_REASON, RETRACTED, Envelope
 from .errors import UsageError
+from .privacy import ENC, WIRE
 from .upcast import FieldShape, shapes
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -36,6 +43,14 @@ _TYPES: dict[str, dict[str, Any]] = {
     "datetime": _TIME,
 }
 _ENVELOPE = TypeAdapter(Envelope).json_schema()
+_BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# a personal field as sealed (keel.privacy.encrypt_field, docs/privacy.md "Wire format"): a 12-byte iv is 16
+# base64 characters; the ciphertext ends with a 16-byte tag, so it is at least 24
+SEALED: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "required": [ENC, "kid", "iv", "ct"],
+    "properties": {ENC: {"const": WIRE}, "kid": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+                   "iv": {"type": "string", "pattern": _BASE64, "minLength": 16, "maxLength": 16},
+                   "ct": {"type": "string", "pattern": _BASE64, "minLength": 24}}}
 # the core event types' payloads (keel/envelope.py: check_annotation_payload, check_retraction_payload)
 _NULLABLE_STRING = {"type": ["string", "null"]}
 _CORE: dict[str, dict[str, Any]] = {
@@ -62,13 +77,31 @@ def field_schema(shape: FieldShape) -> dict[str, Any]:
     return schema
 
 
-def payload_schemas(cartridge: Cartridge, event_type: str) -> dict[int, dict[str, Any]]:
-    """{version: the JSON Schema of that version's payload} of one event type, oldest first."""
+def personal_schema(shape: FieldShape, accept_clear: bool) -> dict[str, Any]:
+    """A personal field as it is on the topic: sealed (null too when optional: sealing keeps a null), or, when
+    the cartridge accepts personal fields in clear, sealed or its clear value."""
+    clear = dict(_TYPES[shape.type]) if shape.type is not None else {}
+    kind = f"a {shape.type}" if shape.type is not None else "any JSON value"
+    forms = [dict(SEALED)] + ([clear] if accept_clear else []) + ([{"type": "null"}] if shape.optional else [])
+    return {"anyOf": forms} | {"description": (
+        f"personal data, sealed ({ENC} {WIRE}: keel seal, keel publish, keel.sealer); sealed, it is {kind}"
+        + (" (the cartridge also accepts it in clear: personal.accept_clear)" if accept_clear else ""))}
+
+
+def payload_schemas(cartridge: Cartridge, event_type: str, *, clear: bool = False) -> dict[int, dict[str, Any]]:
+    """{version: the JSON Schema of that version's payload} of one event type, oldest first; its personal fields
+    sealed, or (`clear`) as they are before sealing."""
     event = cartridge.spec.events.get(event_type)
     if event is None:
         raise UsageError(f"unknown event type {event_type!r}; {cartridge.name} has "
                          f"{', '.join(sorted(cartridge.spec.events))}")
     found, _ = shapes(event_type, event, cartridge.upcasts.hops.get(event_type, []))
+    declared = cartridge.spec.personal.get(event_type)
+    personal = set() if clear or declared is None else set(declared.fields)   # sealed by name, in any version
+    accept = cartridge.spec.personal_accept_clear
+
+    def schema_of(name: str, f: FieldShape) -> dict[str, Any]:
+        return personal_schema(f, accept) if name in personal else field_schema(f)
     out = {}
     for version in sorted(found):
         shape = found[version]
@@ -78,7 +111,7 @@ def payload_schemas(cartridge: Cartridge, event_type: str) -> dict[int, dict[str
                 f"Keel checks what it returns against version {event.version}")}
             continue
         out[version] = {"type": "object", "additionalProperties": False,
-                        "properties": {name: field_schema(f) for name, f in shape.items()},
+                        "properties": {name: schema_of(name, f) for name, f in shape.items()},
                         "required": sorted(name for name, f in shape.items() if not f.optional),
                         "description": f"{event_type} version {version}"
                                        + (" (the current one)" if version == event.version else
@@ -86,9 +119,11 @@ def payload_schemas(cartridge: Cartridge, event_type: str) -> dict[int, dict[str
     return out
 
 
-def payload_document(cartridge: Cartridge, event_type: str, version: int | None = None) -> dict[str, Any]:
-    """The payload schema of one event type and version (default: the declared one), as a document."""
-    schemas = payload_schemas(cartridge, event_type)
+def payload_document(cartridge: Cartridge, event_type: str, version: int | None = None, *,
+                     clear: bool = False) -> dict[str, Any]:
+    """The payload schema of one event type and version (default: the declared one), as a document; `clear`:
+    its personal fields before sealing."""
+    schemas = payload_schemas(cartridge, event_type, clear=clear)
     version = max(schemas) if version is None else version
     if version not in schemas:
         raise UsageError(f"{event_type} has versions 1 to {max(schemas)}, not {version}")
@@ -96,14 +131,19 @@ def payload_document(cartridge: Cartridge, event_type: str, version: int | None 
             "title": f"{event_type} version {version} payload ({cartridge.name})", **schemas[version]}
 
 
-def cartridge_document(cartridge: Cartridge) -> dict[str, Any]:
+def cartridge_document(cartridge: Cartridge, *, clear: bool = False) -> dict[str, Any]:
     """A schema validating any envelope of the cartridge: the envelope, its type, and per (type, version) the
-    payload schema in `$defs`."""
+    payload schema in `$defs`. Personal fields are sealed, as on the topic; `clear`: as before sealing."""
     doc: dict[str, Any] = {"$schema": DRAFT, "$id": f"urn:keel:{cartridge.name}:envelope",
                            **copy.deepcopy(_ENVELOPE)}
     doc["title"] = f"Keel envelope of cartridge {cartridge.name}"
     doc["description"] = ("One event as a product publishes it to keel." + cartridge.name + ".events (the record "
                           "value, key = tenant) or in a JSONL file; docs/envelope.md")
+    if cartridge.spec.personal:
+        doc["description"] += (" Personal fields in clear, as keel seal, keel publish, the outbox relay and the "
+                               "webhook take them before sealing." if clear else
+                               " Personal fields sealed (keel.enc), as on the topic; keel schema --clear: before "
+                               "sealing.")
     props = doc["properties"]
     for name in ("occurred_at", "recorded_at"):
         props[name] = _TIME if name == "occurred_at" else {"anyOf": [_TIME, {"type": "null"}]}
@@ -112,7 +152,7 @@ def cartridge_document(cartridge: Cartridge) -> dict[str, Any]:
     defs: dict[str, Any] = {}
     rules: list[dict[str, Any]] = []
     for event_type in types:
-        schemas = payload_schemas(cartridge, event_type)
+        schemas = payload_schemas(cartridge, event_type, clear=clear)
         latest = max(schemas)
         rules.append({"if": _is(event_type), "then": {"properties": {
             "version": {"maximum": latest},
