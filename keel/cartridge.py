@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -15,11 +16,14 @@ from .cartridge_spec import (
     EntitySpec,
     EventSpec,
     FieldSpec,  # noqa: F401 - keel.cartridge names the schema it loads (tests import it from here)
+    HistorySpec,
+    MemorySpec,
     PersonalSpec,
     RelationSpec,
     RuleSpec,
 )
 from .errors import BadTime, CartridgeInvalid
+from .limits import Limits
 from .projection import compile_projections
 from .registry import Registry
 from .rules import RESERVED, Rule, check_names, compile_rule
@@ -91,19 +95,41 @@ def load_cartridge(path: str | Path) -> Cartridge:
         if registry is not None:
             problems += register_projections(registry, projections, spec)
             upcasts, upcast_problems = compile_upcasts(spec, registry)
-            problems += [p for p in check_spec(spec, registry) + upcast_problems   # a handler (or upcaster) of an
-                         if not any(f"for {ev!r}," in p or f"for {ev!r} from" in p   # invalid entry is no extra
-                                    for ev in dropped)]
+            problems += check_spec(spec, registry) + upcast_problems
+        problems = [p for p in problems if not _follows_from(p, dropped)]
     if problems:
         raise CartridgeInvalid(str(folder), problems)
     assert spec is not None and registry is not None
     return Cartridge(spec, registry, folder, upcasts)
 
 
+def _follows_from(problem: str, dropped: dict[str, set[str]]) -> bool:
+    """Whether a problem only follows from an entry left out for its own problems (already reported, the cause):
+    a handler, upcaster or `personal:` entry of a left-out event type, a step or rule naming a left-out relation."""
+    for ev in dropped.get("events", ()):
+        if f"for {ev!r}," in problem or f"for {ev!r} from" in problem or \
+                problem.startswith(f"personal.{ev}: not an event type"):
+            return True
+    return any(f"{rel!r} is not a relation of the cartridge" in problem or f"relations.{rel} is not a relation"
+               in problem for rel in dropped.get("relations", ()))
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a mapping naming one key twice is an error (PyYAML keeps the last)."""
+    """PyYAML's safe loader, except that a mapping naming one key twice is an error (PyYAML keeps the last), and
+    that a flow mapping's entry without a value is taken out and kept in `slips`.
+
+    `{description: a rentable unit, in a property}` is valid YAML: the unquoted comma ends the value `a rentable
+    unit`, and `in a property` becomes a key of its own, valued null. In a cartridge that is always a slip (no
+    key of the format is meant without a value), so it is reported with its line and the quoted form, and left out:
+    the entry is checked as if the text after the comma were not there, so nothing else fails because of it."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.slips: list[str] = []
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if node.flow_style:
+            node.value = self._without_slips(node)
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
@@ -116,50 +142,191 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {key!r} (first at line {first})", key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
+    def _without_slips(self, node: yaml.MappingNode) -> list[tuple[yaml.Node, yaml.Node]]:
+        """The entries of a flow mapping but those without a value; each run of them is one slip."""
+        kept: list[tuple[yaml.Node, yaml.Node]] = []
+        run: list[yaml.Node] = []
+        for key, value in node.value:
+            if _no_value(key, value):
+                run.append(key)
+                continue
+            if run:
+                self.slips.append(_slip(kept[-1] if kept else None, run))
+                run = []
+            kept.append((key, value))
+        if run:
+            self.slips.append(_slip(kept[-1] if kept else None, run))
+        return kept
+
+
+def _no_value(key: yaml.Node, value: yaml.Node) -> bool:
+    """A flow mapping entry written without `:` (`{a: 1, b}`: b), as opposed to an explicit empty value (`b:`)."""
+    if not (isinstance(value, yaml.ScalarNode) and value.tag == "tag:yaml.org,2002:null" and value.value == ""):
+        return False
+    text = key.end_mark.buffer
+    if text is None:
+        return key.end_mark.index == value.start_mark.index
+    return ":" not in text[key.end_mark.pointer:value.start_mark.pointer]
+
+
+def _slip(before: tuple[yaml.Node, yaml.Node] | None, run: list[yaml.Node]) -> str:
+    """The problem of keys without a value after the entry `before`: where, why, and the value quoted."""
+    first = run[0].start_mark
+    where = f"line {first.line + 1}, column {first.column + 1}"
+    names = ", ".join(repr(str(k.value)) for k in run)
+    hint = "quote a value that holds commas or colons"
+    if before is not None and isinstance(before[1], yaml.ScalarNode) and before[1].style is None \
+            and before[1].start_mark.buffer is not None:
+        key, value = before
+        whole = value.start_mark.buffer[value.start_mark.pointer:run[-1].end_mark.pointer]
+        return (f"{where}: {names} has no value: an unquoted comma inside {{…}} ended the value of {key.value} "
+                f"({str(value.value)!r}) there; {hint}: {key.value}: {json.dumps(whole, ensure_ascii=False)}")
+    return f"{where}: {names} has no value (an entry of {{…}} without ':'); {hint}"
+
+
+def yaml_problem(file: Path, e: yaml.YAMLError) -> str:
+    """A YAML error as one line: the file, line and column, what is wrong, and the usual cause: an unquoted colon
+    (or, inside {…} or […], a comma) in a value."""
+    if not isinstance(e, yaml.MarkedYAMLError):
+        return f"{file}: not valid YAML: {e}"
+    mark = e.problem_mark or e.context_mark
+    where = f"{file}:line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(file)
+    problem = str(e.problem or e.context or "")
+    if problem.startswith("duplicate key"):
+        return f"{where}: {problem}"
+    context = ""
+    if e.context and e.context_mark is not None and e.context_mark is not mark:
+        context = f" ({e.context}, from line {e.context_mark.line + 1}, column {e.context_mark.column + 1})"
+    quote = "quote a value that holds colons or commas (description: \"a: b, c\")"
+    if "'\\t'" in problem:
+        hint = "indent with spaces, not tabs"
+    elif "':'" in problem or "mapping values are not allowed" in problem:
+        hint = f"{quote}: a colon followed by a space, and inside {{…}} or […] a comma, end a plain value"
+    else:
+        hint = f"check the quoting, brackets and indentation there; {quote}"
+    return f"{where}: not valid YAML: {problem}{context}; {hint}"
+
 
 _SECTIONS: dict[str, type[BaseModel]] = {"entities": EntitySpec, "relations": RelationSpec, "events": EventSpec,
                                          "rules": RuleSpec, "personal": PersonalSpec}
 
 
-def _load_spec(folder: Path) -> tuple[CartridgeSpec | None, list[str], set[str]]:
-    """(spec, problems, event types left out). With problems, the spec holds the entries that are valid on
-    their own, so that `validate` reports every problem in one pass: the cross-checks run on the rest."""
+def _load_spec(folder: Path) -> tuple[CartridgeSpec | None, list[str], dict[str, set[str]]]:
+    """(spec, problems, {section: names of entries left out}). With problems, the spec holds the entries that are
+    valid on their own (an entry broken in a key nothing else needs, without that key), so that `validate`
+    reports every problem in one pass: the cross-checks run on the rest, and what only follows from an entry left
+    out is not reported again (`_follows_from`)."""
     if not folder.is_dir():
-        return None, [f"{folder}: not a folder (a cartridge is a folder with cartridge.yaml and handlers.py)"], set()
+        return None, [f"{folder}: not a folder (a cartridge is a folder with cartridge.yaml and handlers.py)"], {}
     file = folder / "cartridge.yaml"
     if not file.is_file():
-        return None, [f"{file}: missing (a cartridge folder needs cartridge.yaml; handlers.py holds Python handlers)"], set()
+        return None, [f"{file}: missing (a cartridge folder needs cartridge.yaml; handlers.py holds Python handlers)"], {}
     try:
-        doc = yaml.load(file.read_text(encoding="utf-8-sig"), Loader=_UniqueKeyLoader)   # a SafeLoader
+        text = file.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
-        return None, [f"{file}: cannot be read: {e}"], set()
-    except yaml.YAMLError as e:
-        return None, [f"{file}: not valid YAML: {e}"], set()
-    if not isinstance(doc, dict):
-        return None, [f"{file}: must be a mapping with name, entities, relations, events, rules, memory"], set()
+        return None, [f"{file}: cannot be read: {e}"], {}
+    loader = _UniqueKeyLoader(text)         # a SafeLoader
     try:
-        return CartridgeSpec.model_validate(doc), [], set()
+        root = loader.get_single_node()
+        doc = None if root is None else loader.construct_document(root)
+    except yaml.YAMLError as e:
+        return None, [yaml_problem(file, e)], {}
+    finally:
+        loader.dispose()
+    problems = [f"{file}:{slip}" for slip in loader.slips]
+    if not isinstance(doc, dict):
+        return None, [f"{file}: must be a mapping with name, entities, relations, events, rules, memory"], {}
+    try:
+        return CartridgeSpec.model_validate(doc), problems, {}      # problems: the slips (left out of doc)
     except ValidationError as e:
-        problems = [f"{file}: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
-    partial = _valid_parts(doc)
-    events = doc.get("events")
-    dropped = set(events) - set(partial.events) if isinstance(events, dict) and partial is not None else set()
+        problems += [_schema_problem(file, root, err) for err in e.errors()]
+    partial, dropped = _valid_parts(doc)
     return partial, problems, dropped
 
 
-def _valid_parts(doc: dict[str, Any]) -> CartridgeSpec | None:
-    """A spec of the entries of `doc` that are valid on their own (None without a usable name)."""
+# the keys of each part of cartridge.yaml, for "unknown key" problems: (the part's path length, section) -> model
+_MODELS: dict[tuple[int, str | None], type[BaseModel]] = {
+    (1, None): CartridgeSpec, (3, "entities"): EntitySpec, (3, "relations"): RelationSpec, (3, "events"): EventSpec,
+    (3, "personal"): PersonalSpec, (2, "memory"): MemorySpec, (2, "limits"): Limits, (2, "history"): HistorySpec}
+
+
+def _schema_problem(file: Path, root: yaml.Node, err: Any) -> str:
+    """One schema problem: the file and the line of the key it is about, its path, and what is wrong (an unknown
+    key with the keys that part takes)."""
+    loc = tuple(err["loc"])
+    line = _line_of(root, loc)
+    where = f"{file}:line {line}" if line is not None else str(file)
+    path = ".".join(str(p) for p in loc)
+    message = err["msg"]
+    if err["type"] == "extra_forbidden":
+        model = _MODELS.get((len(loc), loc[0] if len(loc) > 1 else None))
+        if model is not None:
+            keys = sorted(f.alias or name for name, f in model.model_fields.items() if name != "personal_accept_clear")
+            message = f"unknown key; this part takes {', '.join(keys)}"
+    return f"{where}: {path}: {message}"
+
+
+def _line_of(root: yaml.Node, loc: tuple[Any, ...]) -> int | None:
+    """The line (from 1) of the deepest key or item of `loc` found in the YAML node tree."""
+    node, line = root, None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            found = next(((k, v) for k, v in node.value if str(k.value) == str(part)), None)
+            if found is None:
+                break
+            line, node = found[0].start_mark.line + 1, found[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+# keys other entries depend on: an entry broken in one of them is left out; one broken elsewhere is kept
+# without the broken keys (their problem is reported), so that nothing naming it fails as well
+_NEEDED = {"entities": frozenset(), "relations": frozenset({"from", "to"}),
+           "events": frozenset({"subject", "owner", "payload", "project", "version", "upcast"})}
+
+
+def _entry(section: str, model: type[BaseModel], entry: Any) -> BaseModel | None:
+    """An entry as valid on its own: as written, or without its broken keys (see _NEEDED); None: left out. An
+    entity type is always kept (it has no key anything else needs)."""
+    try:
+        return model.model_validate(entry)
+    except ValidationError as e:
+        errors = e.errors()
+    fallback = EntitySpec() if section == "entities" else None
+    needed = _NEEDED.get(section)
+    if needed is None or not isinstance(entry, dict):
+        return fallback
+    broken = {err["loc"][0] for err in errors if err["loc"]}
+    if broken & needed or not broken <= set(entry):
+        return fallback
+    try:
+        return model.model_validate({k: v for k, v in entry.items() if k not in broken})
+    except ValidationError:
+        return fallback
+
+
+def _valid_parts(doc: dict[str, Any]) -> tuple[CartridgeSpec | None, dict[str, set[str]]]:
+    """A spec of the entries of `doc` that are valid on their own (None without a usable name), and the names of
+    each section's entries left out."""
     parts: dict[str, Any] = {"name": doc.get("name")}
+    dropped: dict[str, set[str]] = {}
     for section, model in _SECTIONS.items():
         entries = doc.get(section)
         if not isinstance(entries, dict):
             continue
         kept = {}
         for name, entry in entries.items():
-            try:
-                kept[name] = model.model_validate(entry)
-            except ValidationError:
+            if section == "personal" and name == "accept_clear":
                 continue
+            valid = _entry(section, model, entry)
+            if valid is None:
+                dropped.setdefault(section, set()).add(name)
+            else:
+                kept[name] = valid
         parts[section] = kept
     for section in ("memory", "limits"):
         try:
@@ -169,9 +336,9 @@ def _valid_parts(doc: dict[str, Any]) -> CartridgeSpec | None:
         except ValidationError:
             continue
     try:
-        return CartridgeSpec.model_validate(parts)
+        return CartridgeSpec.model_validate(parts), dropped
     except ValidationError:
-        return None
+        return None, dropped
 
 
 def _load_handlers(folder: Path, name: str) -> tuple[Registry | None, list[str]]:
