@@ -35,7 +35,8 @@ from .keystore import KeyStore, b64, unb64
 from .times import parse_time
 
 ENC = "keel.enc"            # the key that marks an encrypted field
-NOTE_MASK = "[erased]"      # what a note on an erased data subject's entity reads as
+NOTE_MASK = "[erased]"      # what a note on an erased data subject's entity reads as, when the cartridge declares
+                            # no text mask for that entity type's personal fields (note_masks)
 CACHE_SECONDS = 5.0         # how long a process reuses what the key store said (a key, an erasure)
 WIRE = "v1"
 
@@ -79,6 +80,20 @@ def decrypt_field(wire: Mapping[str, Any], key: bytes | AESGCM, *, tenant: str, 
     return _decode(plain)
 
 
+def note_masks(cartridge: Cartridge) -> dict[str, str]:
+    """{entity type: what a note on an erased data subject of that type reads as}: the `mask:` the cartridge
+    declares for the personal fields of that type's own events (`personal:` entries with `of: subject` whose event
+    type's subject is that type), the first by event type that is text (a note's value, and a withdrawal's reason,
+    may be any text; a number mask fits a number field, not a note). Types without one read as NOTE_MASK."""
+    spec = cartridge.spec
+    masks: dict[str, str] = {}
+    for event_type, personal in sorted(spec.personal.items()):
+        event = spec.events.get(event_type)
+        if event is not None and personal.subject_field() is None and isinstance(personal.mask, str):
+            masks.setdefault(event.subject, personal.mask)
+    return masks
+
+
 class Privacy:
     """A cartridge's personal fields over a key store: `seal` encrypts an envelope's, `reveal` decrypts them (the
     mask for an erased key) so that the envelope reads exactly as it was written in clear."""
@@ -93,6 +108,7 @@ class Privacy:
         self._type_bytes = tuple(json.dumps(t).encode() for t in self.personal) + (b"\\",)
         self._note_bytes = json.dumps(ANNOTATED).encode()
         self._erased: dict[tuple[str, str], tuple[int | None, float]] = {}  # (tenant, subject) -> (when, until)
+        self._note_masks = note_masks(cartridge)
 
     def data_subject(self, envelope: Mapping[str, Any]) -> str:
         """Whose the personal fields of an envelope are: its subject, or the payload field `of` names."""
@@ -209,8 +225,9 @@ class Privacy:
 
     def _mask_note(self, envelope: dict[str, Any]) -> dict[str, Any]:
         """A note (keel.annotated) attached to an erased data subject's entity, written (occurred_at) before
-        its erasure: its value (and a withdrawal's reason) read as the mask, NOTE_MASK, like its personal
-        fields (docs/privacy.md). Later notes, and notes on other entities, are kept as written."""
+        its erasure: its value (and a withdrawal's reason) read as the mask the cartridge declares for that entity
+        type's personal fields (note_masks; else NOTE_MASK), like those fields (docs/privacy.md). Later notes,
+        and notes on other entities, are kept as written."""
         tenant, subject, payload = envelope["tenant"], envelope["subject"], envelope["payload"]
         at = self.erased_at(tenant, subject)
         if at is None:
@@ -221,7 +238,8 @@ class Privacy:
             return envelope             # the envelope checks refuse it
         if occurred > at:
             return envelope
-        masked = {k: NOTE_MASK for k in ("value", "reason") if payload.get(k) is not None}
+        mask = self._note_masks.get(subject.partition(":")[0], NOTE_MASK)
+        masked = {k: mask for k in ("value", "reason") if payload.get(k) is not None}
         return {**envelope, "payload": {**payload, **masked}} if masked else envelope
 
     def prefetch(self, raws: Iterable[bytes | None]) -> None:
