@@ -1,17 +1,25 @@
 """The arguments of the five tools, checked the same way for every caller (Tools, ToolSet, the MCP server and
 the CLI): times, entity names, optional texts, a note's value, the choice between an entity's history and the
-tenant's changes, and a changes page's limit. Each refusal is a UsageError whose message says what to give."""
+tenant's changes, and a page's limit. Each refusal is a UsageError whose message says what to give.
+
+One rule for every optional argument (`given`, `flag`, `count`): absent, null and the empty value of its type
+where that value means nothing (`""` for a name, a text or a time; false for a flag; the default for a number)
+all mean "not given". A caller in OpenAI's strict mode sends every property, the unused ones empty, and must get
+the answer of the minimal call; only a real request for two things that cannot go together is refused."""
 from __future__ import annotations
 
 import json
 from datetime import date, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from .changes import DEFAULT_CHANGES, MAX_CHANGES
 from .errors import UsageError
 from .identifiers import ENTITY
 from .limits import ValueRefused, check_value
 from .times import Micros, parse_time
+
+MAX_RESULTS = 100          # search's limit
+DEFAULT_RESULTS = 10
 
 Time = str | date | datetime | None
 """A time argument: RFC 3339 text or a date (`2026-09-15`), a `date` (midnight UTC), an aware `datetime`."""
@@ -49,34 +57,62 @@ def clip(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def of_an_entity(entity: str | None, predicate: str | None, known_at: Time, since: Time, type: str | None,
-                 cursor: str | None, limit: int | None) -> bool:
-    """Which history a call of `history` asks for (Tools and ToolSet): an entity's (True, entity given) or the
-    tenant's changes (False); the arguments of the other one are refused (UsageError)."""
-    if entity is None or entity == "":
+def given(value: Any) -> Any:
+    """An optional argument as given: None when absent, null or `""` (the rule above), else the value itself."""
+    return None if value is None or (isinstance(value, str) and value == "") else value
+
+
+def flag(value: object, name: str, meaning: str) -> bool:
+    """A flag: true, or false when false, null or absent."""
+    if value is None or value is False:
+        return False
+    if value is True:
+        return True
+    raise UsageError(f"{name}: true ({meaning}) or false, got {clip(value)}")
+
+
+def count(value: object, name: str, default: int, maximum: int) -> int:
+    """A number of results: `default` when absent or null, else an integer from 1 to `maximum`."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise UsageError(f"{name}: an integer from 1 to {maximum} (default {default})")
+    return value
+
+
+class HistoryArgs(NamedTuple):
+    """`history`'s arguments after the rule: `entity` None asks for the tenant's changes."""
+    entity: str | None
+    predicate: str | None
+    known_at: Time
+    since: Time
+    type: str | None
+    cursor: str | None
+    limit: int
+
+
+def history_args(entity: object, predicate: object, known_at: object, since: object, type: object,
+                 cursor: object, limit: object) -> HistoryArgs:
+    """Which history a call of `history` asks for (Tools and ToolSet): an entity's, or the tenant's changes when
+    no entity is given. An argument of the other kind that is really given (not empty, a limit other than the
+    default) is a contradiction (UsageError)."""
+    entity, predicate, known_at, since, type, cursor = (given(v) for v in (entity, predicate, known_at, since,
+                                                                             type, cursor))
+    pages = count(limit, "limit", DEFAULT_CHANGES, MAX_CHANGES)
+    if entity is None:
         if predicate is not None or known_at is not None:
             raise UsageError("predicate and known_at go with an entity; without one, history lists the "
                              "changes since `since`")
-        return False
-    if since is not None or type is not None or cursor is not None or limit is not None:
+    elif since is not None or type is not None or cursor is not None or pages != DEFAULT_CHANGES:
         raise UsageError("since, type, cursor and limit go without an entity (the tenant's changes); "
-                         "leave entity out to list them")
-    return True
-
-
-def changes_limit(limit: object) -> int:
-    """The `limit` of a changes answer: DEFAULT_CHANGES when None, else an integer from 1 to MAX_CHANGES."""
-    if limit is None:
-        return DEFAULT_CHANGES
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CHANGES:
-        raise UsageError(f"limit: an integer from 1 to {MAX_CHANGES}")
-    return limit
+                         "leave them empty to read the entity's history, or leave entity empty to list changes")
+    return HistoryArgs(entity, predicate, known_at, since, type, cursor, pages)
 
 
 def time_arg(value: object, name: str) -> Micros | None:
     """A time argument: text (RFC 3339 or a date), a date (midnight UTC) or an aware datetime (JSON gives
-    text only, so the MCP tools see the first kind)."""
-    if value is None or value == "":
+    text only, so the MCP tools see the first kind); None when not given."""
+    if given(value) is None:
         return None
     if isinstance(value, datetime) and (value.tzinfo is None or value.utcoffset() is None):
         raise UsageError(f"{name}: {clip(value)} has no time zone; give an aware datetime, e.g. "
@@ -89,7 +125,8 @@ def time_arg(value: object, name: str) -> Micros | None:
 
 
 def opt_text(value: object, name: str) -> str | None:
-    if value is None or value == "":
+    """An optional text of at most 256 characters; None when not given."""
+    if given(value) is None:
         return None
     if not isinstance(value, str) or len(value) > 256:
         raise UsageError(f"{name}: expected a string of at most 256 characters, got {clip(value)}")

@@ -32,7 +32,7 @@ from .results import (
     SearchResult,
 )
 from .times import Micros, format_time, parse_time
-from .tool_args import Time, changes_limit, of_an_entity, time_arg
+from .tool_args import DEFAULT_RESULTS, MAX_RESULTS, Time, count, given, history_args, time_arg
 from .tools import NO_VALUE, Tools
 
 _R = TypeVar("_R", bound=Known)
@@ -78,10 +78,11 @@ class ToolSet:
     def history(self, entity: str | None = None, predicate: str | None = None, *, known_at: Time = None,
                 since: Time = None, type: str | None = None, cursor: str | None = None,
                 limit: int | None = None) -> HistoryResult | ChangesResult:
-        if not of_an_entity(entity, predicate, known_at, since, type, cursor, limit):
-            return self._changes(since, type, cursor, limit)
-        assert entity is not None
-        cartridge, local = self._route(entity)
+        args = history_args(entity, predicate, known_at, since, type, cursor, limit)
+        if args.entity is None:
+            return self._changes(args.since, args.type, args.cursor, args.limit)
+        predicate, known_at = args.predicate, args.known_at
+        cartridge, local = self._route(args.entity)
         crossing = self.cartridges.cross_relations(cartridge, local.partition(":")[0])
         own = predicate                              # a fact, label or relation name of the entity's cartridge
         cross = crossing
@@ -110,8 +111,9 @@ class ToolSet:
             parts.append(found_h)
         return _known_of(result, parts)
 
-    def search(self, query: str, *, type: str | None = None, limit: int = 10, at: Time = None,
+    def search(self, query: str, *, type: str | None = None, limit: int | None = DEFAULT_RESULTS, at: Time = None,
                known_at: Time = None) -> SearchResult:
+        type, limit = given(type), count(limit, "limit", DEFAULT_RESULTS, MAX_RESULTS)
         if type is not None:
             cartridge, local_type = self._type(type, "type")
             return self._public(cartridge, self.parts[cartridge.name].search(
@@ -138,7 +140,8 @@ class ToolSet:
                 known_at: Time = None) -> RelatedResult:
         cartridge, local = self._route(entity)
         own: str | None = None
-        if relation is not None and relation != "":
+        relation = given(relation)
+        if relation is not None:
             found = self.cartridges.relation_owner(relation) if isinstance(relation, str) else None
             if found is None:
                 raise UsageError(f"relation: {relation!r} is not a relation of the cartridges; use one of "
@@ -214,14 +217,13 @@ class ToolSet:
             found.append(self._public(other, answer))
         return found
 
-    def _changes(self, since: Time, type: str | None, cursor: str | None, limit: int | None) -> ChangesResult:
+    def _changes(self, since: Time, type: str | None, cursor: str | None, limit: int) -> ChangesResult:
         """Every cartridge's changes after its place in the cursor (else after `since`), merged in recorded
         order. A cartridge that gave more than the answer takes is read again for exactly what was taken, so
         its place in the next cursor is right after it; one that gave nothing taken keeps its place."""
-        limit = changes_limit(limit)
         places = _parse_cursor(cursor, self.cartridges)
         if places is None:
-            if since is None or since == "":
+            if since is None:
                 raise UsageError("since: a recorded time (RFC 3339 or a date), e.g. the known_through of your "
                                  "last answer; or cursor: a previous changes answer's cursor")
             start = time_arg(since, "since")

@@ -50,12 +50,24 @@ from .store.base import GLOBAL_TENANT, Freshness, Store, ViewRequest, of_relatio
 from .store.writes import Key, scope_key
 from .timeline import Assertion, Version
 from .times import Micros, format_time, now_micros, parse_time
-from .tool_args import Time, changes_limit, clip, entity_arg, note_value, of_an_entity, opt_text, time_arg
+from .tool_args import (
+    DEFAULT_RESULTS,
+    MAX_RESULTS,
+    Time,
+    clip,
+    count,
+    entity_arg,
+    flag,
+    given,
+    history_args,
+    note_value,
+    opt_text,
+    time_arg,
+)
 
 if TYPE_CHECKING:
     from .log_lag import LogLag
 
-MAX_LIMIT = 100
 NO_VALUE: Any = type("NoValue", (), {"__repr__": lambda self: "NO_VALUE"})()   # annotate without a value
 MAX_TEXT = 4096
 
@@ -134,21 +146,21 @@ class Tools:
         Without an entity: the tenant's changes recorded after `since` (or from a previous answer's `cursor`),
         oldest first, at most `limit` (default 100, at most 500), of entities of `type` when given; `more` says
         whether the log held more then, and `cursor` continues exactly after this answer, now or later
-        (keel/changes.py; docs/semantics.md, "What changed since")."""
+        (keel/changes.py; docs/semantics.md, "What changed since"). Empty arguments count as absent
+        (keel/tool_args.py)."""
         with self._reading:
-            if not of_an_entity(entity, predicate, known_at, since, type, cursor, limit):
-                return self._changes(since, type, cursor, limit)
-            assert entity is not None
-            return self._history(entity, predicate, known_at)
+            args = history_args(entity, predicate, known_at, since, type, cursor, limit)
+            if args.entity is None:
+                return self._changes(args.since, args.type, args.cursor, args.limit)
+            return self._history(args.entity, args.predicate, args.known_at)
 
-    def _changes(self, since: Time, type: str | None, cursor: str | None, limit: int | None) -> ChangesResult:
+    def _changes(self, since: Time, type: str | None, cursor: str | None, limit: int) -> ChangesResult:
         s, after = time_arg(since, "since"), parse_cursor(cursor)
         if s is None and after is None:
             raise UsageError("since: a recorded time (RFC 3339 or a date), e.g. the known_through of your last "
                              "answer; or cursor: a previous changes answer's cursor")
         if type is not None:
             self._name_arg("type", "an entity type", type, self.cartridge.spec.entities)
-        limit = changes_limit(limit)
         scopes = set(self.policy.visible_scopes(task=self.task, agent=self.agent))
         page = read_changes(self.store, self.tenant, since=s, after=after, limit=limit, type=type, scopes=scopes)
         if not page.rows and page.through is None:      # nothing applied for it: is the tenant known at all?
@@ -186,12 +198,13 @@ class Tools:
             "relations": cast(list[RelationVersion], relation_versions), "known_through": None}
         return self._fresh(result, known_at=k)
 
-    def search(self, query: str, *, type: str | None = None, limit: int = 10, at: Time = None,
+    def search(self, query: str, *, type: str | None = None, limit: int | None = DEFAULT_RESULTS, at: Time = None,
                known_at: Time = None) -> SearchResult:
         """BM25 over the tenant's entity ids, types, labels and the notes this caller may see, as they were at
-        `at` (world time, default now) as known at `known_at` (default now)."""
+        `at` (world time, default now) as known at `known_at` (default now); at most `limit` hits (default 10)."""
         with self._reading:
-            return self._search(query, type, limit, at, known_at)
+            return self._search(query, given(type), count(limit, "limit", DEFAULT_RESULTS, MAX_RESULTS), at,
+                                known_at)
 
     def _search(self, query: str, type: str | None, limit: int, at: Time, known_at: Time) -> SearchResult:
         if not isinstance(query, str) or not query.strip():
@@ -200,8 +213,6 @@ class Tools:
             raise UsageError(f"query: at most {MAX_TEXT} characters")
         if type is not None:
             self._name_arg("type", "an entity type", type, self.cartridge.spec.entities)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-            raise UsageError(f"limit: an integer from 1 to {MAX_LIMIT}")
         t, k = time_arg(at, "at"), time_arg(known_at, "known_at")
         results = self._search_index().search(
             query, at=t if t is not None else self.clock(), known_at=k, type=type, limit=limit,
@@ -247,9 +258,11 @@ class Tools:
         """Write a note (agent memory) as a keel.annotated event; returns the fact as the graph shows it.
         Its task and agent are the caller's binding, never an argument. `withdraw=True` (no value, an optional
         `reason`) closes the caller's own note of that name and scope on the entity now instead, as a
-        keel.annotated event with `withdraw: true`; the result's fact is the closed version with `withdrawn`."""
-        if not isinstance(withdraw, bool):
-            raise UsageError(f"withdraw: true (close your note of that name) or false, got {clip(withdraw)}")
+        keel.annotated event with `withdraw: true`; the result's fact is the closed version with `withdrawn`.
+        Empty arguments count as absent (keel/tool_args.py): a null or `""` value is no value."""
+        withdraw = flag(withdraw, "withdraw", "close your note of that name")
+        value, scope, evidence, reason = (NO_VALUE if given(value) is None else value), given(scope), \
+            given(evidence), given(reason)
         if scope is None:
             raise UsageError("scope: required, one of tenant, task, agent, global")
         with self._writing:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import output_schemas
 from support.services import service_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +84,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def results_match_output_schemas() -> Any:
+    """Every result of a tool method in this process is checked against the tool's outputSchema, closed
+    (support/output_schemas.py): the output schemas describe every key a result can carry."""
+    saved = output_schemas.install()
+    yield
+    output_schemas.uninstall(saved)
 
 
 @pytest.fixture

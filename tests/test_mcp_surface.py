@@ -112,8 +112,9 @@ def test_five_tools_in_fixed_order_with_hints() -> None:
         assert spec.input_schema["type"] == "object" and spec.output_schema["type"] == "object"
         for name, prop in spec.input_schema["properties"].items():
             assert prop.get("description"), f"{spec.name}.{name} has no description"
-    assert set(SPECS[4].output_schema["properties"]) == {"entity", "relations", "known_through"}
-    assert all("known_through" in s.output_schema["properties"] for s in SPECS)
+    known = {"known_through", "applied_through", "lag", "lag_measured_at"}     # docs/contracts.md
+    assert set(SPECS[4].output_schema["properties"]) == {"entity", "relations"} | known
+    assert all(known <= set(s.output_schema["properties"]) for s in SPECS)
 
 
 def test_descriptions_are_short_distinct_and_domain_free() -> None:

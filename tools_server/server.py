@@ -119,13 +119,13 @@ def _handlers(run: CallRunner) -> dict[str, Handler]:
                               arguments={"entity": entity, "predicate": predicate, "known_at": known_at,
                                          "since": since, "type": type, "cursor": cursor, "limit": limit})
 
-    async def search(query: Any = None, type: Any = None, limit: Any = 10, at: Any = None,
+    async def search(query: Any = None, type: Any = None, limit: Any = None, at: Any = None,
                      known_at: Any = None) -> CallToolResult:
         return await run.call("search", lambda t: t.search(query, type=type, limit=limit, at=at, known_at=known_at),
                               arguments={"query": query, "type": type, "limit": limit, "at": at, "known_at": known_at})
 
     async def annotate(entity: Any = None, predicate: Any = None, value: Any = missing, scope: Any = None,
-                       evidence: Any = None, withdraw: Any = False, reason: Any = None) -> CallToolResult:
+                       evidence: Any = None, withdraw: Any = None, reason: Any = None) -> CallToolResult:
         def write(t: Tools) -> dict[str, Any]:       # no value: Tools says whether one was needed
             given = {} if value is missing else {"value": value}
             return t.annotate(entity, predicate, **given, scope=scope, evidence=evidence, withdraw=withdraw,

@@ -18,23 +18,51 @@ BYTES_LIMIT = 6000                      # the tools array of tools/list, compact
 LIST_TOOLS_TTL_MS = 24 * 3600 * 1000    # the surface changes only with a Keel release
 
 _S: dict[str, Any] = {"type": "string"}
-_SN: dict[str, Any] = {"type": ["string", "null"]}
+_NULL: dict[str, Any] = {"type": "null"}
 
 
-def _arg(description: str, **schema: Any) -> dict[str, Any]:
-    return {"type": "string", **schema, "description": description}
+def _nullable(schema: dict[str, Any], description: str | None = None) -> dict[str, Any]:
+    """`schema` or null, as anyOf branches of one type each: the spelling that OpenAI's strict mode, Gemini's
+    converters and the Inspector's portability check all accept (a `type` array is not)."""
+    out: dict[str, Any] = {"anyOf": [schema, _NULL]}
+    if description:
+        out["description"] = description
+    return out
 
 
-_ENTITY = _arg("<type>:<id> from search")
+_NS = _nullable(_S)
+_N = {"$ref": "#/$defs/n"}      # a string or null: a local $ref where a schema has three or more (see _shared_nulls)
+
+
+def _arg(description: str) -> dict[str, Any]:
+    """An optional text argument: nullable, so that a strict-mode caller (every property required) can leave it
+    out by sending null; `""` counts as absent too (keel/tool_args.py)."""
+    return {**_N, "description": description}
+
+
+def _shared_nulls(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with its string-or-null properties as one local definition (`#/$defs/n`) when three or more share
+    it, else spelled out in place: the shorter of the two."""
+    properties = schema["properties"]
+    if sum(v.get("$ref") == _N["$ref"] for v in properties.values()) >= 3:
+        return {**schema, "$defs": {"n": _NS}}
+    inline = {k: {**_NS, **{x: y for x, y in v.items() if x != "$ref"}} if v.get("$ref") == _N["$ref"] else v
+              for k, v in properties.items()}
+    return {**schema, "properties": inline}
+
+
+_ENTITY = {"type": "string", "description": "<type>:<id> from search"}
 _AT = _arg("World time: date or RFC 3339")
-_KNOWN_AT = _arg("As known then; default now")
-_TYPE = _arg("Only this entity type")
+_KNOWN_AT = _arg("As known then")
+_TYPE = _arg("Only this type")
+_JSON = [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "object"}, {"type": "array"}]
 
-_FACT = {"type": "object", "properties": {
-    "predicate": _S, "value": {}, "valid_from": _S, "valid_to": _SN, "recorded_at": _S, "source": _SN,
-    "evidence": _SN, "scope": _SN, "by": _SN, "expires_at": _SN, "corrected_by": _SN}}
-_RELATION = {"type": "object", "properties": {
-    "subject": _S, "relation": _S, "object": _S, "valid_from": _S, "valid_to": _SN}}
+# Output schemas: every key of a result typed (a client such as FastMCP builds its result type from them and drops
+# undeclared keys); the records inside (facts, versions, relations, changes) are objects, their keys and types in
+# docs/contracts.md and keel/results.py. Typing those keys too would take the surface past BYTES_LIMIT (measured:
+# about 7,700 bytes).
+_RECORDS = {"type": "array", "items": {"type": "object"}}
+_LABELS = {"type": "object"}            # label name -> JSON value
 
 
 def _object(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
@@ -46,7 +74,7 @@ def _object(properties: dict[str, Any], required: list[str] | None = None) -> di
 
 def _input(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     """An input schema: strict, an unknown argument is an error (tools_server.server enforces it)."""
-    return {**_object(properties, required), "additionalProperties": False}
+    return _shared_nulls({**_object(properties, required), "additionalProperties": False})
 
 
 def _array(items: dict[str, Any]) -> dict[str, Any]:
@@ -54,14 +82,17 @@ def _array(items: dict[str, Any]) -> dict[str, Any]:
 
 
 def _result(properties: dict[str, Any]) -> dict[str, Any]:
-    """An output schema: the tool's properties, then `known_through`, which every result carries (the
-    recorded_at of the latest event applied for the tenant; Redis mode adds `lag`, see docs/contracts.md)."""
-    return _object({**properties, "known_through": _SN})
+    """An output schema: the tool's properties, then what every result may end with (docs/contracts.md,
+    "known_through"): `known_through`; with known_at, `applied_through`; on a Redis graph, `lag` and, when Kafka
+    has not answered since, `lag_measured_at`."""
+    out = _object({**properties, "known_through": _N, "applied_through": _N, "lag": {"type": "integer"},
+                   "lag_measured_at": _S})
+    return _shared_nulls(out)
 
 
-# A rule with `when:` carries Keel's verdict: holds (null: see missing or reason) and its evidence ids.
-_RULES = {"additionalProperties": {"properties": {
-    "holds": {"type": ["boolean", "null"]}, "because": {"type": "array"}}}}
+# A rule with `when:` carries Keel's verdict: holds (null: see missing or reason) and its evidence ids; the rest of
+# a rule's keys are the cartridge's own.
+_RULES = {"type": "object"}     # rule name -> the rule's definition, parameters and verdict
 
 
 class ToolSpec(NamedTuple):
@@ -81,44 +112,41 @@ SPECS: tuple[ToolSpec, ...] = (
         "context",
         "An entity's labels, facts with evidence, relations, rule verdicts. Use it for what is true.",
         _input({"entity": _ENTITY, "at": _AT, "known_at": _KNOWN_AT}, ["entity"]),
-        _result({"entity": _S, "type": _S, "ref": _SN, "labels": {"type": "object"},
-                 "facts": _array(_FACT), "relations": _array(_RELATION), "rules": _RULES}),
+        _result({"entity": _S, "type": _S, "ref": _N, "labels": _LABELS, "at": _N, "known_at": _N,
+                 "facts": _RECORDS, "relations": _RECORDS, "rules": _RULES}),
         _READER),
     ToolSpec(
         "history",
-        "Versions of an entity's labels, facts, notes, relations, superseded too; no entity: changes since a "
-        "time. Use it to explain or catch up.",
-        _input({"entity": _ENTITY, "predicate": _arg("Only this predicate"), "known_at": _KNOWN_AT,
-                "since": _arg("No entity: changes after this time"), "type": _TYPE,
-                "cursor": _arg("Last answer's cursor"),
-                "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 100,
-                          "description": "Max changes"}}, []),
-        _result({"entity": _S, "versions": _array({**_FACT, "properties": {
-            **_FACT["properties"], "superseded_at": _SN, "superseded_by": _SN}}),
-            "changes": {"type": "array"}, "cursor": _SN, "more": {"type": "boolean"}}),
+        "An entity's versions of labels, facts, notes, relations, superseded too; no entity: changes since. "
+        "Use it to explain or catch up.",
+        _input({"entity": _arg("<type>:<id>; none: changes"),
+                "predicate": _arg("Only this name"), "known_at": _KNOWN_AT,
+                "since": _arg("After this time"), "type": _TYPE,
+                "cursor": _arg("Previous cursor"),
+                "limit": _nullable({"type": "integer", "maximum": 500}, "Default 100")},
+               []),
+        _result({"entity": _S, "versions": _RECORDS, "labels": _RECORDS, "relations": _RECORDS, "since": _N,
+                 "type": _N, "changes": _RECORDS, "cursor": _S, "more": {"type": "boolean"}}),
         _READER),
     ToolSpec(
         "search",
-        "Find entity ids by words of ids, types, labels, notes. Use it first when you lack an id.",
-        _input({"query": _arg("Words of a name, label, note, type"), "type": _TYPE,
-                "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,
-                          "description": "Max results"},
+        "Find entity ids by words of ids, types, labels, notes. Use it first without an id.",
+        _input({"query": {"type": "string", "description": "Words of names, labels, notes"}, "type": _TYPE,
+                "limit": _nullable({"type": "integer", "maximum": 100}, "Default 10"),
                 "at": _AT, "known_at": _KNOWN_AT}, ["query"]),
         _result({"query": _S, "results": _array({"type": "object", "properties": {
-            "entity": _S, "type": _S, "labels": {"type": "object"}, "score": {"type": "number"}}}),
-                 "message": _S}),
+            "entity": _S, "type": _S, "labels": _LABELS, "score": {"type": "number"}}}), "message": _S}),
         _READER),
     ToolSpec(
         "annotate",
-        "Save a note on an entity for context and history, or withdraw yours. Use it for conclusions or "
-        "next steps, citing evidence.",
+        "Save a note on an entity or withdraw yours. Use it for conclusions or next steps, citing evidence.",
         _input({"entity": _ENTITY,
-                "predicate": _arg("Note name, e.g. next_step"),
-                "value": {"description": "Text, number or JSON"},
-                "scope": _arg("tenant: all agents; task: your task; agent: you; global: all tenants",
-                              enum=["tenant", "task", "agent", "global"]),
-                "evidence": _arg("Id of an event that wrote this entity; some scopes need it"),
-                "withdraw": {"type": "boolean", "description": "Close your note of this name"},
+                "predicate": {"type": "string", "description": "Note name, e.g. next_step"},
+                "value": {"anyOf": [*_JSON, _NULL], "description": "Text, number or JSON"},
+                "scope": {"type": "string", "enum": ["tenant", "task", "agent", "global"],
+                          "description": "tenant: all agents; task: yours; agent: you; global: all tenants"},
+                "evidence": _arg("Event id behind it; some scopes need it"),
+                "withdraw": _nullable({"type": "boolean"}, "Close your note"),
                 "reason": _arg("Why you withdraw")},
                ["entity", "predicate", "scope"]),
         _result({"fact": {"type": "object"}, "applied": {"type": "boolean"}, "event_id": _S, "message": _S}),
@@ -126,9 +154,9 @@ SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "related",
         "An entity's relations both ways, with validity. Use it to reach linked entities.",
-        _input({"entity": _ENTITY, "relation": _arg("Only this relation"), "at": _AT, "known_at": _KNOWN_AT},
+        _input({"entity": _ENTITY, "relation": _arg("Only this name"), "at": _AT, "known_at": _KNOWN_AT},
                ["entity"]),
-        _result({"entity": _S, "relations": _array(_RELATION)}),
+        _result({"entity": _S, "relations": _RECORDS}),
         _READER),
 )
 

@@ -20,6 +20,8 @@ from mcp.client import Client
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from .output_schemas import check_result
+
 ROOT = Path(__file__).resolve().parents[2]
 FINANCE = ROOT / "cartridges" / "finance"
 GOLDEN = ROOT / "tests" / "golden" / "tools_list.json"
@@ -191,11 +193,13 @@ def raw_initialize(url: str, **headers: str) -> httpx2.Response:
 # ---- the finance story, over any transport --------------------------------------------------------
 
 async def ok(session: ClientSession, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """Call a tool that must succeed; the client has validated the result against the output schema."""
+    """Call a tool that must succeed; its result is checked against the output schema, closed (every key
+    declared: support/output_schemas.py), whichever process served it."""
     result = await session.call_tool(tool, arguments)
     assert not result.is_error, result.content[0].text if result.content else result
     assert result.structured_content is not None
     assert json.loads(result.content[0].text) == result.structured_content
+    check_result(tool, result.structured_content)
     return result.structured_content
 
 
