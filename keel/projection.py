@@ -25,7 +25,7 @@ times as), never the Instant a Python handler sees. A label, fact or ref whose v
 that is absent (or null), or `{event.by}` of an event without `by`, is left out; a step whose entity, relation end
 or time uses one is skipped. What could only fail at run time is refused here, naming the step: an object or array
 field inside text (it has no text form), a ref that is not text, a time inside an entity id (its `:` is not an id
-character), a time that names no time.
+character), a step time that names a field never holding one.
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 DAY = "date"        # the one placeholder format: `{occurred_at:date}` is the UTC calendar day YYYY-MM-DD
 TIMES = ("occurred_at", "recorded_at")      # the event attributes that hold a time (an Instant)
 OPTIONAL_ATTRIBUTES = ("by",)               # event attributes that may be None: left out like an absent field
+NO_TIME = ("number", "boolean", "object", "array")     # payload types no step time can be read from
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STEPS: dict[str, tuple[frozenset[str], frozenset[str]]] = {     # step -> (allowed keys, required keys)
     "upsert": (frozenset({"type", "id", "ref", "labels"}), frozenset()),
@@ -148,7 +149,8 @@ def kind_of(ref: Ref, event: EventSpec) -> str | None:
 
 def _check_kind(value: Value, role: str, at: str, event: EventSpec, problems: _Problems) -> None:
     """Refuse, before any event, a value that could only fail when applied: a ref that is not text, a time in
-    an entity id (RFC 3339 holds `:`, which ids cannot), a step time naming a field that holds no time."""
+    an entity id (RFC 3339 holds `:`, which ids cannot), a step time naming a field that never holds one (a string
+    may hold RFC 3339 text, an integer microseconds)."""
     refs = refs_of(value)
     if role == "ref" and isinstance(value, Ref) and kind_of(value, event) not in (None, "string", "time", "date",
                                                                                  "datetime"):
@@ -159,10 +161,9 @@ def _check_kind(value: Value, role: str, at: str, event: EventSpec, problems: _P
             if kind_of(ref, event) == "time":
                 problems.add(at, f"{{{ref.name}}} is a time (RFC 3339 holds ':', which an entity id cannot); "
                                  f"use {{{ref.name}:{DAY}}}, the calendar day")
-    elif role == "time" and isinstance(value, Ref) and kind_of(value, event) not in (None, "time", "date",
-                                                                                     "datetime"):
-        problems.add(at, f"{{{value.name}}} is not a time: name a date or datetime field, or "
-                         f"{{event.occurred_at}} / {{event.recorded_at}}")
+    elif role == "time" and isinstance(value, Ref) and kind_of(value, event) in NO_TIME:
+        problems.add(at, f"{{{value.name}}} is a {kind_of(value, event)} field, never a time: name a date or "
+                         f"datetime field, or {{event.occurred_at}} / {{event.recorded_at}}")
 
 
 def refs_of(value: Value) -> list[Ref]:

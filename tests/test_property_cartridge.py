@@ -100,14 +100,15 @@ def write_variant(tmp_path: Path, change: Any) -> Path:
 def test_validate_refuses_a_placeholder_that_projects_no_json_value_naming_the_step(tmp_path: Path) -> None:
     """What a placeholder can only turn into a refused value (or a failing step) when applied is refused by
     `keel validate`, naming the step: an object field inside text, a ref that is not text, a time in an entity
-    id, a step time that names no time."""
+    id, a step time naming a field that never holds one."""
     def change(doc: dict[str, Any]) -> None:
         doc["events"]["invoice.noted"] = {
             "subject": "invoice", "owner": "billing",
-            "payload": {"amount": "number", "period": "string", "lines": "object", "unit_id": "string"},
+            "payload": {"amount": "number", "period": "string", "lines": "object", "paid": "boolean"},
             "project": [{"upsert": {"ref": "{amount}", "labels": {"lines": "{lines}", "text": "lines: {lines}"}}},
                         {"link": {"relation": "billed_on", "to": "lease:{event.occurred_at}"}},
-                        {"facts": {"at": "{period}", "set": {"seen": "{event.recorded_at}"}}}]}
+                        {"facts": {"at": "{paid}", "set": {"seen": "{event.recorded_at}"}}},
+                        {"close": {"at": "{period}", "facts": ["seen"]}}]}       # a string may hold a time
     with pytest.raises(CartridgeInvalid) as info:
         load_cartridge(write_variant(tmp_path, change))
     where = "events.invoice.noted.project"
@@ -118,7 +119,7 @@ def test_validate_refuses_a_placeholder_that_projects_no_json_value_naming_the_s
          "form; use it alone (\"{lines}\") to keep it as JSON"),
         (f"{where}[1].link.to: {{event.occurred_at}} is a time (RFC 3339 holds ':', which an entity id cannot); "
          "use {event.occurred_at:date}, the calendar day"),
-        (f"{where}[2].facts.at: {{period}} is not a time: name a date or datetime field, or "
+        (f"{where}[2].facts.at: {{paid}} is a boolean field, never a time: name a date or datetime field, or "
          "{event.occurred_at} / {event.recorded_at}"),
     ]
 
