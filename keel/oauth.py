@@ -3,8 +3,9 @@
 The MCP specification (2025-06-18) makes an MCP server an OAuth 2.1 resource server: it accepts only access
 tokens an authorization server it trusts issued for it (the `aud` claim names the server's resource URL,
 RFC 8707), publishes Protected Resource Metadata (RFC 9728; the SDK's route, see tools_server.auth) and answers
-401 with `WWW-Authenticate: Bearer resource_metadata="…"`. The SDK leaves verifying a JWT to the server; this
-module does it with PyJWT:
+401 with an RFC 6750 challenge (`WWW-Authenticate: Bearer error="invalid_token", error_description="…", scope="…",
+resource_metadata="…"`; tools_server.auth). The SDK leaves verifying a JWT to the server; this module does it with
+PyJWT:
 
 - each issuer's `jwks_uri` comes from its metadata (`<issuer>/.well-known/openid-configuration`, else RFC 8414's
   `/.well-known/oauth-authorization-server<path>`), whose `issuer` must be the configured one;
@@ -17,7 +18,8 @@ module does it with PyJWT:
 
 The caller's identity comes from claims with configurable names (ClaimNames): the tenant (required), the agent
 (the first present of `azp`, `client_id`, `sub` by default) and the task (optional); the scopes from `scope`
-(a space-separated string, or a list). A refused token is logged by reason only (never a claim value).
+(a space-separated string, or a list). A refused token is logged by reason only (never a claim value); the same
+reason (TokenRefused's message) is the `error_description` the caller gets.
 """
 from __future__ import annotations
 

@@ -1,12 +1,14 @@
 """OAuth 2.1 resource server (keel.oauth, tools_server.auth): JWTs minted here with a throwaway RSA key,
 verified against a JWKS served on loopback by a tiny issuer; then `keel serve --transport http --issuer` driven
-with them (401 with resource_metadata, RFC 9728 metadata, 403 insufficient_scope, static tokens beside OAuth)."""
+with them (RFC 6750 challenges: 401 without an error code when no token was sent, invalid_token saying why, scope=
+on every challenge, 403 insufficient_scope; RFC 9728 metadata; static tokens beside OAuth)."""
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
 import json
+import re
 import shutil
 import threading
 import time
@@ -264,6 +266,38 @@ def test_scopes_needed_by_a_body() -> None:
     assert needed_scopes(b"not json") is None
 
 
+def test_challenge_headers() -> None:
+    """RFC 6750 §3: no error code and no description without credentials; a description keeps to the characters
+    a quoted value may hold; scope= always."""
+    from tools_server.auth import Challenge, challenge_scopes
+    assert Challenge(401, None, "needs a token", ["keel:read"]).header() == 'Bearer scope="keel:read"'
+    odd = Challenge(401, "invalid_token", 'no tenant claim \'a"b\\c\' — ñ', ["keel:read"], "http://x/.well-known/p")
+    assert odd.header() == ('Bearer error="invalid_token", error_description="no tenant claim \'a?b?c\' ? ?", '
+                            'scope="keel:read", resource_metadata="http://x/.well-known/p"')
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "annotate", "arguments": {}}}
+    assert challenge_scopes(json.dumps(call).encode()) == ["keel:read", "keel:write"]
+    assert challenge_scopes(b"") == challenge_scopes(b"not json") == ["keel:read"]
+
+
+def test_keel_auth_replaces_the_sdk_authentication() -> None:
+    """install_bearer_auth takes the SDK's AuthenticationMiddleware out, keeping its verifier; an SDK that builds
+    its authentication another way stops the server at startup, not at a request."""
+    from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend
+    from starlette.middleware import Middleware
+    from starlette.middleware.authentication import AuthenticationMiddleware
+
+    from tools_server.auth import BearerAuth, install_bearer_auth
+    verifier = BearerVerifier(oauth=OAuthSettings(issuers=("http://127.0.0.1:9",), resource=RESOURCE))
+    stack = [Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(verifier)), Middleware(dict)]
+    install_bearer_auth(stack, path="/mcp", resource=RESOURCE)
+    assert [m.cls for m in stack] == [BearerAuth, dict] and stack[0].kwargs["verifier"] is verifier
+    with pytest.raises(RuntimeError, match="no AuthenticationMiddleware"):
+        install_bearer_auth(stack, path="/mcp", resource=RESOURCE)
+    other = [Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(object()))]  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="not a BearerVerifier"):
+        install_bearer_auth(other, path="/mcp", resource=None)
+
+
 def test_static_tokens_and_oauth_in_one_verifier(issuer: Issuer, tmp_path: Path) -> None:
     from keel.tokens import TokenTable
     tokens = tmp_path / "tokens.jsonl"
@@ -303,18 +337,93 @@ def _resource(server: Any) -> str:
     return f"{server.base}/mcp"
 
 
+def challenge(r: httpx2.Response) -> dict[str, str]:
+    """The parameters of a `WWW-Authenticate: Bearer k="v", …` challenge, checked as both SDKs' clients read it
+    (the MCP Python SDK's parser gives the same values; a quoted value holds no quote or backslash)."""
+    from mcp.client.auth.utils import extract_field_from_www_auth
+    header = r.headers["www-authenticate"]
+    assert header.startswith("Bearer ") and "\\" not in header
+    params = dict(re.findall(r'(\w+)="([^"]*)"', header))
+    assert header == "Bearer " + ", ".join(f'{k}="{v}"' for k, v in params.items())
+    for name, value in params.items():
+        assert extract_field_from_www_auth(r, name) == value
+    return params
+
+
 def test_served_401_names_the_metadata_and_metadata_names_the_issuer(served: tuple[Any, Issuer, str]) -> None:
     server, issuer, _ = served
     r = raw_initialize(server.url)
     assert r.status_code == 401
     meta_url = f"{server.base}/.well-known/oauth-protected-resource/mcp"
-    assert f'resource_metadata="{meta_url}"' in r.headers["www-authenticate"]
+    # no credentials: no error code (RFC 6750 §3.1), the scope to ask for, the metadata
+    assert challenge(r) == {"scope": "keel:read", "resource_metadata": meta_url}
+    assert set(r.json()) == {"error_description"} and "bearer token" in r.json()["error_description"]
     meta = httpx2.get(meta_url, timeout=10).json()
     assert meta["resource"] == _resource(server) and meta["authorization_servers"] == [issuer.url]
     assert meta["scopes_supported"] == ["keel:read", "keel:write"]
-    for bad in (issuer.token(aud=_resource(server), ttl=-600), issuer.token(aud="http://127.0.0.1:1/mcp"),
-                issuer.token(aud=_resource(server), iss="http://127.0.0.1:9")):
-        assert raw_initialize(server.url, authorization=f"Bearer {bad}").status_code == 401
+    assert server.alive()
+
+
+def test_served_challenges_say_why_a_token_was_refused(served: tuple[Any, Issuer, str]) -> None:
+    """invalid_token with a description that names the reason (never a claim value), scope= on each one."""
+    server, issuer, _ = served
+    aud = _resource(server)
+    stray = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    cases = {
+        "expired": issuer.token(aud=aud, ttl=-600),
+        "issued for another resource (aud)": issuer.token(aud="http://127.0.0.1:1/mcp"),
+        "issuer not trusted": issuer.token(aud=aud, iss="http://127.0.0.1:9"),
+        "bad signature": issuer.token(aud=aud, key=stray),
+        "unknown signing key (kid)": issuer.token(aud=aud, kid="k-stray", key=stray),
+        "algorithm not allowed": issuer.token(aud=aud, alg="HS256", key="a-shared-secret-of-32-bytes-or-more"),
+        "no tenant claim 'tenant'": issuer.token(aud=aud, drop=("tenant",)),
+        "bad tenant, agent or task claim": issuer.token(aud=aud, tenant="Not A Tenant!"),
+        "neither a token of this server's tokens file nor a JWT": "not-a-token",
+    }
+    for reason, bad in cases.items():
+        r = raw_initialize(server.url, authorization=f"Bearer {bad}")
+        assert r.status_code == 401, (reason, r.status_code)
+        assert challenge(r) == {"error": "invalid_token", "error_description": f"bearer token refused: {reason}",
+                                "scope": "keel:read",
+                                "resource_metadata": f"{server.base}/.well-known/oauth-protected-resource/mcp"}
+        assert r.json() == {"error": "invalid_token", "error_description": f"bearer token refused: {reason}"}
+        assert "Not A Tenant" not in r.text and "agent-7" not in r.text and "svc-1" not in r.text
+    # Within --oauth-leeway (30 s) a token just expired is still good, as keel.oauth says (the SDK's own check of
+    # `expires_at` used to refuse it without leeway)
+    assert raw_initialize(server.url, authorization=f"Bearer {issuer.token(aud=aud, ttl=-5)}").status_code == 200
+    assert server.alive()
+
+
+def test_served_challenges_without_a_usable_token(served: tuple[Any, Issuer, str]) -> None:
+    """Another scheme is no credentials (no error code); `Bearer` alone is 400 invalid_request; a 401 on a call
+    to annotate names keel:write too, so a writer whose token expired gets a token that can write."""
+    server, issuer, _ = served
+    meta = f"{server.base}/.well-known/oauth-protected-resource/mcp"
+    for header in ("Basic dXNlcjpwYXNz", issuer.token(aud=_resource(server))):     # a JWT without "Bearer "
+        r = raw_initialize(server.url, authorization=header)
+        assert r.status_code == 401 and challenge(r) == {"scope": "keel:read", "resource_metadata": meta}
+    r = raw_initialize(server.url, authorization="Bearer")
+    assert r.status_code == 400 and challenge(r) == {
+        "error": "invalid_request", "error_description": "no token after Bearer in the Authorization header",
+        "scope": "keel:read", "resource_metadata": meta}
+
+    def post(body: Any, **headers: str) -> httpx2.Response:
+        return httpx2.post(server.url, json=body, timeout=10, headers={**MCP_HEADERS, **headers})
+    annotate = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "annotate", "arguments": {}}}
+    context = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "context", "arguments": {}}}
+    assert challenge(post(annotate))["scope"] == "keel:read keel:write"
+    assert challenge(post([context, annotate]))["scope"] == "keel:read keel:write"
+    assert challenge(post(context))["scope"] == "keel:read"
+    expired = issuer.token(aud=_resource(server), ttl=-600)
+    r = post(annotate, authorization=f"Bearer {expired}")
+    assert r.status_code == 401 and challenge(r)["scope"] == "keel:read keel:write"
+    assert challenge(r)["error_description"] == "bearer token refused: expired"
+    # a body too big to look into is answered without reading it all: keel:read
+    big = {**annotate, "params": {"name": "annotate", "arguments": {"value": "x" * 100_000}}}
+    assert challenge(post(big))["scope"] == "keel:read"
+    # routes without auth are not challenged
+    assert httpx2.get(meta, timeout=10, headers={"authorization": "Bearer nope"}).status_code == 200
+    assert httpx2.get(f"{server.base}/healthz", timeout=10, headers={"authorization": "Bearer"}).status_code == 200
     assert server.alive()
 
 
@@ -326,7 +435,10 @@ def test_served_scopes_and_identity(served: tuple[Any, Issuer, str]) -> None:
     neither = issuer.token(aud=aud, scope="openid profile")
     assert raw_initialize(server.url, authorization=f"Bearer {reader}").status_code == 200
     r = raw_initialize(server.url, authorization=f"Bearer {neither}")
-    assert r.status_code == 403 and 'error="insufficient_scope"' in r.headers["www-authenticate"]
+    assert r.status_code == 403
+    assert challenge(r) == {"error": "insufficient_scope", "error_description": "this call needs the scope keel:read",
+                            "scope": "keel:read",
+                            "resource_metadata": f"{server.base}/.well-known/oauth-protected-resource/mcp"}
 
     annotate = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "annotate", "arguments": {
         "entity": "debt:visa", "predicate": "note", "value": "x"}}}
@@ -334,9 +446,9 @@ def test_served_scopes_and_identity(served: tuple[Any, Issuer, str]) -> None:
     sid = init.headers["mcp-session-id"]
     r = httpx2.post(server.url, json=annotate, timeout=10, headers={
         **MCP_HEADERS, "authorization": f"Bearer {reader}", "mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"})
-    assert r.status_code == 403
-    assert 'error="insufficient_scope"' in r.headers["www-authenticate"]
-    assert 'scope="keel:write"' in r.headers["www-authenticate"]
+    assert r.status_code == 403        # the scope that call lacks (the client adds it to what it holds)
+    assert challenge(r)["error"] == "insufficient_scope" and challenge(r)["scope"] == "keel:write"
+    assert r.json()["error"] == "insufficient_scope"
 
     async def as_reader(s: Any) -> None:
         assert fact(await ok(s, "context", {"entity": "debt:visa"}), "balance_cop")["value"] == 3870000
@@ -359,6 +471,21 @@ def test_served_scopes_and_identity(served: tuple[Any, Issuer, str]) -> None:
             await static_b(s)
     anyio.run(go)
     assert server.alive()
+
+
+def test_static_tokens_alone_get_the_same_challenges(tmp_path: Path) -> None:
+    """Without OAuth (--tokens only) the challenges are the same, without resource_metadata (no metadata)."""
+    tokens = tmp_path / "tokens.jsonl"
+    good = make_token(tokens, TENANT_A, "a1")
+    with http_server(tmp_path, str(FINANCE), "--events", str(FINANCE / "events.jsonl"), "--tokens", str(tokens)) as server:
+        r = raw_initialize(server.url)
+        assert r.status_code == 401 and challenge(r) == {"scope": "keel:read"}
+        r = raw_initialize(server.url, authorization="Bearer not-a-token")
+        assert r.status_code == 401 and challenge(r) == {
+            "error": "invalid_token", "error_description": "bearer token refused: unknown token", "scope": "keel:read"}
+        assert raw_initialize(server.url, authorization=f"Bearer {good}").status_code == 200
+        assert "not-a-token" not in server.stderr()
+        assert server.alive()
 
 
 def test_stateless_fast_path_checks_scopes_too(issuer: Issuer, tmp_path: Path) -> None:

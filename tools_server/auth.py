@@ -1,16 +1,27 @@
-"""Bearer auth on the HTTP transport through the SDK: the token verifier (static tokens from a TokenTable,
-OAuth JWTs from trusted issuers, or both), the scope check, and the caller identity of the current request.
+"""Bearer auth on the HTTP transport: the token verifier (static tokens from a TokenTable, OAuth JWTs from trusted
+issuers, or both), the challenges of RFC 6750 and the MCP authorization spec, the scope check, and the caller
+identity of the current request.
 
-The SDK's bearer middleware calls `BearerVerifier.verify_token`; an unknown or missing token never reaches a
-tool (401, with `resource_metadata` when OAuth is on), and an HTTP session stays bound to the principal that
-opened it (another gets 404). `ScopeCheck` then asks OAuth callers for `keel:read` to read and `keel:write` to
-annotate (403 `insufficient_scope`); a static token may do both.
+`BearerAuth` takes the place of the SDK's authentication middleware (its backend loses why a token was refused,
+and its 401 says `invalid_token` "Authentication required" even when no token was sent). On /mcp it answers
+- no bearer credentials (no Authorization header, or another scheme): 401 with no error code (RFC 6750 §3.1);
+- `Authorization: Bearer` with nothing after it: 400 `invalid_request`;
+- a token refused: 401 `invalid_token` whose `error_description` says why (expired, another audience, an issuer
+  not trusted, a bad signature or unknown key, a tenant not served here...), a reason that holds no claim value;
+each challenge with `scope=` naming the scopes the request needs (`keel:read`, plus `keel:write` for a body that
+calls annotate), so a client's client-credentials flow asks its identity provider for those and not for every
+scope in `scopes_supported` (a read-only client would get `invalid_scope`), and `resource_metadata=` with OAuth.
+An HTTP session stays bound to the principal that opened it (another gets 404). `ScopeCheck` then asks OAuth
+callers for `keel:read` to read and `keel:write` to annotate: else 403 `insufficient_scope` with `scope=` naming
+the scopes that call lacks (clients add them to what they hold: MCP's step-up flow); a static token may do both.
 """
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, cast
 
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -18,6 +29,10 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.routes import build_resource_metadata_url, create_protected_resource_routes
 from mcp.server.auth.settings import AuthSettings
 from pydantic import AnyHttpUrl
+from starlette.authentication import AuthCredentials, UnauthenticatedUser
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,6 +42,7 @@ from .config import Identity
 from .tokens import TokenTable
 
 WRITE_TOOLS = frozenset({"annotate"})
+CHALLENGE_BODY_BYTES = 64 * 1024    # how much of an unauthenticated POST is read to name the scopes it needs
 log = logging.getLogger("keel.serve.oauth")
 
 
@@ -40,6 +56,14 @@ class BearerVerifier:
         self.resource = oauth.resource if oauth is not None else None
 
     async def verify_token(self, token: str) -> AccessToken | None:
+        """The SDK's protocol: the access token, or None when refused (`verify` says why)."""
+        try:
+            return await self.verify(token)
+        except TokenRefused:
+            return None
+
+    async def verify(self, token: str) -> AccessToken:
+        """The access token, or TokenRefused with a reason fit for the caller (never a claim value)."""
         if self.table is not None:
             found = self.table.lookup(token)
             if found is not None:
@@ -47,12 +71,14 @@ class BearerVerifier:
                 return AccessToken(token=digest, client_id=f"keel-{digest[:16]}", scopes=list(SCOPES),
                                    subject=digest, claims=_claims(identity))
         if self.jwt is None:
-            return None
+            raise TokenRefused("unknown token")
         try:
             v = await self.jwt.verify(token)
         except TokenRefused as e:
             log.warning(f"bearer token refused: {e}")
-            return None
+            if self.table is not None and str(e) == "not a JWT":
+                raise TokenRefused("neither a token of this server's tokens file nor a JWT") from None
+            raise
         return AccessToken(token=v.key, client_id=v.client, scopes=list(v.scopes), expires_at=v.expires_at,
                            resource=self.resource, subject=v.subject,
                            claims={**_claims(v.identity), "iss": v.issuer})
@@ -92,6 +118,11 @@ def metadata_routes(oauth: OAuthSettings) -> list[Route]:
                                             scopes_supported=list(SCOPES), resource_name="Keel")
 
 
+def metadata_url(resource: str | None) -> str | None:
+    """The Protected Resource Metadata URL a challenge names (`resource_metadata=`); None without OAuth."""
+    return str(build_resource_metadata_url(AnyHttpUrl(resource))) if resource else None
+
+
 def needed_scopes(body: bytes) -> set[str] | None:
     """The scopes a POSTed JSON-RPC body needs: keel:write for annotate, keel:read for the other tools, None
     (either scope) for everything else; None too for a body that is not JSON-RPC (the SDK refuses it)."""
@@ -108,15 +139,130 @@ def needed_scopes(body: bytes) -> set[str] | None:
     return needed or None
 
 
+def challenge_scopes(body: bytes) -> list[str]:
+    """The scopes a 401 names: keel:read, which every call but annotate needs (a client replaces its scopes
+    with a 401's, so a writer that re-authenticates keeps reading), and keel:write when the body calls annotate
+    (so a writer whose token expired gets it back on that call)."""
+    return _ordered({READ_SCOPE} | (needed_scopes(body) or set()))
+
+
+def _ordered(scopes: Iterable[str]) -> list[str]:
+    wanted = set(scopes)
+    return [s for s in SCOPES if s in wanted] + sorted(wanted - set(SCOPES))
+
+
+@dataclass(frozen=True)
+class Challenge:
+    """An RFC 6750 §3 refusal: its status, error code (None when no credentials were sent), a description for
+    the caller, the scopes the request needs and the resource's metadata URL."""
+    status: int
+    error: str | None
+    description: str
+    scopes: list[str]
+    metadata: str | None = None
+
+    def header(self) -> str:
+        """The WWW-Authenticate value. No error code or description without one (§3.1); the description is
+        kept to the characters §3 allows in it."""
+        parts = []
+        if self.error:
+            parts += [f'error="{self.error}"', f'error_description="{_quotable(self.description)}"']
+        parts.append(f'scope="{" ".join(self.scopes)}"')
+        if self.metadata:
+            parts.append(f'resource_metadata="{self.metadata}"')
+        return "Bearer " + ", ".join(parts)
+
+    async def send(self, send: Send) -> None:
+        doc: dict[str, str] = {"error": self.error} if self.error else {}
+        doc["error_description"] = self.description
+        body = json.dumps(doc).encode()
+        await send({"type": "http.response.start", "status": self.status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"www-authenticate", self.header().encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _quotable(text: str) -> str:
+    """RFC 6750 §3: error_description is %x20-21 / %x23-5B / %x5D-7E (no quote, no backslash)."""
+    return "".join(c if " " <= c <= "~" and c not in '"\\' else "?" for c in text)
+
+
+class BearerAuth:
+    """ASGI middleware in place of the SDK's AuthenticationMiddleware (see the module docstring): it sets
+    `scope["user"]`/`scope["auth"]` as that one does (the SDK's AuthenticatedUser, so sessions, the auth context
+    and the limits read them unchanged) and answers unauthenticated requests to `path` itself, saying why."""
+
+    def __init__(self, app: ASGIApp, *, verifier: BearerVerifier, path: str, resource: str | None) -> None:
+        self.app = app
+        self.verifier = verifier
+        self.path = path
+        self.metadata = metadata_url(resource)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        header = Headers(scope=scope).get("authorization")
+        scheme, _, token = (header or "").strip().partition(" ")
+        token = token.strip()
+        refusal: tuple[int, str | None, str]
+        if scheme.lower() != "bearer":
+            refusal = (401, None, "this endpoint needs a bearer token: Authorization: Bearer <token>")
+        elif not token:
+            refusal = (400, "invalid_request", "no token after Bearer in the Authorization header")
+        else:
+            try:
+                access = await self.verifier.verify(token)
+            except TokenRefused as e:
+                refusal = (401, "invalid_token", f"bearer token refused: {e}")
+            else:
+                scope["auth"], scope["user"] = AuthCredentials(access.scopes), AuthenticatedUser(access)
+                return await self.app(scope, receive, send)
+        scope["auth"], scope["user"] = AuthCredentials(), UnauthenticatedUser()
+        if scope["type"] != "http" or scope["path"] != self.path:
+            return await self.app(scope, receive, send)     # routes without auth (metadata, probes, metrics)
+        body = await _read_body(receive, CHALLENGE_BODY_BYTES) if scope["method"] == "POST" else b""
+        status, error, description = refusal
+        await Challenge(status, error, description, challenge_scopes(body), self.metadata).send(send)
+
+
+def install_bearer_auth(middleware: list[Middleware], *, path: str, resource: str | None) -> None:
+    """Put BearerAuth in place of the SDK's AuthenticationMiddleware in an app's `user_middleware`, with the
+    verifier the SDK was given (build_server's BearerVerifier). Pinned by tests/test_oauth.py: an SDK that
+    builds its authentication otherwise fails here, at startup, not at a request."""
+    for i, m in enumerate(middleware):
+        if m.cls is cast(Any, AuthenticationMiddleware):
+            verifier = getattr(m.kwargs.get("backend"), "token_verifier", None)
+            if not isinstance(verifier, BearerVerifier):
+                raise RuntimeError(f"the SDK's bearer backend holds {type(verifier).__name__}, not a BearerVerifier")
+            middleware[i] = Middleware(BearerAuth, verifier=verifier, path=path, resource=resource)
+            return
+    raise RuntimeError("the SDK's app has no AuthenticationMiddleware to replace")
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    """At most `limit` bytes of a request's body (b"" past it: the challenge then names keel:read only)."""
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b""
+        body += bytes(message.get("body", b""))
+        if len(body) > limit:
+            return b""
+        if not message.get("more_body"):
+            return body
+
+
 class ScopeCheck:
-    """ASGI middleware on `path`, after the SDK's authentication: an OAuth caller needs one of Keel's scopes for
-    any request, keel:read to call a reading tool and keel:write to call annotate; else 403 insufficient_scope
-    (RFC 6750 §3.1). Callers holding both scopes (static tokens) pass without their body being read."""
+    """ASGI middleware on `path`, after the authentication: an OAuth caller needs one of Keel's scopes for any
+    request, keel:read to call a reading tool and keel:write to call annotate; else 403 insufficient_scope
+    (RFC 6750 §3.1) naming the scopes the call lacks. Callers holding both scopes (static tokens) pass without
+    their body being read."""
 
     def __init__(self, app: ASGIApp, *, path: str, resource: str | None) -> None:
         self.app = app
         self.path = path
-        self.metadata = str(build_resource_metadata_url(AnyHttpUrl(resource))) if resource else None
+        self.metadata = metadata_url(resource)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         user = scope.get("user")
@@ -125,35 +271,27 @@ class ScopeCheck:
         held = set(user.scopes)
         if held >= set(SCOPES):
             return await self.app(scope, receive, send)
-        if not held & set(SCOPES):
-            return await self.refuse(send, READ_SCOPE)
-        if scope["method"] != "POST":
-            return await self.app(scope, receive, send)
         messages: list[Message] = []
         body = b""
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        missing = sorted((needed_scopes(body) or set()) - held)
+        if scope["method"] == "POST":
+            while True:
+                message = await receive()
+                messages.append(message)
+                if message["type"] != "http.request":
+                    break
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+        needed = needed_scopes(body)
+        if needed is None:                  # not a tool call: any of Keel's scopes will do
+            missing = set() if held & set(SCOPES) else {READ_SCOPE}
+        else:
+            missing = needed - held
         if missing:
-            return await self.refuse(send, " ".join(missing))
+            scopes = _ordered(missing)
+            return await Challenge(403, "insufficient_scope", f"this call needs the scope {' '.join(scopes)}",
+                                   scopes, self.metadata).send(send)
 
         async def replay() -> Message:
             return messages.pop(0) if messages else await receive()
         await self.app(scope, replay, send)
-
-    async def refuse(self, send: Send, scopes: str) -> None:
-        parts = ['error="insufficient_scope"', f'scope="{scopes}"',
-                 f'error_description="this call needs the scope {scopes}"']
-        if self.metadata:
-            parts.append(f'resource_metadata="{self.metadata}"')
-        body = json.dumps({"error": "insufficient_scope", "error_description": f"this call needs the scope {scopes}"})
-        await send({"type": "http.response.start", "status": 403,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", ("Bearer " + ", ".join(parts)).encode())]})
-        await send({"type": "http.response.body", "body": body.encode()})

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp
 
 from keel.errors import UsageError
 
-from .auth import ScopeCheck, metadata_routes
+from .auth import ScopeCheck, install_bearer_auth, metadata_routes
 from .config import MCP_PATH, METRICS_PATH, ServerConfig
 from .fastpath import StatelessToolCalls
 from .observe import Metrics
@@ -103,9 +103,12 @@ def http_app(server: MCPServer, config: ServerConfig, *, json_response: bool = T
                                      stateless_http=opts.stateless, session_idle_timeout=opts.session_idle_timeout,
                                      max_sessions=opts.max_sessions, transport_security=security_settings(config),
                                      host=config.host)
-    # After the SDK's bearer authentication (Starlette builds its middleware stack at the first request): the
-    # scope check of OAuth callers, then limits keyed on the verified caller.
+    # Keel's bearer authentication in place of the SDK's (RFC 6750 challenges that say why, with scope=), then
+    # (Starlette builds its middleware stack at the first request) the scope check of OAuth callers, then limits
+    # keyed on the verified caller.
     resource = config.oauth.resource if config.oauth is not None else None
+    if config.bearer:
+        install_bearer_auth(app.user_middleware, path=MCP_PATH, resource=resource)
     app.user_middleware.append(Middleware(ScopeCheck, path=MCP_PATH, resource=resource))
     if config.oauth is not None:          # before the SDK's own metadata route, which names one issuer only
         app.router.routes[:0] = metadata_routes(config.oauth)
