@@ -2,8 +2,11 @@
 Maven Central, cached like Kafka's jars) with a realm, a client per agent (client-credentials grant), the tenant
 and task as token claims (hardcoded-claim protocol mappers), the audience = Keel's resource URL (audience mapper)
 and the client scopes keel:read / keel:write. Tokens Keycloak issues drive the MCP server: right token -> answers;
-expired, wrong audience, wrong issuer, another tenant's, missing write scope, signed by a key the realm rotated
-away -> refused with the right status; a token signed by the realm's new key accepted without a restart.
+expired, wrong audience, wrong issuer, another tenant's, a bad signature, missing write scope, signed by a key the
+realm rotated away -> refused with the right status and an RFC 6750 challenge saying why; a token signed by the
+realm's new key accepted without a restart. Then the MCP SDKs' own client-credentials flows against it: the Python
+SDK's ClientCredentialsOAuthProvider (a read-only client connects, a writer steps up on 403) and the TypeScript
+SDK's ClientCredentialsProvider (tests/clients/node/oauth_client_credentials.mjs, run with node).
 
 Where Keycloak cannot be fetched or started (no mvn, no network, no Java 21+, too slow) this module skips and says
 why; tests/test_oauth.py covers the verifier with locally minted tokens either way. KEEL_KEYCLOAK_URL (with
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -80,9 +84,10 @@ class Keycloak:
         return f"{self.url}/realms/{name}"
 
     def client(self, realm: str, client_id: str, *, tenant: str, task: str | None = None,
-               audience: str | None = RESOURCE, write: bool = True, lifespan: int | None = None) -> str:
+               audience: str | None = RESOURCE, write: bool | str = True, lifespan: int | None = None) -> str:
         """A confidential client of one agent (client-credentials grant) whose tokens carry `tenant` (and `task`)
-        claims and `audience`; keel:read always, keel:write when `write`. Its secret."""
+        claims and `audience`; keel:read always (a default scope: in every token), keel:write when `write`
+        (`"optional"`: only in tokens asked for it, with `scope=keel:write`). Its secret."""
         secret = secrets.token_urlsafe(24)
         mappers = [_claim("tenant", tenant)] + ([_claim("task", task)] if task else [])
         if audience:
@@ -100,7 +105,8 @@ class Keycloak:
         scopes = {s["name"]: s["id"] for s in self.call("GET", f"/{realm}/client-scopes")}
         self.call("PUT", f"/{realm}/clients/{internal}/default-client-scopes/{scopes['keel:read']}")
         if write:
-            self.call("PUT", f"/{realm}/clients/{internal}/default-client-scopes/{scopes['keel:write']}")
+            kind = "optional" if write == "optional" else "default"
+            self.call("PUT", f"/{realm}/clients/{internal}/{kind}-client-scopes/{scopes['keel:write']}")
         return secret
 
     def token(self, realm: str, client_id: str, secret: str) -> str:
@@ -227,27 +233,39 @@ def test_right_token_answers_and_reads_only_its_tenant(setup: Setup) -> None:
     anyio.run(go)
 
 
+def challenge(r: httpx2.Response) -> dict[str, str]:
+    """The parameters of a `WWW-Authenticate: Bearer k="v", …` challenge."""
+    header = r.headers["www-authenticate"]
+    assert header.startswith("Bearer ")
+    return dict(re.findall(r'(\w+)="([^"]*)"', header))
+
+
 def test_refused_tokens(setup: Setup) -> None:
+    meta_url = "https://keel.example.test/.well-known/oauth-protected-resource/mcp"
     r = raw_initialize(setup.server.url)
-    assert r.status_code == 401
-    assert 'resource_metadata="https://keel.example.test/.well-known/oauth-protected-resource/mcp"' in r.headers[
-        "www-authenticate"]
+    assert r.status_code == 401          # no token: no error code (RFC 6750 §3.1), the scope to ask for
+    assert challenge(r) == {"scope": "keel:read", "resource_metadata": meta_url}
     meta = httpx2.get(f"{setup.server.base}/.well-known/oauth-protected-resource/mcp", timeout=10).json()
     assert meta["resource"] == RESOURCE and meta["authorization_servers"] == [f"{setup.kc.url}/realms/{setup.realm}"]
 
-    # each refused with 401, and the server's log says why (a reason, never a claim value)
-    assert status(setup, token(setup, "no-audience")) == 401
-    assert "bearer token refused: issued for another resource (aud)" in setup.server.stderr()
-    assert status(setup, token(setup, "elsewhere", setup.other_realm)) == 401
-    assert "bearer token refused: issuer not trusted" in setup.server.stderr()
-    assert status(setup, token(setup, "agent-b")) == 401                     # another tenant's (not served here)
-    assert "bearer token refused: tenant not served here" in setup.server.stderr()
+    # each refused with 401 invalid_token saying why, and the server's log says so too (a reason, never a claim value)
+    def refused_because(bearer: str, reason: str) -> None:
+        r = raw_initialize(setup.server.url, authorization=f"Bearer {bearer}")
+        assert r.status_code == 401, (reason, r.status_code)
+        assert challenge(r) == {"error": "invalid_token", "error_description": f"bearer token refused: {reason}",
+                                "scope": "keel:read", "resource_metadata": meta_url}
+        assert f"bearer token refused: {reason}" in setup.server.stderr()
+        assert TENANT_B not in r.text and "agent-b" not in r.text and "no-audience" not in r.text
+    refused_because(token(setup, "no-audience"), "issued for another resource (aud)")
+    refused_because(token(setup, "elsewhere", setup.other_realm), "issuer not trusted")
+    refused_because(token(setup, "agent-b"), "tenant not served here")       # another tenant's
+    head, body, signature = token(setup, "agent-a").split(".")
+    refused_because(f"{head}.{body}.{signature[:-6]}AAAAAA", "bad signature")   # a signature not the realm's
     short = token(setup, "short-lived")                                      # Keycloak gave it 1 s to live
     exp = jwt.decode(short, options={"verify_signature": False})["exp"]
     while time.time() < exp + 1:
         time.sleep(0.2)
-    assert status(setup, short) == 401
-    assert "bearer token refused: expired" in setup.server.stderr()
+    refused_because(short, "expired")
     assert TENANT_B not in setup.server.stderr() and "agent-b" not in setup.server.stderr()
 
     reader = token(setup, "reader-a")
@@ -258,7 +276,9 @@ def test_refused_tokens(setup: Setup) -> None:
     r = httpx2.post(setup.server.url, json=call, timeout=30, headers={
         **MCP_HEADERS, "authorization": f"Bearer {reader}", "mcp-session-id": init.headers["mcp-session-id"],
         "mcp-protocol-version": "2025-06-18"})
-    assert r.status_code == 403 and 'error="insufficient_scope"' in r.headers["www-authenticate"]
+    assert r.status_code == 403
+    assert challenge(r) == {"error": "insufficient_scope", "error_description": "this call needs the scope keel:write",
+                            "scope": "keel:write", "resource_metadata": meta_url}
 
     async def reads(s: Any) -> None:
         assert fact(await ok(s, "context", {"entity": "debt:visa"}), "balance_cop")["value"] == 3870000
@@ -268,6 +288,171 @@ def test_refused_tokens(setup: Setup) -> None:
             await reads(s)
     anyio.run(go)
     assert setup.server.alive()
+
+
+# ---- the MCP SDKs' client-credentials flows, as agents use them ------------------------------------------------
+
+NODE_CLIENT = ROOT / "tests" / "clients" / "node" / "oauth_client_credentials.mjs"
+
+
+class SdkSetup(NamedTuple):
+    server: HttpServer
+    issuer: str
+    secrets: dict[str, str]     # client id -> secret
+
+
+@pytest.fixture(scope="module")
+def sdk(setup: Setup, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SdkSetup]:
+    """A server whose resource is its own URL (the SDKs check that the metadata's `resource` is the URL they
+    connect to) and two clients of the realm whose tokens name it: a reader (keel:read only) and a writer that
+    gets keel:write only when it asks for it (an optional client scope), so its step-up is exercised."""
+    tmp = tmp_path_factory.mktemp("keycloak-sdk")
+    issuer = f"{setup.kc.url}/realms/{setup.realm}"
+    events = tmp / "events.jsonl"
+    shutil.copyfile(FINANCE / "events.jsonl", events)
+    with http_server(tmp, str(FINANCE), "--events", str(events), "--tenant", TENANT_A, "--issuer", issuer) as server:
+        clients = {
+            "sdk-reader": setup.kc.client(setup.realm, "sdk-reader", tenant=TENANT_A, audience=server.url,
+                                          write=False),
+            "sdk-writer": setup.kc.client(setup.realm, "sdk-writer", tenant=TENANT_A, audience=server.url,
+                                          write="optional"),
+        }
+        yield SdkSetup(server, issuer, clients)
+
+
+READ = {"tool": "context", "arguments": {"entity": "debt:visa"}}
+WRITE = {"tool": "annotate", "arguments": {"entity": "debt:visa", "predicate": "reviewed", "value": True,
+                                           "scope": "agent"}}
+
+
+class Storage:
+    """The Python SDK's TokenStorage, in memory."""
+
+    def __init__(self) -> None:
+        self.tokens: Any = None
+        self.client: Any = None
+
+    async def get_tokens(self) -> Any:
+        return self.tokens
+
+    async def set_tokens(self, tokens: Any) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> Any:
+        return self.client
+
+    async def set_client_info(self, client_info: Any) -> None:
+        self.client = client_info
+
+
+def python_client(sdk: SdkSetup, client_id: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """Connect with the MCP Python SDK's ClientCredentialsOAuthProvider and make `calls`: what the node client
+    reports, the same shape (calls, token_requests)."""
+    from urllib.parse import parse_qs
+
+    from mcp.client.auth import OAuthFlowError
+    from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    asked: list[dict[str, Any]] = []
+
+    async def record(request: httpx2.Request) -> None:
+        form = parse_qs(request.content.decode(errors="replace")) if request.method == "POST" else {}
+        if "grant_type" in form:
+            asked.append({"grant_type": form["grant_type"][0], "scope": form.get("scope", [None])[0]})
+
+    out: dict[str, Any] = {"calls": [], "token_requests": asked}
+
+    async def go() -> None:
+        provider = ClientCredentialsOAuthProvider(sdk.server.url, Storage(), client_id, sdk.secrets[client_id],
+                                                  issuer=sdk.issuer)
+        async with (httpx2.AsyncClient(auth=provider, event_hooks={"request": [record]},
+                                       timeout=httpx2.Timeout(30.0, read=60.0)) as client,
+                    streamable_http_client(sdk.server.url, http_client=client) as (read, write),
+                    ClientSession(read, write) as session):
+            await session.initialize()
+            out["tools"] = [t.name for t in (await session.list_tools()).tools]
+            for call in calls:
+                result = await session.call_tool(call["tool"], call["arguments"])
+                out["calls"].append({"tool": call["tool"], "ok": not result.is_error,
+                                     "result": result.structured_content})
+    try:
+        anyio.run(go)
+    except* OAuthFlowError as group:     # the flow failed (Keycloak refused a scope): the SDK ends the session
+        assert "tools" in out, group.exceptions            # connected first
+        failed = calls[len(out["calls"])]
+        out["calls"].append({"tool": failed["tool"], "ok": False, "thrown": str(group.exceptions[0])})
+    return out
+
+
+def node_client(sdk: SdkSetup, client_id: str, calls: list[dict[str, Any]], scope: str = "") -> dict[str, Any]:
+    """Connect with the TypeScript SDK's ClientCredentialsProvider (tests/clients/node, installed by
+    scripts/ensure-clients; `scope`: its scope option) and make `calls`."""
+    node = shutil.which("node")
+    sdk_dir = NODE_CLIENT.parent / "node_modules" / "@modelcontextprotocol" / "sdk"
+    if node is None or not sdk_dir.is_dir():
+        reason = ("no node on PATH" if node is None else f"{sdk_dir} missing") + " (scripts/ensure-clients installs it)"
+        if os.environ.get("KEEL_REQUIRE_SERVICES") == "1":
+            pytest.fail(f"{reason} but KEEL_REQUIRE_SERVICES=1")
+        pytest.skip(reason)
+    run = subprocess.run([node, str(NODE_CLIENT), sdk.server.url, sdk.issuer, client_id, json.dumps(calls), scope],
+                         env={**os.environ, "KEEL_CLIENT_SECRET": sdk.secrets[client_id]}, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert run.stdout.strip(), run.stderr
+    out: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == (0 if out["connected"] else 1), run.stderr
+    assert out["connected"], (out, run.stderr)
+    return out
+
+
+def test_python_sdk_read_only_client_connects(sdk: SdkSetup) -> None:
+    """The MCP Python SDK's ClientCredentialsOAuthProvider with a client holding only keel:read: the 401 names
+    keel:read, which is what it asks Keycloak for (without scope= it asked for every scope of the metadata,
+    keel:write too, and Keycloak answered invalid_scope). Its annotate gets 403 scope=keel:write; the SDK's
+    step-up asks for it and Keycloak refuses, which ends that session."""
+    out = python_client(sdk, "sdk-reader", [READ, WRITE])
+    assert {"context", "annotate"} <= set(out["tools"])
+    read, write = out["calls"]
+    assert read["ok"] and fact(read["result"], "balance_cop")["value"] == 3870000
+    assert not write["ok"] and "invalid_scope" in write["thrown"], write
+    first, step_up = out["token_requests"]
+    assert first == {"grant_type": "client_credentials", "scope": "keel:read"}
+    assert "keel:write" in step_up["scope"].split()
+    assert sdk.server.alive()
+
+
+def test_python_sdk_writer_steps_up(sdk: SdkSetup) -> None:
+    """A writer whose keel:write is optional (granted only when asked for): it connects with keel:read, its first
+    annotate gets 403 insufficient_scope scope=keel:write, the SDK adds keel:write to what it asked for before,
+    and the call goes through; reading goes on with the new token."""
+    out = python_client(sdk, "sdk-writer", [READ, WRITE, READ])
+    assert [c["ok"] for c in out["calls"]] == [True, True, True], out["calls"]
+    first, step_up = out["token_requests"]
+    assert first["scope"] == "keel:read" and {"keel:read", "keel:write"} <= set(step_up["scope"].split())
+    assert sdk.server.alive()
+
+
+def test_typescript_sdk_client_credentials(sdk: SdkSetup) -> None:
+    """The TypeScript SDK's ClientCredentialsProvider (1.32) asks for its configured `scope`, or for none, in each
+    token request, never for a challenge's: a read-only client connects with Keycloak's default scopes, a writer
+    configured with scope "keel:read keel:write" writes; a writer left without it is refused annotate (403) after
+    one re-authentication that asks for nothing more."""
+    out = node_client(sdk, "sdk-reader", [READ, WRITE])
+    read, write = out["calls"]
+    assert read["ok"] and fact(read["result"], "balance_cop")["value"] == 3870000
+    assert not write["ok"] and "403" in write["thrown"], write
+    assert {"context", "annotate"} <= set(out["tools"])
+    assert [r["scope"] for r in out["token_requests"]] == [None, None]
+
+    out = node_client(sdk, "sdk-writer", [READ, WRITE, READ], scope="keel:read keel:write")
+    assert [c["ok"] for c in out["calls"]] == [True, True, True], out["calls"]
+    assert out["token_requests"] == [{"grant_type": "client_credentials", "scope": "keel:read keel:write"}]
+
+    out = node_client(sdk, "sdk-writer", [READ, WRITE])
+    assert [c["ok"] for c in out["calls"]] == [True, False]
+    assert [r["scope"] for r in out["token_requests"]] == [None, None]
+    assert sdk.server.alive()
 
 
 def test_rotated_keys(setup: Setup) -> None:
