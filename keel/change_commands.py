@@ -7,18 +7,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from . import connect
 from .cartridge import Cartridge, load_cartridge
-from .commandline import events_of, keys_of
+from .commandline import deployment_keys_of, events_of, keys_of
 from .config import resolve
 from .diff import compare, render
 from .echo import cut, printable
 from .errors import EXIT_DOMAIN, EXIT_OK, EXIT_USAGE, UsageError
-from .keystore import FileKeyStore
+from .keystore import KeyStore
 from .log_check import LogBuild, read_file, read_topic
-from .privacy import Privacy
 from .rule_checks import stream_problems, unmet_rules
 from .schema import cartridge_document, payload_document
 from .times import now_micros
@@ -52,9 +53,9 @@ def log_source(args: argparse.Namespace, cartridge: Cartridge) -> LogSource | No
         return LogSource(events, "line", lambda builds: read_file(events, builds))
     if kafka is None:
         return None
-    bootstrap = resolve({"kafka": kafka or None}).kafka_bootstrap
-    topic = events_topic(cartridge.name)
-    return LogSource(topic, "record", lambda builds: read_topic(bootstrap, topic, builds))
+    settings = resolve({"kafka": kafka or None})
+    topic = events_topic(cartridge.name)      # the address is read (and a default named) when the topic is read
+    return LogSource(topic, "record", lambda builds: read_topic(settings.kafka_bootstrap, topic, builds))
 
 
 def print_refusals(source: LogSource, build: LogBuild) -> None:
@@ -66,19 +67,45 @@ def print_refusals(source: LogSource, build: LogBuild) -> None:
               file=sys.stderr)
 
 
-def reveal_of(cartridge: Cartridge, keys: FileKeyStore | None) -> Callable[[bytes], bytes] | None:
+@contextmanager
+def log_keys(args: argparse.Namespace, source: LogSource) -> Iterator[KeyStore | None]:
+    """The key store a log is read with: an events file's `--keys FILE` (or `--keys-dsn DSN`); the topic's, the
+    deployment's key store as the workers take it (`--keys-dsn` / KEEL_KEYS_DSN or `--keys FILE`), closed after."""
+    topic = source.unit == "record" or getattr(args, "keys_dsn", None)
+    keys = deployment_keys_of(args) if topic else keys_of(args)
+    try:
+        yield keys
+    finally:
+        close = getattr(keys, "close", None)        # the PostgreSQL store's connection (a key file has none)
+        if callable(close):
+            close()
+
+
+def reveal_of(cartridge: Cartridge, keys: KeyStore | None, clear: bool = False) -> Callable[[bytes], bytes] | None:
     """How a log's envelopes are revealed for a cartridge: decrypted with `keys`; without them, a cartridge
-    with personal fields refuses a sealed envelope saying that it needs the key file (docs/privacy.md)."""
-    if keys is None and not cartridge.spec.personal:
-        return None
-    return Privacy(cartridge, keys).reveal_line
+    with personal fields refuses a sealed envelope saying that it needs the key file (docs/privacy.md); `clear`
+    (`--clear`, an events file only) reads personal fields in clear (keel.connect.reveal_of)."""
+    return connect.reveal_of(cartridge, keys, clear=clear)
+
+
+def clear_of(args: argparse.Namespace, cartridges: list[Cartridge]) -> bool:
+    """`--clear` of validate or diff: an events file's personal fields read in clear, after one warning; refused
+    with --kafka (the topic never takes them in clear)."""
+    if not getattr(args, "clear", None):
+        return False
+    if getattr(args, "from_kafka", None) is not None:
+        raise UsageError(connect.CLEAR_ON_REDIS)
+    connect.warn_clear(cartridges)
+    return True
 
 
 def validate_log(args: argparse.Namespace, cartridge: Cartridge, source: LogSource) -> int:
     """`keel validate CARTRIDGE (EVENTS | --kafka)`: every envelope of the log must parse, upcast and project
     under the cartridge (each Python upcaster called twice must agree); then the rules' checks."""
-    build = LogBuild(cartridge, check_upcasters=True, reveal=reveal_of(cartridge, keys_of(args)))
-    read = source.read([build])
+    clear = clear_of(args, [cartridge])
+    with log_keys(args, source) as keys:
+        build = LogBuild(cartridge, check_upcasters=True, reveal=reveal_of(cartridge, keys, clear))
+        read = source.read([build])
     print_refusals(source, build)
     if build.refused:
         print(f"{source.name}: {len(build.refused)} bad {source.unit}(s) of {read}", file=sys.stderr)
@@ -99,9 +126,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     source = log_source(args, old)
     if source is None:
         raise UsageError("give the log to compare on: an events file (or --events FILE), or --kafka")
-    keys = keys_of(args)
-    builds = [LogBuild(old, reveal=reveal_of(old, keys)), LogBuild(new, check_upcasters=True, reveal=reveal_of(new, keys))]
-    read = source.read(builds)
+    clear = clear_of(args, [old, new])
+    with log_keys(args, source) as keys:
+        builds = [LogBuild(old, reveal=reveal_of(old, keys, clear)),
+                  LogBuild(new, check_upcasters=True, reveal=reveal_of(new, keys, clear))]
+        read = source.read(builds)
     report = compare(builds[0], builds[1], read)
     if args.json:
         print(json.dumps(report.to_json(), ensure_ascii=False, indent=2))

@@ -23,6 +23,7 @@ from .change_commands import add_kafka_argument, cmd_diff, cmd_schema, log_sourc
 from .commandline import (
     COMMANDS_GROUP,
     KeelArgumentParser,
+    add_clear_argument,
     add_events_arguments,
     emit,
     events_of,
@@ -74,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cartridge", help=SEVERAL)
     add_events_arguments(p, "also check every line of this events file")
     add_kafka_argument(p, "also check the whole log on Kafka")
-    p.add_argument("--keys", metavar="FILE", help="key file of a sealed log (docs/privacy.md)")
+    add_log_keys_arguments(p)
+    add_clear_argument(p)
     p.set_defaults(run=cmd_validate)
 
     p = sub.add_parser("diff", help="what a cartridge change does to every tenant's graph",
@@ -87,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("new", help="the changed cartridge folder")
     add_events_arguments(p, "the log: this events file")
     add_kafka_argument(p, "the log")
-    p.add_argument("--keys", metavar="FILE", help="key file of a sealed log (docs/privacy.md)")
+    add_log_keys_arguments(p)
+    add_clear_argument(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=cmd_diff)
 
@@ -116,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="operator switch: allow notes in global scope (env KEEL_ALLOW_GLOBAL_NOTES)")
     common.add_argument("--keys", metavar="FILE", help="key file that decrypts a sealed events file's personal "
                         "fields (docs/privacy.md; master key from KEEL_MASTER_KEY or KEEL_MASTER_KEY_FILE)")
+    add_clear_argument(common)
 
     def query(name: str, run: Callable[..., int], usage_tail: str, nargs: str = "+") -> argparse.ArgumentParser:
         q = sub.add_parser(name, parents=[common], help=QUERY_HELP[name], description=QUERY_HELP[name],
@@ -162,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", help="tenant (default: the only tenant in the file)")
     p.add_argument("--redis", metavar="URL", help="read the Redis graph")
     p.add_argument("--keys", metavar="FILE", help="key file of a sealed events file (docs/privacy.md)")
+    add_clear_argument(p)
     p.set_defaults(run=cmd_digest)
 
     p = sub.add_parser("demo", help="the finance story end to end, embedded (no servers)",
@@ -173,7 +178,23 @@ def build_parser() -> argparse.ArgumentParser:
     register_audit(sub)
     register_privacy(sub)
     register_plugins(sub)
+    for name in EMBEDDED_PLUGINS:           # plug-in commands that read events files through keel.connect
+        if name in sub.choices and "clear" not in {a.dest for a in sub.choices[name]._actions}:
+            add_clear_argument(sub.choices[name])
     return parser
+
+
+def add_log_keys_arguments(parser: argparse.ArgumentParser) -> None:
+    """The key store of a sealed log: an events file's key file, or with --kafka the deployment's key store."""
+    parser.add_argument("--keys", metavar="FILE", help="key file of a sealed log (docs/privacy.md; with --kafka "
+                        "also env KEEL_KEYS_FILE)")
+    parser.add_argument("--keys-dsn", metavar="DSN", help="with --kafka: the deployment's PostgreSQL key store, as the "
+                        "workers take it (env KEEL_KEYS_DSN)")
+    parser.add_argument("--master-key-file", metavar="FILE", help="with --kafka: the master key (default: env "
+                        "KEEL_MASTER_KEY or KEEL_MASTER_KEY_FILE)")
+
+
+EMBEDDED_PLUGINS = ("serve", "inspect")     # `--clear` added to them here, honoured by keel.connect.open_graph
 
 
 def register_plugins(sub: argparse._SubParsersAction) -> None:

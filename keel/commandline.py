@@ -15,7 +15,7 @@ from typing import Any
 from .config import Settings, resolve
 from .echo import printable
 from .errors import UsageError
-from .keystore import FileKeyStore, open_key_file
+from .keystore import FileKeyStore, KeyStore, open_key_file
 
 COMMANDS_GROUP = "keel.commands"     # entry points: `name = "package.module:register"`, register(subparsers)
 
@@ -57,6 +57,16 @@ def add_events_arguments(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--events", metavar="FILE", help=help)
 
 
+CLEAR_HELP = ("read the events file's personal fields in clear, for this run only (a cartridge's own clear sample, "
+              "before `keel seal`): one warning on stderr; never with --redis or --kafka (docs/privacy.md)")
+
+
+def add_clear_argument(parser: argparse.ArgumentParser) -> None:
+    """`--clear` of a command that reads an events file: settings_of puts it in Settings.clear, and
+    keel.connect.open_graph (or the log a command reads) honours it and warns, in one place."""
+    parser.add_argument("--clear", action="store_true", default=None, help=CLEAR_HELP)
+
+
 def events_of(args: argparse.Namespace) -> str | None:
     """The events file of a command given `add_events_arguments`, or of `--events` alone (None: none given)."""
     given = {x for x in (getattr(args, "events_file", None), getattr(args, "events", None)) if x}
@@ -96,4 +106,14 @@ def emit(args: argparse.Namespace, result: Any, human: Callable[[Any], str]) -> 
 def keys_of(args: argparse.Namespace) -> FileKeyStore | None:
     """The key file of `--keys FILE`, which decrypts a sealed events file's personal fields (None: not given)."""
     path = getattr(args, "keys", None)
-    return None if path is None else open_key_file(path)
+    return None if path is None else open_key_file(path, master_file=getattr(args, "master_key_file", None))
+
+
+def deployment_keys_of(args: argparse.Namespace) -> KeyStore | None:
+    """The key store a command reading the topic decrypts with: the deployment's, as the workers take it
+    (`--keys-dsn` / KEEL_KEYS_DSN, or `--keys` / KEEL_KEYS_FILE; master key `--master-key-file`, KEEL_MASTER_KEY,
+    KEEL_MASTER_KEY_FILE); None when none is given."""
+    from .keystore_pg import open_key_store  # psycopg only for the commands that open a key store
+    settings = settings_of(args)
+    return open_key_store(keys_file=settings.keys_file, keys_dsn=settings.keys_dsn,
+                          master_file=settings.master_key_file)

@@ -10,17 +10,19 @@ A Graph hands out the five tools (`Graph.tools`): the one way the CLI, the MCP s
 """
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, TextIO
 
 from .cartridge import Cartridge
 from .cartridge_set import CartridgeSet
 from .config import Settings
-from .embedded import build_embedded
+from .embedded import Reveal, build_embedded
 from .errors import UsageError
 from .eventlog import EventLog, FileLog
 from .keystore import KeyStore
@@ -129,6 +131,8 @@ def open_graphs(cartridges: list[Cartridge], settings: Settings,
         if events is not None and not isinstance(events, (str, Path)):
             [events] = events
         return open_graph(cartridges[0], settings, events, stream=stream, keys=keys)
+    if events is not None and settings.clear:
+        warn_clear(cartridges, stream)      # one line for the set, before any file is read
     together = CartridgeSet(cartridges)
     files: list[str | Path | None] = [None] * len(cartridges)
     if events is not None:
@@ -140,11 +144,35 @@ def open_graphs(cartridges: list[Cartridge], settings: Settings,
     graphs: dict[str, Graph] = {}
     try:
         for cartridge, file in zip(cartridges, files):
-            graphs[cartridge.name] = open_graph(cartridge, settings, file, stream=stream, keys=keys)
+            graphs[cartridge.name] = open_graph(cartridge, settings, file, stream=stream, keys=keys, warned=True)
     except BaseException:
         GraphSet(together, graphs).close()
         raise
     return GraphSet(together, graphs)
+
+
+CLEAR_ON_REDIS = ("--clear reads an events file's personal fields in clear, for one embedded run; the Kafka/Redis "
+                  "path never takes them in clear (seal them: docs/privacy.md)")
+
+
+def reveal_of(cartridge: Cartridge, keys: KeyStore | None, *, clear: bool = False) -> Reveal | None:
+    """The step that reads an events file's personal fields (keel.privacy.Privacy.reveal_line): sealed ones
+    decrypted with `keys`, clear ones refused unless the cartridge accepts them or `clear` (`--clear`) says so for
+    this run; None for a cartridge without personal fields and no key store (nothing to reveal)."""
+    if keys is None and not cartridge.spec.personal:
+        return None
+    privacy = Privacy(cartridge, keys)
+    return partial(privacy.reveal_line, clear_ok=True) if clear else privacy.reveal_line
+
+
+def warn_clear(cartridges: Sequence[Cartridge], stream: TextIO | None = None, *, cause: str = "--clear") -> None:
+    """The one line on stderr (or `stream`) of `--clear`, naming the cartridges whose personal fields are read in
+    clear: what a sealed log protects (erasure) does not apply to what this run reads."""
+    names = list(dict.fromkeys(c.name for c in cartridges if c.spec.personal and not c.spec.personal_accept_clear))
+    if names:
+        print(f"keel: warning: {cause}: personal fields of {', '.join(repr(n) for n in names)} are read in clear "
+              f"for this run only; nothing of them is sealed or erasable: seal the file (`keel seal`) before it "
+              f"holds real people's data (docs/privacy.md)", file=stream if stream is not None else sys.stderr)
 
 
 def close_graph(store: Store, log: EventLog | None) -> None:
@@ -181,20 +209,26 @@ def open_event_log(cartridge: Cartridge, store: Store, settings: Settings) -> Ev
 
 
 def open_graph(cartridge: Cartridge, settings: Settings, events: str | Path | None = None, *,
-               stream: TextIO | None = None, keys: KeyStore | None = None) -> Graph:
+               stream: TextIO | None = None, keys: KeyStore | None = None, warned: bool = False) -> Graph:
     """An events file when given (embedded), else the Redis graph of the settings (usage error when neither).
-    `keys`: the key store that decrypts the personal fields of an events file (docs/privacy.md)."""
+    `keys`: the key store that decrypts the personal fields of an events file (docs/privacy.md); with
+    `settings.clear` (`--clear`) personal fields in clear are read as they are, after one warning on `stream`
+    (`warned`: open_graphs gave it for the set), and the Redis graph is refused."""
     if keys is not None and events is None:
         raise UsageError("a key store (--keys) decrypts an events file; the Redis graph does not take one yet")
     if events is not None:
         path = Path(events)         # a missing, unreadable or folder path: build_embedded says which (usage)
         # reading the file's global notes needs no switch; Tools applies it to writing them (docs/semantics.md)
-        reveal = Privacy(cartridge, keys).reveal_line if keys is not None or cartridge.spec.personal else None
+        if settings.clear and not warned:
+            warn_clear([cartridge], stream)
+        reveal = reveal_of(cartridge, keys, clear=settings.clear)
         projector, report = build_embedded(cartridge, path, allow_global_notes=True, stream=stream, reveal=reveal)
         return Graph(cartridge, projector.store, FileLog(projector, path), sorted(report.tenants), path, True,
                      settings.allow_global_notes)
     if not settings.redis_url:
         raise UsageError("give an events file (embedded) or --redis URL (or set KEEL_REDIS_URL)")
+    if settings.clear:
+        raise UsageError(CLEAR_ON_REDIS)
     store = open_redis_store(cartridge, settings)
     try:
         log = open_event_log(cartridge, store, settings)

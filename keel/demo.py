@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .cartridge import load_cartridge
+from .connect import reveal_of, warn_clear
 from .embedded import build_embedded
 from .errors import UsageError
 from .eventlog import FileLog
@@ -29,7 +30,9 @@ def run_demo(folder: Path, out: TextIO) -> int:
     with tempfile.TemporaryDirectory(prefix="keel-demo-") as tmp:
         events = Path(tmp) / "events.jsonl"
         shutil.copyfile(folder / "events.jsonl", events)
-        projector, report = build_embedded(cartridge, events)
+        if cartridge.spec.personal:     # the sample is in clear (a demo has no key file): read as --clear reads it
+            warn_clear([cartridge], cause="keel demo reads its sample as --clear does")
+        projector, report = build_embedded(cartridge, events, reveal=reveal_of(cartridge, None, clear=True))
         ctx = DemoContext(cartridge, projector, events, out, report.applied)
         module.run(ctx)
     return 0

@@ -565,3 +565,127 @@ def test_erase_masks_the_notes_on_the_subject_and_says_when(sealed: tuple[Path, 
         tools.annotate("client:c1", "later", "a note after the erasure", "agent")
     with keel.open(folder, events=out, keys=keys) as graph:
         assert fact(graph.tools(tenant="t1", agent="a1").context("client:c1"), "later") == "a note after the erasure"
+
+
+# ---- --clear: a personal cartridge's own clear sample, one run ---------------------------------------------
+
+CLEAR_WARNING = ("keel: warning: --clear: personal fields of 'clinic' are read in clear for this run only; nothing "
+                 "of them is sealed or erasable: seal the file (`keel seal`) before it holds real people's data "
+                 "(docs/privacy.md)")
+
+
+def test_the_documented_seal_check_digest_clear_in_equals_digest_out_with_its_keys(
+        sealed: tuple[Path, Path, Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 40: docs/privacy.md said to check `keel seal` by `keel digest` of IN and OUT; IN is in clear, so the
+    cartridge refused its personal lines and the digests differed. `keel digest --clear IN` reads IN as it is."""
+    folder, clear, out, keys = sealed
+    for tenant in ("t1", "t2"):
+        assert main(["digest", str(folder), str(clear), "--tenant", tenant]) == 1      # refused: no event of it
+        assert "personal data in clear (not shown)" in capsys.readouterr().err
+        assert main(["digest", str(folder), str(clear), "--tenant", tenant, "--clear"]) == 0
+        got = capsys.readouterr()
+        assert got.err.splitlines() == [CLEAR_WARNING]                               # one line, no value
+        assert main(["digest", str(folder), str(out), "--tenant", tenant, "--keys", str(keys)]) == 0
+        assert capsys.readouterr().out == got.out and got.out.startswith("sha256:")
+        assert got.out.strip() == digests(folder, clear)[tenant]                     # the reference build
+
+
+def test_clear_reads_the_sample_in_every_embedded_command_and_never_on_redis(
+        tmp_path: Path, master: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--clear` on context, history, search, related, annotate, validate, diff and digest: the sample's
+    personal fields read as written, one warning each run; with --redis or --kafka it is refused (exit 2)."""
+    import json
+    folder = write_cartridge(tmp_path / "c")
+    clear = write_lines(tmp_path / "clear.jsonl", STREAM)
+    runs = [(["context", str(folder), str(clear), "client:c1", "--tenant", "t1", "--json"],
+             lambda out: json.loads(out)["labels"]["name"] == SECRET_NAME + " (2)"),
+            (["history", str(folder), str(clear), "client:c1", "--tenant", "t1", "--predicate", "name", "--json"],
+             lambda out: SECRET_NAME in out),
+            (["search", str(folder), str(clear), "Quintana", "--tenant", "t1", "--json"],
+             lambda out: json.loads(out)["results"][0]["entity"] == "client:c1"),
+            (["related", str(folder), str(clear), "visit:v1", "visit_of", "--tenant", "t1", "--json"],
+             lambda out: json.loads(out)["relations"][0]["object"] == "client:c1"),
+            (["annotate", str(folder), str(clear), "client:c2", "call", "back", "--scope", "tenant", "--tenant", "t1",
+              "--evidence", "e2", "--json"], lambda out: json.loads(out)["fact"]["value"] == "back"),
+            (["validate", str(folder), "--events", str(clear)], lambda out: "7 events ok" in out),
+            (["diff", str(folder), str(folder), str(clear)], lambda out: "2 tenant(s), 0 whose graph changes" in out)]
+    for argv, answered in runs:
+        assert main([*argv, "--clear"]) == 0, argv
+        got = capsys.readouterr()
+        assert answered(got.out), (argv, got.out)
+        assert got.err.splitlines() == [CLEAR_WARNING], (argv, got.err)
+    assert main(["context", str(folder), str(clear), "client:c1", "--tenant", "t1"]) == 1   # without: refused
+    assert "personal data in clear" in capsys.readouterr().err
+    for argv in (["context", str(folder), "client:c1", "--tenant", "t1", "--redis", "redis://127.0.0.1:1/0"],
+                 ["digest", str(folder), "--tenant", "t1", "--redis", "redis://127.0.0.1:1/0"],
+                 ["validate", str(folder), "--kafka", "127.0.0.1:1"]):
+        assert main([*argv, "--clear"]) == 2, argv
+        err = capsys.readouterr().err
+        assert "--clear reads an events file's personal fields in clear, for one embedded run; the Kafka/Redis path " \
+               "never takes them in clear" in err, err
+        assert "127.0.0.1:1" not in err                     # refused before anything is connected
+
+
+def test_clear_with_keys_reads_a_file_of_sealed_and_clear_lines(sealed: tuple[Path, Path, Path, Path],
+                                                                tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A sample being sealed line by line: `--clear --keys FILE` reads the sealed lines with their keys and the
+    clear ones as they are; the graph is the clear stream's."""
+    folder, clear, out, keys = sealed
+    sealed_lines = out.read_text(encoding="utf-8").splitlines(keepends=True)
+    clear_lines = clear.read_text(encoding="utf-8").splitlines(keepends=True)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(sealed_lines[:3] + clear_lines[3:]), encoding="utf-8")
+    assert main(["digest", str(folder), str(mixed), "--tenant", "t1", "--keys", str(keys), "--clear"]) == 0
+    assert capsys.readouterr().out.strip() == digests(folder, clear)["t1"]
+
+
+def test_serve_and_inspect_take_clear_through_the_one_place_that_opens_an_events_file(
+        tmp_path: Path, master: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """`keel serve` and `keel inspect` (plug-ins) get `--clear` from keel.cli and honour it where every command
+    opens its graph (keel.connect.open_graph): the served graph holds the sample's clear values; several
+    cartridges read together warn once; with --redis it is refused."""
+    from inspector.cli import _open as open_inspected
+    from keel.cli import build_parser
+    from keel.errors import UsageError
+    from tools_server.cli import _open_backend
+    folder = write_cartridge(tmp_path / "c")
+    clear = write_lines(tmp_path / "clear.jsonl", STREAM)
+    parser = build_parser()
+    backend = _open_backend(parser.parse_args(["serve", str(folder), "--events", str(clear), "--clear"]))
+    try:
+        assert backend.graph.tools(tenant="t1").context("client:c1")["labels"]["name"] == SECRET_NAME + " (2)"
+    finally:
+        backend.close()
+    assert capsys.readouterr().err.splitlines() == [CLEAR_WARNING]
+    graphs = open_inspected(parser.parse_args(["inspect", str(folder), "--events", str(clear), "--clear"]))
+    try:
+        assert graphs["clinic"].tools(tenant="t2").context("client:c1")["labels"]["name"] == "Other Tenant"
+    finally:
+        for graph in graphs.values():
+            graph.close()
+    assert capsys.readouterr().err.splitlines() == [CLEAR_WARNING]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "cartridge.yaml").write_text((folder / "cartridge.yaml").read_text(encoding="utf-8")
+                                          .replace("name: clinic", "name: spa").replace("client", "guest")
+                                          .replace("visit", "stay"), encoding="utf-8")
+    guests = write_lines(tmp_path / "guests.jsonl", [
+        envelope(1, "t1", "guest.registered", "guest:g1", {"name": "Eva Mora", "phone": "+57 300 555 0909"})])
+    assert main(["digest", f"{folder},{other}", f"{clear},{guests}", "--tenant", "t1", "--clear"]) == 0
+    assert capsys.readouterr().err.splitlines() == [CLEAR_WARNING.replace("of 'clinic' are", "of 'clinic', 'spa' are")]
+    with pytest.raises(UsageError, match="--clear reads an events file's personal fields"):
+        _open_backend(parser.parse_args(["serve", str(folder), "--redis", "redis://127.0.0.1:1/0", "--clear"]))
+
+
+def test_a_demo_of_a_personal_cartridge_reads_its_sample_in_clear_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`keel demo` has no key file: it reads its cartridge's sample as --clear does, with the same warning."""
+    folder = write_cartridge(tmp_path / "c")
+    write_lines(folder / "events.jsonl", STREAM)
+    (folder / "demo.py").write_text("def run(ctx):\n    ctx.say(ctx.tools('t1').context('client:c1')['labels']"
+                                    "['name'])\n", encoding="utf-8")
+    assert main(["demo", str(folder)]) == 0
+    got = capsys.readouterr()
+    assert got.out.strip() == SECRET_NAME + " (2)"
+    assert got.err.splitlines() == [CLEAR_WARNING.replace("--clear:", "keel demo reads its sample as --clear does:")]
