@@ -27,6 +27,7 @@ from .limits import Limits
 from .projection import compile_projections
 from .registry import Registry
 from .rules import RESERVED, Rule, check_names, compile_rule
+from .sources import compile_sources
 from .times import parse_duration, parse_time
 from .upcast import Upcasts, compile_upcasts
 from .wire import dlq_topic, events_topic
@@ -328,6 +329,8 @@ def _valid_parts(doc: dict[str, Any]) -> tuple[CartridgeSpec | None, dict[str, s
             else:
                 kept[name] = valid
         parts[section] = kept
+    if isinstance(doc.get("sources"), dict):
+        parts["sources"] = doc["sources"]          # checked entry by entry by keel.sources
     for section in ("memory", "limits"):
         try:
             CartridgeSpec.model_validate({"name": "x", section: doc.get(section)})
@@ -426,6 +429,7 @@ def check_spec(spec: CartridgeSpec, registry: Registry) -> list[str]:
         if scope not in SCOPES:
             problems.append(f"memory.requires_evidence: unknown scope {scope!r}")
     problems += check_personal(spec)
+    problems += compile_sources(spec)[1]          # `sources:` (change data capture) against the catalog
     handled = set(registry.event_types())
     for ev in sorted(set(spec.events) - handled):
         if spec.events[ev].project is None:

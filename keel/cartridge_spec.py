@@ -124,6 +124,8 @@ class CartridgeSpec(_Strict):
     # `personal: {accept_clear: true}` (docs/privacy.md): personal fields that arrive in clear are accepted (a
     # migration window) instead of refused; moved here from the `personal:` mapping by `_personal_options`
     personal_accept_clear: bool = False
+    # captured tables -> event types (change data capture, docs/ingress.md): checked and compiled by keel.sources
+    sources: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
