@@ -55,7 +55,10 @@ _ENTITY = {"type": "string", "description": "<type>:<id> from search"}
 _AT = _arg("World time: date or RFC 3339")
 _KNOWN_AT = _arg("As known then")
 _TYPE = _arg("Only this type")
-_JSON = [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "object"}, {"type": "array"}]
+# A note's value in the schema: what OpenAI's strict mode can express (it refuses an object open to any key, so a
+# strict converter would send the tool non-strict); a JSON object or array is accepted too (keel.tool_args.note_value)
+# from a caller that does not hold to the schema, e.g. the Python API.
+_SCALARS = [{"type": "string"}, {"type": "number"}, {"type": "boolean"}]
 
 # Output schemas: every key of a result typed (a client such as FastMCP builds its result type from them and drops
 # undeclared keys); the records inside (facts, versions, relations, changes) are objects, their keys and types in
@@ -142,7 +145,7 @@ SPECS: tuple[ToolSpec, ...] = (
         "Save a note on an entity or withdraw yours. Use it for conclusions or next steps, citing evidence.",
         _input({"entity": _ENTITY,
                 "predicate": {"type": "string", "description": "Note name, e.g. next_step"},
-                "value": {"anyOf": [*_JSON, _NULL], "description": "Text, number or JSON"},
+                "value": {"anyOf": [*_SCALARS, _NULL], "description": "Text, number or boolean"},
                 "scope": {"type": "string", "enum": ["tenant", "task", "agent", "global"],
                           "description": "tenant: all agents; task: yours; agent: you; global: all tenants"},
                 "evidence": _arg("Event id behind it; some scopes need it"),
