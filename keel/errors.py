@@ -131,6 +131,15 @@ class StoreUnavailable(ServiceUnavailable):
         self.tenant = tenant
 
 
+class StoreRefusingWrites(StoreUnavailable):
+    """Redis answers but refuses writes for lack of memory (maxmemory reached, policy noeviction). Named as
+    such, not as the command that met it: Redis refuses even the reads queued in a MULTI, so the raw error
+    ("Command # 1 (GET ...) of pipeline caused error") reads as if reads failed. Retried like any outage; a
+    worker's readiness turns 503 at once with this cause (the store's own message starts with REFUSING)."""
+
+    REFUSING = "Redis out of memory: refusing writes"
+
+
 class StateBehind(StoreUnavailable):
     """The store holds less of a partition than a writer saw it hold: Redis lost acknowledged writes (a
     failover to a replica that lagged, a restart from an old backup). Nothing of the refused write was

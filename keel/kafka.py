@@ -13,6 +13,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
 from .errors import KafkaUnavailable
+from .outages import KAFKA
 
 TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}   # recorded_at of envelopes without one
 _ALREADY_EXISTS = 36
@@ -61,6 +62,7 @@ async def kafka_guard(what: str, bootstrap: str) -> AsyncIterator[None]:
         raise KafkaUnavailable(f"Kafka {what} failed at {bootstrap}: {type(e).__name__}: {e}") from e
     except (TimeoutError, OSError) as e:
         raise KafkaUnavailable(f"Kafka {what} failed at {bootstrap}: {type(e).__name__}: {e}") from e
+    KAFKA.ok()          # Kafka answered: a broker outage the clients were logging has ended (keel/outages.py)
 
 
 async def retrying(call: Callable[[], Awaitable[T]], patience: float = _RETRIABLE_FOR) -> T:

@@ -7,7 +7,9 @@ structured fields a caller passes as `extra={"fields": {...}}` (a tool call's to
 
 Client libraries log every retry (with Kafka down for 35 s the webhook once wrote 160,568 aiokafka ERROR
 lines, issue 10), so records of the LIBRARIES' loggers at WARNING and above are rate-limited: one line per
-cause (logger, level, message template) per interval, the next one saying how many were held back.
+cause (logger, level, message template) per interval, the next one saying how many were held back. Their lines
+about an unreachable Kafka broker are not emitted at all: keel/outages.py counts them into one WARNING when the
+outage starts, a reminder at most every 30 s and one INFO when it ends (with `--log-level debug` they pass).
 `setup_logging` installs the filter; an entry point that configures logging otherwise (faust's Worker
 replaces the handlers at start) calls `install()` afterwards.
 """
@@ -22,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from .outages import library_record
 
 LOG_FORMATS = ("text", "json")
 FIELDS = "fields"          # the `extra` key holding a record's structured fields
@@ -126,6 +130,8 @@ class RateLimitFilter(logging.Filter):
             name == lib or name.startswith(lib + ".") for lib in self.libraries)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if library_record(record):          # a broker outage: counted by keel/outages.py, logged by it
+            return False
         if not self._limited(record):
             return True
         cause = (record.name, record.levelno, str(record.msg))

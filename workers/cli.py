@@ -71,7 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="/readyz answers 503, naming the cause (Redis refusing writes, read-only or unreachable; "
                         "Kafka unreachable), when no batch was committed and the partitions were not found caught "
                         "up for this long (default 30)")
-    p.add_argument("-l", "--loglevel", choices=LOG_LEVELS, default="info", help="log level (default info)")
+    p.add_argument("-l", "--log-level", "--loglevel", dest="loglevel", choices=LOG_LEVELS, default="info",
+                   help="log level (default info); debug also opens the client libraries' loggers (aiokafka, "
+                        "redis, …), which sit at WARNING otherwise")
     p.add_argument("--quiet", action="store_true", help="no startup banner")
     add_log_arguments(p)
     add_probe_arguments(p)

@@ -53,10 +53,11 @@ from mode import Service
 from keel.cartridge import Cartridge
 from keel.config import Settings
 from keel.connect import open_redis_store
-from keel.errors import ServiceUnavailable, StateBehind, StoreUnavailable, UsageError
+from keel.errors import ServiceUnavailable, StateBehind, StoreRefusingWrites, StoreUnavailable, UsageError
 from keel.health import Health
 from keel.kafka import KafkaUnavailable, TopicSpec, ensure_topics, kafka_guard, new_consumer, new_producer
 from keel.keystore_pg import privacy_of
+from keel.outages import KAFKA
 from keel.store.base import went_back
 from keel.store.redis import GenerationChanged, RedisStore
 from keel.wire import dlq_topic, events_topic, group_id
@@ -267,12 +268,14 @@ class CartridgeIngest(Service):
             self.metrics.kafka_errors.inc()
             self._kafka_failing = f"fetch failed: {type(e).__name__}: {e}"
             self.progress.outage(f"Kafka: {self._kafka_failing}")
-            self.log.warning("%s: fetch failed, retrying: %s: %s", self.label, type(e).__name__, e)
+            KAFKA.failed(f"{self.label}: fetch: {type(e).__name__}: {e}")    # one line per outage, not per try
             await asyncio.sleep(1.0)
             return {}
         self._kafka_failing = None
         assigned = self.consumer.assignment()
         fetched = {tp: recs for tp, recs in fetched.items() if recs and tp in assigned}
+        if fetched:
+            KAFKA.ok()                 # records came: a broker outage the client logged has ended
         if not fetched:
             await self._caught_up(assigned)
         return fetched
@@ -295,6 +298,7 @@ class CartridgeIngest(Service):
             return
         except AssertionError:                       # assignment changed meanwhile: next time
             return
+        KAFKA.ok()                     # the broker answered
         for tp, lag in lags.items():
             self.metrics.lag(tp.partition, lag)
         if not any(lag for tp, lag in lags.items() if tp not in self._held):   # a held partition waits on purpose
@@ -327,7 +331,8 @@ class CartridgeIngest(Service):
         service = error.service if isinstance(error, ServiceUnavailable) else "Kafka"   # Redis, the key store's
         if service in ("Redis", "Kafka"):                                               # PostgreSQL, Kafka
             (self.metrics.redis_errors if service == "Redis" else self.metrics.kafka_errors).inc()
-        self.progress.outage(f"{service}: {error}")
+        refusing = StoreRefusingWrites.REFUSING if isinstance(error, StoreRefusingWrites) else None
+        self.progress.outage(f"{service}: {error}", refusing=refusing)
         self.health.beat(self.beat_name)
 
     def _redis_reachable(self) -> str | None:

@@ -6,18 +6,25 @@ before Redis holds the batch, and the caller commits Kafka offsets only after th
 Two threads: planning (handlers on the mirrors; the only thread that touches them) and writing (Redis).
 While batch k is written, batch k+1 may be planned; it is written only after k, and when k's write fails
 both plans are discarded with the mirrors they touched, and the batches are redone in order.
+
+Through an outage a batch is tried again after 0.2 s, doubling up to RETRY_CAP_S (1 s): a write resumes within
+about a second of Redis accepting writes again (with a 10 s cap, two out-of-memory squeezes 9 s apart stalled
+workers for 65 s, issue 44). The retries are logged as one outage (keel/outages.py): a WARNING at the first
+failure, a reminder at most every 30 s with the count; the worker's progress clock logs the resumption.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from keel.errors import StateBehind, StoreUnavailable
 from keel.kafka import KafkaUnavailable
+from keel.outages import OutageLog
 from keel.store.redis import GenerationChanged
 
 from .applier import BatchApplier, BatchPlan
@@ -27,6 +34,8 @@ from .records import Record
 
 T = TypeVar("T")
 Outage = (StoreUnavailable, KafkaUnavailable)     # worth retrying; anything else is a bug
+RETRY_FIRST_S = 0.2
+RETRY_CAP_S = 1.0         # the longest wait between two tries of a batch
 # StateBehind (a StoreUnavailable) is not retried here: Redis lost acknowledged writes, so the records to write
 # again start before this batch; the caller (workers/ingest.py) resumes each partition from what Redis holds.
 
@@ -35,7 +44,7 @@ class BatchPipeline:
     """Runs the batches of one cartridge on a planning thread and a writing thread."""
 
     def __init__(self, applier: BatchApplier, dlq: DeadLetterQueue, counts: DeadLetterCounts, *,
-                 log: logging.Logger, backoff: tuple[float, float] = (0.2, 10.0),
+                 log: logging.Logger, backoff: tuple[float, float] = (RETRY_FIRST_S, RETRY_CAP_S),
                  on_outage: Callable[[BaseException], None] | None = None) -> None:
         self.applier = applier
         self.on_outage = on_outage or (lambda e: None)   # counts errors, and tells a retrying loop is alive
@@ -43,6 +52,8 @@ class BatchPipeline:
         self.counts = counts
         self.log = log
         self.backoff = backoff
+        self.waits: deque[float] = deque(maxlen=256)    # the last waits between tries, in order
+        self.retrying = OutageLog(log, f"batches of {applier.cartridge.name}", end_line=False)
         self.timings = (0.0, 0.0)      # seconds of the last batch: plan, write (dead letters + commit)
         self.cpu = {"plan": 0.0, "write": 0.0}     # CPU seconds spent by each thread so far
         name = applier.cartridge.name
@@ -104,8 +115,8 @@ class BatchPipeline:
                 self.on_outage(e)
                 if stopping():
                     return None
-                self.log.warning("batch of %d records not planned, retrying in %.1fs: %s", len(records), delay, e)
-                await asyncio.sleep(delay)
+                self.retrying.failed(f"a batch of {len(records)} records not planned: {e}")
+                await self._wait(delay)
                 delay = min(delay * 2, self.backoff[1])
 
     async def process(self, records: list[Record], *, stopping: Callable[[], bool],
@@ -134,14 +145,15 @@ class BatchPipeline:
                 if isinstance(e, GenerationChanged):        # a replay cut over: plan again at once, from
                     self.log.info("%s; planning the batch of %d records again", e, len(records))  # the new one
                     continue
-                self.log.warning("batch of %d records not written, retrying in %.1fs: %s", len(records), delay, e)
-                await asyncio.sleep(delay)
+                self.retrying.failed(f"a batch of {len(records)} records not written: {e}")
+                await self._wait(delay)
                 delay = min(delay * 2, self.backoff[1])
                 continue
             except BaseException:
                 await self.discard(plan)
                 raise
             await self.settle(plan)
+            self._written()
             return plan
 
     async def process_overlapped(self, previous: tuple[list[Record], BatchPlan], records: list[Record], *,
@@ -165,14 +177,22 @@ class BatchPipeline:
             raise
         except Outage as e:
             self.on_outage(e)
-            self.log.warning("batch of %d records not written (%s); redoing it", len(prev_records), e)
+            self.retrying.failed(f"a batch of {len(prev_records)} records not written, redoing it: {e}")
             await self.discard(prev_plan, plan)        # the next plan was built on the failed one
             return await self.process(prev_records, stopping=stopping), None
         except BaseException:
             await self.discard(prev_plan, plan)
             raise
         await self.settle(prev_plan)
+        self._written()
         return prev_plan, plan
+
+    async def _wait(self, delay: float) -> None:
+        self.waits.append(delay)
+        await asyncio.sleep(delay)
+
+    def _written(self) -> None:
+        self.retrying.ok()
 
     def close(self, *, wait: bool = True) -> None:
         """Stop the threads; `wait=False` when a cancelled loop may have left a step running (it ends on

@@ -15,7 +15,7 @@ from hiredis import pack_command as _pack_command
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from ...errors import StoreUnavailable
+from ...errors import StoreRefusingWrites, StoreUnavailable
 
 Client = redis.Redis | RedisCluster
 _SEND_GROUP = 32                  # pipelined APPLY calls sent together while the next ones are encoded
@@ -41,6 +41,9 @@ def guard(namespace: str, what: str, tenant: str | None = None) -> Iterator[None
         yield
     except RedisError as e:
         where = f"namespace {namespace!r}" + (f", tenant {tenant!r}" if tenant else "")
+        if is_oom(e):       # the cause, not the queued command that met it (issue 44)
+            raise StoreRefusingWrites(f"{StoreRefusingWrites.REFUSING} ({what}, {where}): raise maxmemory or "
+                                      f"free memory; writes resume by themselves", tenant=tenant) from e
         raise StoreUnavailable(f"Redis {what} failed ({where}): {type(e).__name__}: {e}", tenant=tenant) from e
 
 
