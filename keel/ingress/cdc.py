@@ -43,6 +43,7 @@ from .sealing import IngressSealing
 
 Log = Callable[[str], None]
 BEAT = "cdc"
+ONCE_WAIT_S = 15.0            # `--once`: how long to wait for a change topic to exist at all
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ class ChangeEncoder:
         where = {"": "cdc", "topic": record.topic, "partition": str(record.partition), "offset": str(record.offset),
                  **{k if k != "txId" else "tx_id": v for k, v in position_of(record.value).items()}}
         key_tenant = tenant if isinstance(tenant, str) and TENANT.match(tenant) else None
-        return dead_letter(self.dlq, self.cartridge, None, reason, event_id=event_id, tenant=key_tenant,
+        return dead_letter(self.dlq, self.cartridge, b"", reason, event_id=event_id, tenant=key_tenant,
                            source=where)
 
 
@@ -252,6 +253,9 @@ class ChangeSource:
             raise
         return True
 
+    def assigned(self) -> bool:
+        return bool(self._consumer is not None and self._consumer.assignment())
+
     async def caught_up(self) -> bool:
         """Whether every assigned partition's position reached its end (`--once`)."""
         assert self._consumer is not None
@@ -319,7 +323,7 @@ async def relay_changes(cartridge: Cartridge, source: ChangeSource, sink: KafkaS
 
 async def _loop(encoder: ChangeEncoder, source: ChangeSource, sink: KafkaSink, options: CdcOptions, log: Log,
                 stop: asyncio.Event, health: Health, metrics: CdcMetrics, stats: CdcStats) -> None:
-    last = time.monotonic()
+    last = started = time.monotonic()
     while not stop.is_set():
         health.beat(BEAT)
         records = await source.read(options.batch, options.poll_ms)
@@ -338,8 +342,13 @@ async def _loop(encoder: ChangeEncoder, source: ChangeSource, sink: KafkaSink, o
         if time.monotonic() - last >= options.progress_s:
             log(f"so far: {stats.line()}")
             last = time.monotonic()
-        if options.once and not records and await source.caught_up():
-            break
+        if options.once and not records:
+            if await source.caught_up():
+                break
+            if not source.assigned() and time.monotonic() - started >= ONCE_WAIT_S:
+                log(f"no change topic of {', '.join(source.topics)} exists after {ONCE_WAIT_S:.0f}s; nothing "
+                    "to relay yet (Debezium creates a table's topic at its first change)")
+                break
 
 
 class CdcMetrics:
