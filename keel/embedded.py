@@ -11,7 +11,7 @@ from typing import Any, BinaryIO, TextIO
 
 from .cartridge import Cartridge
 from .echo import cut, printable
-from .envelope import OFFBOARDED
+from .envelope import OFFBOARDED, in_a_file
 from .errors import EnvelopeRejected, HandlerFailed, UsageError
 from .projector import Projector
 from .store.base import Store
@@ -97,7 +97,7 @@ def replay_file(projector: Projector, path: str | Path, *,
                 event, outcome = projector.apply_raw(raw if reveal is None else reveal(raw),
                                                      origin=f"at line {number}")
             except (EnvelopeRejected, HandlerFailed) as e:
-                reason = e.reason if isinstance(e, EnvelopeRejected) else str(e)
+                reason = in_a_file(e.reason) if isinstance(e, EnvelopeRejected) else str(e)
                 rejected = Rejected(number, e.event_id, reason)
                 report.rejected.append(rejected)
                 if on_reject is not None:

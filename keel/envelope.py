@@ -333,6 +333,17 @@ def _reasons(e: ValidationError, raw: bytes | str | dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+# What arrived is not always a file (a Kafka record's bytes, most often): the reason says what to do about the
+# bytes, and a reader of a file says "save the file" instead (`in_a_file`).
+NOT_UTF8_ADVICE = "; its producer must encode it as UTF-8"
+_NOT_UTF8_IN_A_FILE = "; save the file as UTF-8"
+
+
+def in_a_file(reason: str) -> str:
+    """A rejection's reason as a reader of an events file reports it (a line of a file, not a record)."""
+    return reason.replace(NOT_UTF8_ADVICE, _NOT_UTF8_IN_A_FILE)
+
+
 def _json_problem(message: str, raw: bytes | str | dict[str, Any]) -> str:
     """What is wrong with text that is not JSON, in words a person understands."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
@@ -340,8 +351,7 @@ def _json_problem(message: str, raw: bytes | str | dict[str, Any]) -> str:
         try:
             data.decode()
         except UnicodeDecodeError as u:
-            return (f"not UTF-8 text (byte 0x{data[u.start]:02x} at position {u.start}); save the file as "
-                    f"UTF-8")
+            return f"not UTF-8 text (byte 0x{data[u.start]:02x} at position {u.start}){NOT_UTF8_ADVICE}"
         if _LONE_SURROGATE.search(data) and ("escape" in message or "surrogate" in message):
             return ("not valid JSON: a \\uD800-\\uDFFF escape must be one half of a surrogate pair (like "
                     "\\ud83d\\ude00 for one emoji); alone it is not a character")

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from .cartridge import Cartridge
 from .embedded import BOM, bulk_allocation, open_events
+from .envelope import in_a_file
 from .errors import EnvelopeRejected, HandlerFailed, UsageError
 from .kafka import admin_client, bootstrap_list, kafka_guard, topic_exists
 from .projector import Projector
@@ -83,6 +84,8 @@ class LogBuild:
             outcome = self.projector.apply(event, entry.origin or None)
         except (EnvelopeRejected, HandlerFailed) as e:
             self.refused.append(Refusal(entry.where, e.event_id,
+                                        in_a_file(e.reason) if isinstance(e, EnvelopeRejected) and
+                                        entry.where.startswith("line ") else
                                         e.reason if isinstance(e, EnvelopeRejected) else str(e)))
             return
         self.tenants.add(event.tenant)

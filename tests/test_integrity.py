@@ -228,7 +228,7 @@ def test_bom_surrogates_ids_and_long_values_get_clear_messages(ledger: Path, tmp
     assert "(9802 more characters)" in line4 and len(line4) < 600      # repr adds its quotes
     line5 = next(x for x in err.splitlines() if "line 5" in x)
     assert "\x1b" not in line5 and "\x00" not in line5 and "\\x1b[31mred\\x00" in line5
-    assert "line 6: event ?: not UTF-8 text (byte 0xff at position 0)" in err
+    assert "line 6: event ?: not UTF-8 text (byte 0xff at position 0); save the file as UTF-8" in err   # a file's line
 
 
 def test_terminal_output_escapes_control_characters(ledger: Path, tmp_path: Path, capsys) -> None:

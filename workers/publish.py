@@ -16,7 +16,7 @@ from pathlib import Path
 
 from keel.cartridge import Cartridge
 from keel.embedded import Rejected
-from keel.envelope import Catalog
+from keel.envelope import Catalog, in_a_file
 from keel.errors import EnvelopeRejected
 from keel.kafka import TopicSpec, ensure_topics, kafka_guard, new_producer
 from keel.privacy import Privacy
@@ -61,7 +61,7 @@ def checked_records(cartridge: Cartridge, path: str | Path, into: Prepared,
                                                                separators=(",", ":")).encode()
                     continue
             except EnvelopeRejected as e:
-                rejected = Rejected(number, e.event_id, e.reason)
+                rejected = Rejected(number, e.event_id, in_a_file(e.reason))
                 into.rejected.append(rejected)
                 if on_reject is not None:
                     on_reject(rejected)
