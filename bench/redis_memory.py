@@ -8,10 +8,10 @@ commits them to Redis with `RedisStore.commit_batch` in batches of `--batch` eve
                                            [--recorded file|kafka] [--batch 100] [--repeat 1]
 
 Prints bytes per fact version (INFO used_memory delta and the sum of MEMORY USAGE over the keys written)
-next to the ~300 B/version ceiling and the ~626 B/fact of the naive hash-per-fact layout (NOTES.md); the
-rate of commit_batch (per-tenant batches) and of commit_many (a worker's polls of the interleaved log,
+next to the ~300 B/version ceiling and the ~626 B/fact of the naive hash-per-fact layout (measured once on
+this kind of 2-core machine: a hash per fact plus a sorted-set index); the rate of commit_batch (per-tenant batches) and of commit_many (a worker's polls of the interleaved log,
 one atomic step per tenant, one round trip), with client CPU and Redis script time per event; and,
-measured right after on the same server, NOTES.md's naive baseline (4 HSET per event, pipelined) to
+measured right after on the same server, the naive baseline (4 HSET per event, pipelined) to
 read the figures against the machine's current load. Uses a fresh namespace and deletes it afterwards.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from keel.store.memory import MemoryStore
 from keel.store.redis import RedisStore
 
 CEILING = 300       # bytes per fact version: the goal
-NAIVE = 626         # bytes per fact: a hash per fact plus a sorted-set index (NOTES.md)
+NAIVE = 626         # bytes per fact: a hash per fact plus a sorted-set index (a reference measurement)
 DAY = 86_400_000_000
 
 
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'sum of MEMORY USAGE':34}{usage / fact_versions:>16.0f} B{usage / assertions:>10.0f} B"
               f"   ({usage:,} B)")
         print(f"  {'goal (ceiling)':34}{CEILING:>16} B")
-        print(f"  {'naive hash per fact + index':34}{NAIVE:>16} B   (NOTES.md)")
+        print(f"  {'naive hash per fact + index':34}{NAIVE:>16} B   (reference)")
         print(f"  key encodings (first tenant): {encodings(store, tenants[0])}")
         store.drop_namespace()
 
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
               f"\n  {rate}")
         store.drop_namespace()
 
-        print(f"\nbaseline on the same server now (NOTES.md: ~27k/s on an idle machine):\n  "
+        print(f"\nbaseline on the same server now (reference: ~27k/s on an idle machine):\n  "
               f"{naive_baseline(store, len(log), args.batch)}")
     finally:
         store.drop_namespace()
@@ -259,7 +259,7 @@ def timed(store: RedisStore, run: Any, events: int) -> Rate:
 
 
 def naive_baseline(store: RedisStore, events: int, batch: int) -> str:
-    """NOTES.md's reference: 4 HSET per event in pipelines of `batch` events (no bitemporal index at all)."""
+    """The reference baseline: 4 HSET per event in pipelines of `batch` events (no bitemporal index at all)."""
     client, tag = store.client, f"keel:{{{store.namespace}/naive}}:"
     t0 = time.perf_counter()
     for b in range(0, events, batch):
