@@ -43,7 +43,9 @@ class WorkerMetrics:
                            ["cartridge"], registry=registry)
         self.redis_behind = Gauge("keel_worker_redis_behind_records", "Records the consumer group's committed offset "
                                   "was ahead of what Redis holds when the partition was assigned or Redis was "
-                                  "found to have lost writes (a failover, an old backup); 0 once re-applied.",
+                                  "found to have lost writes (a failover, an old backup), counting down as they "
+                                  "are re-applied; 0 once repaired. Its own figure: the lag (log end minus the "
+                                  "commit) does not show it.",
                                   ["cartridge", "partition"], registry=registry)
         self.since_commit = Gauge("keel_worker_seconds_since_commit", "Seconds since the worker last committed a "
                                   "batch or found its partitions caught up: grows while it cannot write (Redis "

@@ -203,7 +203,9 @@ class Positions:
         for (topic, partition), offset in through.items():
             tp = TopicPartition(topic, partition)
             target = self.behind.get(tp)
-            if target is not None and offset + 1 >= target:
+            if target is not None and offset + 1 < target:     # re-applying: the gauge counts what is left
+                self.metrics.redis_behind(partition, target - offset - 1)
+            elif target is not None:
                 del self.behind[tp]
                 self.metrics.redis_behind(partition, 0)
                 self.log.info("%s: partition %d repaired: Redis holds the log again through offset %d", self.label,

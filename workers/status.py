@@ -205,6 +205,10 @@ def shape_status(name: str, partitions: list[PartitionOffsets], group: GroupDesc
             row["redis_behind"] = max(0, row["committed"] - applied_through - 1)
         else:     # no watermark: nothing of it is held, unless written before watermarks (or all is gone, below)
             row["redis_behind"] = row["committed"] if redis.holds_data and redis.predates_watermarks is False else None
+    # Redis behind the log as its own figure (issue 44): `lag` is the log end minus the group's commit, and after a
+    # failover to a lagging replica the commit is ahead of Redis: lag 0 hid the records Redis lost
+    behind = [row["redis_behind"] for row in doc["partitions"] if row["redis_behind"] is not None]
+    doc["redis_behind"] = sum(behind) if behind else None
     if dead is not None:
         for info in doc["tenants"].values():
             info["dead_letters"] = 0
@@ -316,7 +320,8 @@ def redis_memory(store: Any) -> dict[str, Any] | None:
 def render_status(doc: dict[str, Any]) -> str:
     """A short human-readable status."""
     lag = "?" if doc["lag"] is None else doc["lag"]
-    lines = [f"{doc['topic']}  group {doc['group']} ({doc['group_state'] or 'unknown'})  lag {lag}"]
+    behind = f"  Redis behind the log {doc['redis_behind']}" if doc.get("redis_behind") else ""
+    lines = [f"{doc['topic']}  group {doc['group']} ({doc['group_state'] or 'unknown'})  lag {lag}{behind}"]
     for what, why in doc["unavailable"].items():
         lines.append(f"  CANNOT READ {what.upper()}: {why}")
     if "redis" in doc and doc["redis"] is None:
