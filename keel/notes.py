@@ -208,12 +208,17 @@ NOTE_WINDOW_S = 600      # a retry of the same note by the same caller within th
 
 
 def note_id(tenant: str, agent: str | None, task: str | None, entity: str, predicate: str, value: object,
-            scope: str, evidence: str | None, now: Micros, window_s: int = NOTE_WINDOW_S) -> str:
+            scope: str, evidence: str | None, now: Micros, window_s: int = NOTE_WINDOW_S, *,
+            after: str | None = None) -> str:
     """The event id of a note: an idempotency key derived from the call (who: tenant, agent, task; what:
     entity, predicate, value, scope, evidence) and the clock-aligned window of `window_s` seconds it falls
     in. An agent that retries a call (e.g. after a timeout) within the window sends the same id, which the
     log applies once; the same note written again in a later window is a new note. (A retry that crosses a
-    window boundary makes a second note.)"""
+    window boundary makes a second note.) `after`: the latest withdrawal on the note's timeline, so the same
+    note written again after it was withdrawn, within the window, is a new note (left out when None, so the ids
+    of notes never withdrawn are as before)."""
     call = [tenant, agent, task, entity, predicate, value, scope, evidence, now // (window_s * 1_000_000)]
+    if after is not None:
+        call.append(after)
     text = json.dumps(call, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=str)
     return "note-" + hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -297,7 +297,7 @@ class Tools:
             payload["agent"] = self.agent
         stamp = format_time(now)
         event_id = note_id(self.tenant, self.agent, task if scope == "task" else None, entity, predicate, value,
-                           scope, evidence, now)
+                           scope, evidence, now, after=self._last_withdrawal(entity, predicate, scope))
         envelope = {"id": event_id, "tenant": self.tenant, "type": ANNOTATED,
                     "subject": entity, "occurred_at": stamp, "recorded_at": stamp, "source": "keel.annotate",
                     "payload": payload}
@@ -377,6 +377,17 @@ class Tools:
         result: AnnotateResult = {"fact": cast(FactVersion, _owned_values(closed[-1:])[0]), "applied": True,
                                   "event_id": event_id, "known_through": None}
         return self._fresh(result)
+
+    def _last_withdrawal(self, entity: str, predicate: str, scope: str) -> str | None:
+        """The event id of the latest withdrawal on the caller's note timeline (None: never withdrawn; a global
+        note is not withdrawn): part of a note's id, so the same note written again after its withdrawal is a
+        new note, while a retry of that write is the same one."""
+        if scope == "global":
+            return None
+        key = note_key(entity, predicate, scope, task=self.task, agent=self.agent)
+        [assertions] = self.store.assertions_many(self.tenant, [key])
+        ends = [w["event_id"] for w in map(withdrawal_of, assertions) if w is not None]
+        return ends[-1] if ends else None
 
     def _withdrawn_before(self, entity: str, predicate: str, scope: str, by: str | None) -> tuple[Key, Version] | None:
         """(timeline, version) when the latest version of the caller's note was closed by this caller's

@@ -95,6 +95,26 @@ def test_withdrawn_note_leaves_context_and_stays_in_history(events: Path) -> Non
     assert withdrawals[0]["payload"]["reason"] == "paid already"
 
 
+def test_the_same_note_written_again_after_its_withdrawal_is_a_new_note(events: Path) -> None:
+    """Within the retry window, a note's id is the same for the same call, so a retry counts once; once the note
+    was withdrawn, writing it again means it again: a new version, open, with a new id (and a retry of that write
+    is once more the same one)."""
+    with keel.open(FINANCE, events=events) as graph:
+        me = graph.tools(tenant=TENANT_A, agent="a1", task="t1")
+        first = me.annotate("debt:visa", "next_step", "prepay", scope="agent")
+        me.annotate("debt:visa", "next_step", scope="agent", withdraw=True)
+        again = me.annotate("debt:visa", "next_step", "prepay", scope="agent")
+        assert again["applied"] and again["event_id"] != first["event_id"]
+        assert again["fact"]["valid_to"] == again["fact"]["expires_at"] and "withdrawn" not in again["fact"]
+        assert notes_named(me.context("debt:visa")["facts"], "next_step") == ["prepay"]
+        assert me.annotate("debt:visa", "next_step", "prepay", scope="agent")["event_id"] == again["event_id"]
+        versions = me.history("debt:visa", "next_step")["versions"]
+        assert [("withdrawn" in v, v["valid_to"] == v["expires_at"]) for v in versions] == [(True, False),
+                                                                                            (False, True)]
+    notes = [e["id"] for e in lines(events) if e["type"] == "keel.annotated" and not e["payload"].get("withdraw")]
+    assert notes == [first["event_id"], again["event_id"]]
+
+
 def test_log_replayed_is_the_graph_that_wrote_it(events: Path) -> None:
     with keel.open(FINANCE, events=events) as graph:
         me = graph.tools(tenant=TENANT_A, agent="a1", task="t1")
