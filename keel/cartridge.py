@@ -21,6 +21,7 @@ from .cartridge_spec import (
     PersonalSpec,
     RelationSpec,
     RuleSpec,
+    SearchSpec,
 )
 from .errors import BadTime, CartridgeInvalid
 from .limits import Limits
@@ -248,7 +249,8 @@ def _load_spec(folder: Path) -> tuple[CartridgeSpec | None, list[str], dict[str,
 # the keys of each part of cartridge.yaml, for "unknown key" problems: (the part's path length, section) -> model
 _MODELS: dict[tuple[int, str | None], type[BaseModel]] = {
     (1, None): CartridgeSpec, (3, "entities"): EntitySpec, (3, "relations"): RelationSpec, (3, "events"): EventSpec,
-    (3, "personal"): PersonalSpec, (2, "memory"): MemorySpec, (2, "limits"): Limits, (2, "history"): HistorySpec}
+    (3, "personal"): PersonalSpec, (2, "memory"): MemorySpec, (2, "limits"): Limits, (2, "history"): HistorySpec,
+    (2, "search"): SearchSpec}
 
 
 def _schema_problem(file: Path, root: yaml.Node, err: Any) -> str:

@@ -107,6 +107,23 @@ class PersonalSpec(_Strict):
         return self.of.removeprefix("payload.") if self.of.startswith("payload.") else None
 
 
+class SearchSpec(_Strict):
+    """How `search` ranks this cartridge's entities (docs/semantics.md, "Search"): `semantic: false` leaves BM25
+    alone (the model is never loaded); `synonyms`, groups of words or phrases the lexical side treats alike
+    (a query holding one member also looks for the others)."""
+    semantic: bool = True
+    synonyms: list[list[str]] = Field(default_factory=list)
+
+    @field_validator("synonyms")
+    @classmethod
+    def _groups(cls, groups: list[list[str]]) -> list[list[str]]:
+        for i, group in enumerate(groups):
+            if len(group) < 2 or any(not w.strip() for w in group):
+                raise ValueError(f"synonyms[{i}]: give two or more non-empty words or phrases, e.g. "
+                                 f"[credit card, tarjeta de crédito]")
+        return groups
+
+
 class CartridgeSpec(_Strict):
     name: str
     description: str = ""
@@ -120,6 +137,7 @@ class CartridgeSpec(_Strict):
     memory: MemorySpec = Field(default_factory=MemorySpec)
     limits: Limits = Field(default_factory=Limits)
     history: HistorySpec = Field(default_factory=HistorySpec)
+    search: SearchSpec = Field(default_factory=SearchSpec)
     personal: dict[str, PersonalSpec] = Field(default_factory=dict)    # event type -> its personal fields
     # `personal: {accept_clear: true}` (docs/privacy.md): personal fields that arrive in clear are accepted (a
     # migration window) instead of refused; moved here from the `personal:` mapping by `_personal_options`

@@ -33,7 +33,7 @@ from .commandline import (
     settings_of,
 )
 from .connect import GraphSet, open_graphs
-from .digest import digest, set_digest
+from .digest import digest, search_model, set_digest
 from .echo import printable
 from .errors import (
     EXIT_DOMAIN,
@@ -375,10 +375,13 @@ def cmd_digest(args: argparse.Namespace) -> int:
             if not graph.has_tenant(tenant):
                 raise UnknownTenant(tenant)
             print(set_digest({name: g.store for name, g in graph.graphs.items()}, tenant))
-            return 0
-        if not graph.store.has_tenant(tenant):
-            raise UnknownTenant(tenant)
-        print(digest(graph.store, tenant))
+        else:
+            if not graph.store.has_tenant(tenant):
+                raise UnknownTenant(tenant)
+            print(digest(graph.store, tenant))
+    model = search_model(cartridges)
+    if model:
+        print(model, file=sys.stderr)          # beside the digest, not in it (docs/semantics.md, "Digest")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""`keel digest`: a hash of one tenant's graph over a canonical serialization, equal across stores."""
+"""`keel digest`: a hash of one tenant's graph over a canonical serialization, equal across stores; beside it
+(on stderr, not part of the hash) the identity of the model that gives search its semantic signal."""
 from __future__ import annotations
 
 import hashlib
@@ -6,6 +7,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from .cartridge import Cartridge
 from .store.base import Store
 from .times import format_time
 
@@ -43,3 +45,13 @@ def set_digest(stores: dict[str, Store], tenant: str) -> str:
     lines = [f"{name} {digest(stores[name], tenant)}" for name in sorted(stores)]
     whole = hashlib.sha256("".join(line + "\n" for line in lines).encode()).hexdigest()
     return "\n".join([*lines, f"all sha256:{whole}"])
+
+
+def search_model(cartridges: list[Cartridge]) -> str | None:
+    """`search model: <identity>` when one of the cartridges ranks search by meaning too (keel.semantic): equal
+    graphs give equal rankings under equal models, so a changed model shows here (the graph's digest, which
+    does not depend on it, stays the same)."""
+    if not any(c.spec.search.semantic for c in cartridges):
+        return None
+    from .semantic import identity
+    return f"search model: {identity()}"

@@ -11,6 +11,13 @@ The index holds *segments*: the text of one version of a label or a note, with t
 time × knowledge time in which that version is what the graph shows (derived with keel.timeline's fold,
 so it agrees with `context`), and for notes the scope key that decides who may see them. A query keeps the
 segments visible at (at, known_at) to the caller's scopes and ranks entities by BM25 over them.
+
+Hybrid ranking: beside BM25 (the lexical signal, whose query words a cartridge's synonyms widen), the same
+visible segments, the entity's id and its type's description give a semantic signal (keel.semantic: the cosine
+of the query's vector and each segment's, an entity's best segment counting, at or above SEMANTIC_FLOOR). The
+two rankings are fused by weighted reciprocal rank (RRF); each hit says which signal found it (`found_by`).
+Vectors depend on text only and are kept by the index (and reused by the next build), so equal graphs give
+equal rankings.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
+import numpy as np
 import regex
 
 from .store.base import REF_LABEL, Key
@@ -29,6 +37,11 @@ from .timeline import Assertion, Timeline
 from .times import Micros
 
 K1, B = 1.2, 0.75
+RRF_K = 60                 # reciprocal rank fusion: a hit at rank r of a signal adds weight / (RRF_K + r)
+LEXICAL_WEIGHT, SEMANTIC_WEIGHT = 1.0, 0.8   # measured on bench/search_quality.py's labelled queries
+SEMANTIC_FLOOR = 0.3       # the least cosine a semantic hit needs (below it, unrelated words are as near)
+DESCRIPTION_WEIGHT = 0.5   # the type's description in a segment's vector, beside the segment's own text
+FUSION_DEPTH = 50          # each signal's ranking is fused down to this rank (or the limit, when larger)
 NEVER = 1 << 62            # an open end of an interval (valid_to None, not superseded)
 _UNSEGMENTED = (r"\p{scx=Han}\p{scx=Hiragana}\p{scx=Katakana}\p{scx=Thai}\p{scx=Lao}\p{scx=Khmer}"
                 r"\p{scx=Myanmar}")
@@ -114,11 +127,25 @@ def rectangles(assertions: Iterable[Assertion]) -> list[Rectangle]:
 SearchEntity = tuple[str, Micros, list[tuple[Key, list[Assertion]]]]   # (entity, first recorded_at, timelines)
 
 
+class SearchOptions(NamedTuple):
+    """What a cartridge says about its search (`search:` of cartridge.yaml, docs/cartridges.md)."""
+    semantic: bool = True                              # false: BM25 alone, the model never loaded
+    synonyms: tuple[tuple[str, ...], ...] = ()         # groups of words or phrases the lexical side treats alike
+    descriptions: tuple[tuple[str, str], ...] = ()     # (entity type, its description)
+
+
+def _has_letters(text: str) -> bool:
+    return any(c.isalpha() for c in text)
+
+
 class SearchIndex:
     """An immutable BM25 index over segments (id, label versions, note versions), with postings lists so a
     query looks only at segments containing one of its words."""
 
-    def __init__(self, entities: Iterable[SearchEntity]) -> None:
+    def __init__(self, entities: Iterable[SearchEntity], options: SearchOptions | None = None,
+                 previous: SearchIndex | None = None) -> None:
+        self.options = options = options or SearchOptions()
+        self.synonyms = [[tuple(query_tokens(m)) for m in group] for group in options.synonyms]
         self.names: list[str] = []
         self.first: list[Micros] = []
         self.segments: list[list[int]] = []          # entity -> its label and note segments
@@ -132,6 +159,9 @@ class SearchIndex:
         self.s_label: list[str | None] = []
         self.s_length: list[int] = []
         self.postings: dict[str, list[tuple[int, int]]] = {}   # term -> (segment, tf); segment -1-e: entity e's id
+        rows: dict[tuple[str, str], int] = {}          # (entity type, text) -> its row of the semantic matrix
+        self.row_owners: list[list[int]] = []            # row -> segments (-1-e: entity e's id) with that text
+        self.rows_of: list[list[tuple[int, int]]] = []   # entity -> its (segment, row) pairs
         total = 0
         changes: list[tuple[Micros, int, int]] = []   # (knowledge time, entities, words) the corpus gains or loses
         for e, (entity, first, timelines) in enumerate(entities):
@@ -143,6 +173,10 @@ class SearchIndex:
             self.id_length.append(len(words))
             changes.append((first, 1, len(words)))
             self._post(words, -1 - e)
+            kind_of = entity.partition(":")[0]
+            self.rows_of.append([])
+            if options.semantic:
+                self._row(rows, kind_of, " ".join(regex.split(r"[:_\-.]+", entity)), -1 - e)
             current = len(words)
             for key, assertions in timelines:
                 kind = key[0]
@@ -159,6 +193,8 @@ class SearchIndex:
                     self.s_label.append(label)
                     self.s_length.append(len(seg_words))
                     self._post(seg_words, s)
+                    if options.semantic and _has_letters(text):
+                        self._row(rows, kind_of, text, s)
                     (starts if kind != "f" else segs).append(s)
                     if rect.valid_to == NEVER:             # the open version, as known from known_from on
                         changes.append((rect.known_from, 0, len(seg_words)))
@@ -171,6 +207,7 @@ class SearchIndex:
             self.settled.append(self._settled(segs, starts, current))
             total += current
         self.avg = (total / len(self.names) if self.names else 0.0) or 1.0
+        self._vectors(rows, previous)
         # The corpus statistics BM25 needs, as known at any time: a question asked again later as known at the
         # same time scores the same (an audited answer is reproduced byte for byte), whatever was learnt since.
         changes.sort()
@@ -185,6 +222,33 @@ class SearchIndex:
             else:
                 self.stat_times.append(when)
                 self.stat_counts.append((entities_known, words_known))
+
+    def _row(self, rows: dict[tuple[str, str], int], kind: str, text: str, segment: int) -> None:
+        row = rows.setdefault((kind, text), len(rows))
+        if row == len(self.row_owners):
+            self.row_owners.append([])
+        self.row_owners[row].append(segment)
+        self.rows_of[-1].append((segment, row))
+
+    def _vectors(self, rows: dict[tuple[str, str], int], previous: SearchIndex | None) -> None:
+        """The semantic matrix: a unit row per distinct (type, text), the text's vector plus its type's
+        description's (DESCRIPTION_WEIGHT); texts the previous index embedded are not embedded again."""
+        self.text_vectors: dict[str, Any] = {}
+        self.matrix: Any = None
+        if not rows:
+            return
+        from . import semantic
+        descriptions = dict(self.options.descriptions)
+        texts = [t for _, t in rows] + [d for d in descriptions.values() if d]
+        self.text_vectors = semantic.embed_all(texts, previous.text_vectors if previous is not None else None)
+        matrix = np.empty((len(rows), semantic.DIM), dtype=np.float32)
+        for (kind, text), row in rows.items():
+            v = self.text_vectors[text]
+            if descriptions.get(kind):
+                v = v + DESCRIPTION_WEIGHT * self.text_vectors[descriptions[kind]]
+            n = float(np.linalg.norm(v))
+            matrix[row] = v / n if n > 0 else v
+        self.matrix = matrix
 
     def corpus(self, known: Micros) -> tuple[int, float]:
         """(entities known, their average length in words) as known at `known` (the open versions of labels
@@ -228,13 +292,44 @@ class SearchIndex:
 
     def search(self, query: str, *, at: Micros, known_at: Micros | None, scopes: Iterable[str],
                type: str | None = None, limit: int = 10) -> list[dict[str, Any]]:
-        """Entities matching the query's words in the text visible at `at` as known at `known_at` to `scopes`
-        (scope keys, "" = labels), best first."""
+        """Entities matching the query in the text visible at `at` as known at `known_at` to `scopes` (scope
+        keys, "" = labels), best first: BM25 and, unless the cartridge turned it off, the semantic signal,
+        fused by reciprocal rank."""
         known = NEVER - 1 if known_at is None else known_at
         allowed = frozenset(scopes) | {""}
         status: dict[int, int] = {}       # entity -> 0 not shown, 1 shown in part, 2 shown whole (settled)
+        depth = max(limit, FUSION_DEPTH)
+        names = self.names
+        lexical = heapq.nsmallest(depth, ((-score, names[e], e) for e, score in
+                                          self._lexical(query, at, known, allowed, type, status).items()))
+        meaning = self._semantic(query, at, known, allowed, type, status, depth, [e for _, _, e in lexical])
+        fused: dict[int, float] = {}
+        found: dict[int, str] = {}
+        for rank, (_, _, e) in enumerate(lexical, 1):
+            fused[e] = LEXICAL_WEIGHT / (RRF_K + rank)
+            found[e] = "lexical"
+        for rank, (_, _, e) in enumerate(meaning, 1):
+            fused[e] = fused.get(e, 0.0) + SEMANTIC_WEIGHT / (RRF_K + rank)
+            found[e] = "both" if e in found else "semantic"
+        ranked = heapq.nsmallest(limit, ((-round(score, 9), names[e], e) for e, score in fused.items()))
+        return [{"entity": name, "type": name.partition(":")[0], "labels": self._labels(e, at, known),
+                 "score": round(-score, 6), "found_by": found[e]} for score, name, e in ranked]
+
+    def expand(self, query: str) -> list[str]:
+        """The query's tokens, and those of every synonym of a word or phrase it holds (the cartridge's
+        `search.synonyms`: a group's member is held when all its tokens are the query's)."""
+        words = query_tokens(query)
+        held = set(words)
+        for group in self.synonyms:
+            if any(member and held.issuperset(member) for member in group):
+                words += [t for member in group for t in member]
+        return list(dict.fromkeys(words))
+
+    def _lexical(self, query: str, at: Micros, known: Micros, allowed: frozenset[str], type: str | None,
+                 status: dict[int, int]) -> dict[int, float]:
+        """BM25 score of every entity holding one of the query's words (synonyms too) where it is visible."""
         per_term: list[dict[int, int]] = []
-        for term in query_tokens(query):
+        for term in self.expand(query):
             tfs: dict[int, int] = {}
             for s, tf in self.postings.get(term, ()):
                 e = -1 - s if s < 0 else self.s_entity[s]
@@ -245,7 +340,8 @@ class SearchIndex:
                     tfs[e] = tfs.get(e, 0) + tf
             per_term.append(tfs)
         n, avg = self.corpus(known)
-        norms, scores = {}, {}
+        norms: dict[int, float] = {}
+        scores: dict[int, float] = {}
         for tfs in per_term:
             idf = math.log(1 + (n - len(tfs) + 0.5) / (len(tfs) + 0.5))
             for e, tf in tfs.items():
@@ -253,10 +349,48 @@ class SearchIndex:
                 if norm is None:
                     norm = norms[e] = K1 * (1 - B + B * self._length(e, status[e], at, known, allowed) / avg)
                 scores[e] = scores.get(e, 0.0) + idf * tf * (K1 + 1) / (tf + norm)
+        return scores
+
+    def _semantic(self, query: str, at: Micros, known: Micros, allowed: frozenset[str], type: str | None,
+                  status: dict[int, int], depth: int, found: list[int]) -> list[tuple[float, str, int]]:
+        """The semantic ranking: up to `depth` entities by their best visible segment's cosine with the query
+        (at least SEMANTIC_FLOOR), best first, as (-cosine, name, entity), ties by id. The entities the words
+        found (`found`) are ranked with their cosine; one they did not find joins only when it is nearer in
+        meaning than every one they found (so a query whose words hit is not diluted by neighbours, and one
+        whose words miss, or hit only a common word, still finds what it means)."""
+        if self.matrix is None:
+            return []
+        from . import semantic
+        q = semantic.embed(query)
+        if not q.any():
+            return []
+        cosines = np.round(self.matrix @ q, 6)        # rounded: ties compare equal whatever the BLAS kernel
+        best: dict[int, float] = {}
+        for e in found:
+            near = [float(cosines[row]) for s, row in self.rows_of[e]
+                    if status[e] == 2 or s < 0 or self._visible(s, at, known, allowed)]
+            if near and max(near) >= SEMANTIC_FLOOR:
+                best[e] = max(near)
+        bar = max(best.values(), default=-1.0)
+        rows = np.flatnonzero(cosines >= SEMANTIC_FLOOR)
+        rows = rows[np.lexsort((rows, -cosines[rows]))]
+        others = 0
+        for row in rows.tolist():
+            cosine = float(cosines[row])
+            if cosine <= bar or others >= depth:
+                break
+            for s in self.row_owners[row]:
+                e = -1 - s if s < 0 else self.s_entity[s]
+                if e in best:
+                    continue
+                state = status.get(e)
+                if state is None:
+                    state = status[e] = self._status(e, at, known, type)
+                if state == 2 or (state == 1 and (s < 0 or self._visible(s, at, known, allowed))):
+                    best[e] = cosine
+                    others += 1
         names = self.names
-        ranked = heapq.nsmallest(limit, ((-score, names[e], e) for e, score in scores.items()))
-        return [{"entity": name, "type": name.partition(":")[0], "labels": self._labels(e, at, known),
-                 "score": round(-score, 6)} for score, name, e in ranked]
+        return heapq.nsmallest(depth, ((-c, names[e], e) for e, c in best.items()))
 
     def _status(self, e: int, at: Micros, known: Micros, type: str | None) -> int:
         if type is not None and not self.names[e].startswith(type + ":"):

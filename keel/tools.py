@@ -45,7 +45,7 @@ from .results import (
     SearchResult,
 )
 from .rules import verdict
-from .search import SearchIndex
+from .search import SearchIndex, SearchOptions
 from .store.base import GLOBAL_TENANT, Freshness, Store, ViewRequest, of_relation
 from .store.writes import Key, scope_key
 from .timeline import Assertion, Version
@@ -200,8 +200,9 @@ class Tools:
 
     def search(self, query: str, *, type: str | None = None, limit: int | None = DEFAULT_RESULTS, at: Time = None,
                known_at: Time = None) -> SearchResult:
-        """BM25 over the tenant's entity ids, types, labels and the notes this caller may see, as they were at
-        `at` (world time, default now) as known at `known_at` (default now); at most `limit` hits (default 10)."""
+        """BM25 and a semantic signal, fused, over the tenant's entity ids, types, labels and the notes this
+        caller may see, as they were at `at` (world time, default now) as known at `known_at` (default now); at
+        most `limit` hits (default 10), each saying which signal found it (`found_by`)."""
         with self._reading:
             return self._search(query, given(type), count(limit, "limit", DEFAULT_RESULTS, MAX_RESULTS), at,
                                 known_at)
@@ -494,8 +495,15 @@ class Tools:
             if self.cartridge.foreign_types():     # not the other cartridges' entities its relations end at
                 types = self.cartridge.spec.entities
                 entities = (e for e in entities if e[0].partition(":")[0] in types)
-            cached = self._indexes[self.tenant] = (version, SearchIndex(entities))
+            cached = self._indexes[self.tenant] = (version, SearchIndex(
+                entities, self.search_options(), previous=None if cached is None else cached[1]))
         return cached[1]
+
+    def search_options(self) -> SearchOptions:
+        """The cartridge's `search:` section and its types' descriptions, as the index takes them."""
+        spec = self.cartridge.spec
+        return SearchOptions(spec.search.semantic, tuple(tuple(g) for g in spec.search.synonyms),
+                             tuple((t, e.description) for t, e in sorted(spec.entities.items())))
 
 
 def _version(v: Version, by: Assertion | None) -> dict[str, Any]:

@@ -41,7 +41,8 @@ def test_a_search_as_known_then_is_the_same_after_more_was_learnt(tmp_path: Path
     after_known = ask(events, known_at=known)
     assert json.dumps(after_known) == json.dumps(before_known)     # byte for byte
     after_now = ask(events)
-    assert [r["score"] for r in after_now[:len(before_now)]] != [r["score"] for r in before_now]   # the corpus moved
+    # the corpus moved: other entities rank there now (scores are fused ranks, so a position's score alone can stay)
+    assert [r["entity"] for r in after_now[:len(before_now)]] != [r["entity"] for r in before_now]
 
 
 def test_corpus_statistics_follow_knowledge_time() -> None:

@@ -133,12 +133,13 @@ SPECS: tuple[ToolSpec, ...] = (
         _READER),
     ToolSpec(
         "search",
-        "Find entity ids by words of ids, types, labels, notes. Use it first without an id.",
-        _input({"query": {"type": "string", "description": "Words of names, labels, notes"}, "type": _TYPE,
+        "Find entity ids by words or meaning. Use it first without an id.",
+        _input({"query": {"type": "string", "description": "Names, labels, notes"}, "type": _TYPE,
                 "limit": _nullable({"type": "integer", "maximum": 100}, "Default 10"),
                 "at": _AT, "known_at": _KNOWN_AT}, ["query"]),
         _result({"query": _S, "results": _array({"type": "object", "properties": {
-            "entity": _S, "type": _S, "labels": _LABELS, "score": {"type": "number"}}}), "message": _S}),
+            "entity": _S, "type": _S, "labels": _LABELS, "score": {"type": "number"}, "found_by": _S}}),
+            "message": _S}),
         _READER),
     ToolSpec(
         "annotate",
