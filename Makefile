@@ -20,7 +20,7 @@ demo: install  ## the finance story, embedded: no servers
 # cores pay. tests/conftest.py's scheduler runs each serial tier (SERIAL_TIERS) one test at a time and each module
 # with a costly shared fixture (ONE_WORKER_MODULES) on one worker, and hands those out first. Default 4: on 2 cores
 # the whole suite passed on 4 workers in 17.5 minutes (22 in one process), the rebalance tier passing in each of
-# three runs on 4 workers (README.md, "Two commands"); TEST_WORKERS=0: one process.
+# three runs on 4 workers (docs/architecture.md, "The suite"); TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 4
 PARALLEL := -n $(TEST_WORKERS)
 # bytecode kept under .cache/pycache, also where PYTHONDONTWRITEBYTECODE is set: the suite starts hundreds of keel

@@ -1,5 +1,5 @@
 """Keel's exceptions: one root, precise subclasses carrying the identifiers involved, and the exit code of
-each family (every `keel` command exits with these; docs/operations.md and README list them).
+each family (every `keel` command exits with these; docs/exit-codes.md and docs/cli.md list them).
 
 Client-library errors (redis-py, aiokafka, psycopg) are translated into ServiceUnavailable subclasses at
 the boundary that calls the library (keel/store/redis/transport.py, keel/kafka.py, keel/ingress/outbox.py).

@@ -60,7 +60,7 @@ def test_a_tokens_file_that_cannot_be_written_is_refused_with_its_reason(tmp_pat
 
 NOT_IMAGES = {"keel:keel", "keel:read", "keel:write"}   # chown keel:keel; the OAuth scopes of keel serve
 IMAGE = re.compile(r"(?<![\w./-])(keel(?:-kafka|-redis|-postgres)?):([A-Za-z0-9][\w.-]*)")
-DOCS = ["README.md", "deploy/README.md", "deploy/Containerfile", "deploy/Containerfile.cartridge",
+DOCS = ["README.md", "docs/production.md", "deploy/README.md", "deploy/Containerfile", "deploy/Containerfile.cartridge",
         "deploy/compose.yaml"]
 
 
