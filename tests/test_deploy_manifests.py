@@ -128,3 +128,125 @@ def test_compose_file_has_the_stack_with_health_checks_and_start_order() -> None
         for dep, cond in (s.get("depends_on") or {}).items():
             assert dep in services and cond["condition"] in ("service_healthy", "service_completed_successfully")
     assert shlex.join(services["mcp"]["command"]).count("--tokens") == 1
+
+
+# ---- issue 44: what docs/operations.md recommends, deployed: Sentinel and three Kafka brokers -------------------
+
+HA_KAFKA = {"KAFKA_DEFAULT_REPLICATION_FACTOR": "3", "KAFKA_MIN_INSYNC_REPLICAS": "2",
+            "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "3", "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "3",
+            "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "2", "KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE": "false"}
+SENTINEL_SETTINGS = ("sentinel monitor keel {primary} 6379 2", "sentinel down-after-milliseconds keel 2500",
+                     "sentinel failover-timeout keel 6000", "sentinel resolve-hostnames yes")
+REDIS_SETTINGS = ("--maxmemory-policy noeviction", "--min-replicas-to-write 1", "--min-replicas-max-lag 10",
+                  "--appendonly yes")
+
+
+def keel_commands(services: dict[str, Any]) -> dict[str, list[str]]:
+    return {n: [a.replace("${KEEL_CARTRIDGE:-finance}", "finance") for a in s["command"]]
+            for n, s in services.items() if s.get("image", "").startswith("${KEEL_IMAGE")}
+
+
+def test_compose_ha_runs_sentinel_with_quorum_2_and_three_brokers_with_rf_3() -> None:
+    services = yaml.safe_load((ROOT / "deploy" / "compose.ha.yaml").read_text())["services"]
+    brokers = {n: s for n, s in services.items() if n.startswith("kafka-")}
+    assert sorted(brokers) == ["kafka-1", "kafka-2", "kafka-3"]
+    ids = set()
+    for name, s in brokers.items():
+        env = s["environment"]
+        assert HA_KAFKA.items() <= env.items(), name
+        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093"
+        assert env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{name}:9092"
+        ids.add(env["KAFKA_NODE_ID"])
+        assert s["volumes"] == [f"{name}-data:/var/lib/kafka/data"]            # a log dir each
+    assert ids == {"1", "2", "3"}
+    nodes = {n: shlex.join(s["command"]) for n, s in services.items() if n.startswith("redis-")}
+    assert sorted(nodes) == ["redis-1", "redis-2"] and "--replicaof redis-1 6379" in nodes["redis-2"]
+    assert all(setting in line for line in nodes.values() for setting in REDIS_SETTINGS), nodes  # on every node
+    sentinels = {n: s for n, s in services.items() if n.startswith("sentinel-")}
+    assert len(sentinels) == 3
+    for s in sentinels.values():
+        script = s["command"][-1]
+        assert all(x.format(primary="redis-1") in script for x in SENTINEL_SETTINGS), script
+    parser = build_parser()
+    for name, argv in keel_commands(services).items():
+        args = parser.parse_args(argv)
+        if hasattr(args, "replication_factor"):
+            assert args.replication_factor == 3, name                     # Keel's topics: RF 3
+        s = services[name]
+        assert s["environment"]["KEEL_REDIS_URL"] == ("redis+sentinel://sentinel-1:26379,sentinel-2:26379,"
+                                                      "sentinel-3:26379/keel/0")
+        assert s["environment"]["KEEL_KAFKA_BOOTSTRAP"] == "kafka-1:9092,kafka-2:9092,kafka-3:9092"
+        for dep, cond in (s.get("depends_on") or {}).items():
+            assert dep in services and cond["condition"] in ("service_healthy", "service_completed_successfully")
+        if name != "outbox-init":
+            assert s["healthcheck"]["test"], name
+    assert {"kafka", "redis"}.isdisjoint(services)                          # no single broker or node left
+
+
+def test_the_compose_sentinel_config_is_one_redis_server_accepts(tmp_path: Path) -> None:
+    """The Sentinel lines compose.ha.yaml writes, run by a real `redis-server --sentinel` (the primary's name
+    pointed at a local redis-server): it monitors `keel` with quorum 2, 2.5 s and 6 s."""
+    import time
+
+    import redis as redislib
+    from support.redis_nodes import RedisNode, free_port
+    services = yaml.safe_load((ROOT / "deploy" / "compose.ha.yaml").read_text())["services"]
+    script = services["sentinel-1"]["command"][-1]
+    lines = script.split("<<EOF\n", 1)[1].split("\nEOF", 1)[0].splitlines()
+    primary = RedisNode(tmp_path / "primary").start()
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    text = "\n".join(line.replace("$$SENTINEL_NAME", "127.0.0.1").replace("redis-1 6379", f"127.0.0.1 {primary.port}")
+                     .replace("port 26379", f"port {port}").replace("dir /data", f"dir {tmp_path}") for line in lines)
+    conf.write_text(text + "\n")
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    proc = subprocess.Popen([binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        client = redislib.Redis(port=port, decode_responses=True)
+        for _ in range(100):
+            try:
+                master = client.sentinel_master("keel")
+                break
+            except redislib.RedisError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError(f"sentinel on {port} did not answer (exit {proc.poll()})")
+        assert (master["quorum"], master["down-after-milliseconds"], master["failover-timeout"]) == (2, 2500, 6000)
+        assert int(master["port"]) == primary.port
+    finally:
+        proc.kill()
+        proc.wait()
+        primary.stop()
+
+
+def test_k8s_ha_overlay_runs_sentinel_and_three_brokers_strictly_valid() -> None:
+    docs = render(K8S / "ha")
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    sets = by_kind(docs, "StatefulSet")
+    assert sets["redis"]["spec"]["replicas"] >= 2 and sets["keel-sentinel"]["spec"]["replicas"] == 3
+    assert sets["kafka"]["spec"]["replicas"] == 3
+    [kafka] = sets["kafka"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in kafka["env"]}
+    assert HA_KAFKA.items() <= env.items()
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "0@kafka-0.kafka:9093,1@kafka-1.kafka:9093,2@kafka-2.kafka:9093"
+    assert "KAFKA_NODE_ID=${HOSTNAME##*-}" in kafka["command"][-1]            # distinct ids from the ordinal
+    scripts = by_kind(docs, "ConfigMap")["keel-redis-scripts"]["data"]
+    assert all(x.format(primary="redis-0.redis") in scripts["sentinel.sh"] for x in SENTINEL_SETTINGS)
+    assert all(setting in scripts["redis.sh"] for setting in REDIS_SETTINGS)           # every node, same flags
+    secret = by_kind(docs, "Secret")
+    urls = [s.get("stringData", {}).get("KEEL_REDIS_URL") or s.get("data", {}).get("KEEL_REDIS_URL")
+            for n, s in secret.items() if n.startswith("keel-services")]
+    import base64
+    [url] = [base64.b64decode(u).decode() if not u.startswith("redis") else u for u in urls if u]
+    assert url.startswith("redis+sentinel://keel-sentinel-0.keel-sentinel:26379,keel-sentinel-1") and url.endswith("/keel/0")
+    config = by_kind(docs, "ConfigMap")
+    [cfg] = [c for n, c in config.items() if n.startswith("keel-config")]
+    assert cfg["data"]["KEEL_KAFKA_BOOTSTRAP"] == "kafka-0.kafka:9092,kafka-1.kafka:9092,kafka-2.kafka:9092"
+    parser = build_parser()
+    for name, d in by_kind(docs, "Deployment").items():
+        args = parser.parse_args(d["spec"]["template"]["spec"]["containers"][0]["args"])
+        if hasattr(args, "replication_factor"):
+            assert args.replication_factor == 3, name
+    budgets = by_kind(docs, "PodDisruptionBudget")
+    assert budgets["keel-sentinel"]["spec"]["minAvailable"] == 2 and budgets["kafka"]["spec"]["maxUnavailable"] == 1
