@@ -31,10 +31,11 @@ test: install  ## the whole suite; starts local Kafka, Redis and PostgreSQL unle
 	scripts/ensure-promtool  # Debian's prometheus package, for promtool (tests/test_alert_rules.py)
 	scripts/ensure-chromium  # Debian's chromium and chromium-driver, for the inspector's browser test
 	scripts/ensure-clients  # the real MCP clients the agent-client tests drive (tests/clients/, docs/agents.md)
+	deploy/local/connect/connect jars >/dev/null  # Kafka Connect and Debezium's jars, once (the cdc tier)
 	$(PYCACHE) scripts/with-services scripts/with-engine $(BIN)/python -m pytest $(PARALLEL) --durations=30  # the slowest tests, for the suite-time goal
 
 # the slow tiers' pytest markers (tests/conftest.py TIERS); `make test-fast` leaves them out
-SLOW_TIERS := faults or deploy or rebalance or rolling_segments
+SLOW_TIERS := faults or deploy or rebalance or rolling_segments or cdc
 test-fast: install  ## the suite without its slow tiers (SLOW_TIERS): the loop while working; `make test` runs them all
 	scripts/ensure-promtool
 	scripts/ensure-chromium

@@ -37,7 +37,8 @@ def _free_port() -> int:
 
 
 class PrivatePostgres:
-    def __init__(self, folder: Path, port: int, pg_ctl: str) -> None:
+    def __init__(self, folder: Path, port: int, pg_ctl: str, settings: str = "") -> None:
+        self.settings = settings          # more `-c name=value` server settings (the cdc tier: wal_level=logical)
         self.folder = folder
         self.data = folder / "data"
         self.port = port
@@ -47,7 +48,7 @@ class PrivatePostgres:
     def start(self) -> None:
         subprocess.run(_as_owner([self.pg_ctl, "-D", str(self.data), "-l", str(self.folder / "log"), "-w", "-t", "60",
                                   "-o", (f"-c listen_addresses=127.0.0.1 -p {self.port} "
-                                        f"-c unix_socket_directories={self.folder} -c fsync=off"), "start"]),
+                                        f"-c unix_socket_directories={self.folder} -c fsync=off {self.settings}"), "start"]),
                        check=True, capture_output=True, stdin=subprocess.DEVNULL)
 
     def stop(self) -> None:
@@ -56,7 +57,7 @@ class PrivatePostgres:
 
 
 @contextmanager
-def private_postgres() -> Iterator[PrivatePostgres]:
+def private_postgres(settings: str = "") -> Iterator[PrivatePostgres]:
     """A started private server, stopped and deleted at the end; skipped where PostgreSQL's binaries are absent."""
     import pytest
     initdb, pg_ctl = _bin("initdb"), _bin("pg_ctl")
@@ -67,7 +68,7 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         pw = pwd.getpwnam("postgres")
         os.chown(folder, pw.pw_uid, pw.pw_gid)
         folder.chmod(0o700)
-    server = PrivatePostgres(folder, _free_port(), pg_ctl)
+    server = PrivatePostgres(folder, _free_port(), pg_ctl, settings)
     try:
         subprocess.run(_as_owner([initdb, "-D", str(server.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
                                   "--locale=C"]), check=True, capture_output=True, stdin=subprocess.DEVNULL)
