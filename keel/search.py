@@ -134,8 +134,10 @@ class SearchOptions(NamedTuple):
     descriptions: tuple[tuple[str, str], ...] = ()     # (entity type, its description)
 
 
-def _has_letters(text: str) -> bool:
-    return any(c.isalpha() for c in text)
+def meaning_text(text: str) -> str:
+    """The text the semantic side embeds: its words without those holding a digit (numbers, dates, plates and
+    counters carry no meaning the model knows, and leaving them out lets "Visa 17" and "Visa 18" share a row)."""
+    return " ".join(w for w in text.split() if not any(c.isdigit() for c in w))
 
 
 class SearchIndex:
@@ -176,7 +178,7 @@ class SearchIndex:
             kind_of = entity.partition(":")[0]
             self.rows_of.append([])
             if options.semantic:
-                self._row(rows, kind_of, " ".join(regex.split(r"[:_\-.]+", entity)), -1 - e)
+                self._row(rows, kind_of, meaning_text(" ".join(regex.split(r"[:_\-.]+", entity))), -1 - e)
             current = len(words)
             for key, assertions in timelines:
                 kind = key[0]
@@ -193,8 +195,9 @@ class SearchIndex:
                     self.s_label.append(label)
                     self.s_length.append(len(seg_words))
                     self._post(seg_words, s)
-                    if options.semantic and _has_letters(text):
-                        self._row(rows, kind_of, text, s)
+                    meaning = meaning_text(text) if options.semantic else ""
+                    if any(c.isalpha() for c in meaning):
+                        self._row(rows, kind_of, meaning, s)
                     (starts if kind != "f" else segs).append(s)
                     if rect.valid_to == NEVER:             # the open version, as known from known_from on
                         changes.append((rect.known_from, 0, len(seg_words)))
@@ -231,24 +234,38 @@ class SearchIndex:
         self.rows_of[-1].append((segment, row))
 
     def _vectors(self, rows: dict[tuple[str, str], int], previous: SearchIndex | None) -> None:
-        """The semantic matrix: a unit row per distinct (type, text), the text's vector plus its type's
-        description's (DESCRIPTION_WEIGHT); texts the previous index embedded are not embedded again."""
-        self.text_vectors: dict[str, Any] = {}
+        """The semantic side: `matrix`, a unit vector per distinct text (segments' texts, ids, the types'
+        descriptions), and per row (type, text) the text's row, the type's description's row (-1: none) and
+        the scale that makes text + DESCRIPTION_WEIGHT x description a unit vector. A query's cosines are then
+        one product with `matrix` and a gather. Texts the previous index embedded are taken from it."""
+        self.text_rows: dict[str, int] = {}
         self.matrix: Any = None
         if not rows:
             return
         from . import semantic
-        descriptions = dict(self.options.descriptions)
-        texts = [t for _, t in rows] + [d for d in descriptions.values() if d]
-        self.text_vectors = semantic.embed_all(texts, previous.text_vectors if previous is not None else None)
-        matrix = np.empty((len(rows), semantic.DIM), dtype=np.float32)
-        for (kind, text), row in rows.items():
-            v = self.text_vectors[text]
-            if descriptions.get(kind):
-                v = v + DESCRIPTION_WEIGHT * self.text_vectors[descriptions[kind]]
-            n = float(np.linalg.norm(v))
-            matrix[row] = v / n if n > 0 else v
+        descriptions = {k: d for k, d in self.options.descriptions if d}
+        texts = list(dict.fromkeys([t for _, t in rows] + list(descriptions.values())))
+        self.text_rows = {t: i for i, t in enumerate(texts)}
+        matrix = np.empty((len(texts), semantic.DIM), dtype=np.float32)
+        known = previous.text_rows if previous is not None and previous.matrix is not None else {}
+        for i, t in enumerate(texts):
+            j = known.get(t)
+            matrix[i] = previous.matrix[j] if j is not None else semantic.embed(t)    # type: ignore[union-attr]
         self.matrix = matrix
+        self.row_text = np.fromiter((self.text_rows[t] for _, t in rows), dtype=np.int32, count=len(rows))
+        self.row_description = np.fromiter((self.text_rows[descriptions[k]] if k in descriptions else -1
+                                            for k, _ in rows), dtype=np.int32, count=len(rows))
+        mixed = matrix[self.row_text] + DESCRIPTION_WEIGHT * np.where(
+            (self.row_description >= 0)[:, None], matrix[self.row_description], 0)
+        norms = np.linalg.norm(mixed, axis=1)
+        self.row_scale = np.where(norms > 0, 1 / np.where(norms > 0, norms, 1), 0).astype(np.float32)
+
+    def _cosines(self, q: Any) -> Any:
+        """Each row's cosine with the unit query vector `q`, rounded to 6 places (ties compare equal whatever
+        the BLAS kernel)."""
+        per_text = self.matrix @ q
+        description = np.where(self.row_description >= 0, per_text[self.row_description], 0)
+        return np.round((per_text[self.row_text] + DESCRIPTION_WEIGHT * description) * self.row_scale, 6)
 
     def corpus(self, known: Micros) -> tuple[int, float]:
         """(entities known, their average length in words) as known at `known` (the open versions of labels
@@ -361,10 +378,10 @@ class SearchIndex:
         if self.matrix is None:
             return []
         from . import semantic
-        q = semantic.embed(query)
+        q = semantic.embed(meaning_text(query))
         if not q.any():
             return []
-        cosines = np.round(self.matrix @ q, 6)        # rounded: ties compare equal whatever the BLAS kernel
+        cosines = self._cosines(q)
         best: dict[int, float] = {}
         for e in found:
             near = [float(cosines[row]) for s, row in self.rows_of[e]
@@ -383,6 +400,8 @@ class SearchIndex:
                 e = -1 - s if s < 0 else self.s_entity[s]
                 if e in best:
                     continue
+                if others >= depth:
+                    break
                 state = status.get(e)
                 if state is None:
                     state = status[e] = self._status(e, at, known, type)

@@ -83,9 +83,3 @@ def embed(text: str) -> Vector:
     v = np.asarray(_model().embed([unicodedata.normalize("NFKC", text).casefold()])[0], dtype=np.float32)
     n = float(np.linalg.norm(v))
     return v / n if n > 0 else v
-
-
-def embed_all(texts: list[str], known: dict[str, Vector] | None = None) -> dict[str, Vector]:
-    """Each distinct text's vector, taking those already in `known` (the previous index's) as they are."""
-    known = known or {}
-    return {t: known[t] if t in known else embed(t) for t in dict.fromkeys(texts)}
