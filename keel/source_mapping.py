@@ -11,6 +11,8 @@ from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+import msgspec
+
 from .errors import BadTime
 from .sources import (
     _EPOCH,
@@ -141,8 +143,8 @@ def _value(value: Value, rows: _Rows, *, required: bool, what: str) -> Any:
 
 
 def _digest(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
-                          .encode()).hexdigest()[:32]
+    """A stable digest of JSON values (keys sorted): the same parts give the same id in every process."""
+    return hashlib.sha256(msgspec.json.encode(parts, order="sorted")).hexdigest()[:32]
 
 
 def map_change(source: CompiledSource, change: Change) -> Mapped:
