@@ -265,3 +265,32 @@ def test_keel_cdc_explain_exit_codes() -> None:
     assert proc.returncode == 2 and b"/nonexistent.json: cannot be read" in proc.stderr
     proc = run("cdc", "explain", str(ROOT / "cartridges" / "finance"), str(CHANGES / "due-paid.json"))
     assert proc.returncode == 2 and b"has no `sources:`" in proc.stderr
+
+
+# ---- personal fields ------------------------------------------------------------------------------------
+
+def test_personal_fields_are_sealed_at_the_relay_and_never_in_a_dead_letter(tmp_path: Path) -> None:
+    from test_privacy import plaintext_forms, store_at
+
+    from keel.ingress.sealing import IngressSealing
+    from keel.privacy import Privacy, is_encrypted
+
+    folder = tmp_path / "household"
+    folder.mkdir()
+    text = (HOUSEHOLD / "cartridge.yaml").read_text()
+    (folder / "cartridge.yaml").write_text(text + "\npersonal:\n  movement.imported: {fields: [description]}\n")
+    cartridge = load_cartridge(folder)
+    encoder = ChangeEncoder(cartridge, None, IngressSealing(Privacy(cartridge, store_at(tmp_path / "keys.json"))))
+    name = "Zoë Quintana-Ávila"
+    row = {"id": "mov-7", "household_id": "hogar-demo", "account_id": "nomina", "booked_on": 20706,
+           "amount_cop": "-52000.00", "description": f"PAGO A {name}"}
+    bad = {**row, "id": "mov-8", "amount_cop": "much"}
+    out = encoder.encode([ChangeRecord("p.public.movements", 0, 1, change("movements", "c", None, row)),
+                          ChangeRecord("p.public.movements", 0, 2, change("movements", "c", None, bad))])
+    assert (out.relayed, out.dead) == (1, 1)
+    event, letter = out.records
+    assert is_encrypted(json.loads(event.value)["payload"]["description"])
+    for record in (event, letter):
+        data = (record.value or b"") + b"".join(v for _, v in record.headers)
+        for form in plaintext_forms(name):
+            assert form not in data

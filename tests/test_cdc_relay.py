@@ -113,3 +113,34 @@ def test_a_change_that_cannot_map_is_dead_lettered_and_the_relay_goes_on(tmp_pat
                                                                        debt_row(1, "visa", "2026-09-01", 1), lsn=1))])
     doc = json.loads(keel("cdc", "status", str(folder), "--prefix", prefix, "--json", env=env).stdout)
     assert doc["lag"] == 1
+
+
+def test_the_relay_serves_health_readiness_and_metrics(tmp_path: Path, env: dict[str, str]) -> None:
+    from support.mcp_sessions import free_port
+    from support.probes import get, samples
+    from support.workers import KeelProcess, wait_until
+
+    folder = unique_cartridge(tmp_path, HOUSEHOLD, prefix="cdc")
+    name = folder.joinpath("cartridge.yaml").read_text().split("name: ", 1)[1].split("\n", 1)[0]
+    prefix = f"cdc{uuid.uuid4().hex[:10]}"
+    produce(env["KEEL_KAFKA_BOOTSTRAP"], [(f"{prefix}.public.{t}", k, v) for t, k, v in sample_changes()])
+    port = free_port()
+    relay = KeelProcess("keel.cli", ["cdc", "relay", str(folder), "--prefix", prefix, "--metrics-port", str(port)],
+                        env, tmp_path / "relay.log")
+    try:
+        def caught_up() -> bool:
+            proc = keel("cdc", "status", str(folder), "--prefix", prefix, "--json", env=env)
+            return proc.returncode == 0 and json.loads(proc.stdout)["lag"] == 0 and \
+                sum(p["end"] for p in json.loads(proc.stdout)["partitions"]) == 11
+        wait_until(caught_up, 120, "the relay to commit every change", on_timeout=relay.text)
+        wait_until(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 60, "relay ready")
+        got = samples(get(f"http://127.0.0.1:{port}/metrics")[1])
+        assert got[("keel_cdc_changes_total", (("cartridge", name),))] == 11
+        assert got[("keel_cdc_events_relayed_total", (("cartridge", name),))] == 11
+        assert got[("keel_cdc_dead_lettered_total", (("cartridge", name),))] == 0
+        assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        assert relay.terminate() == 0
+        assert " INFO keel.cdc: " in relay.text() and "11 change(s): relayed 11 event(s)" in relay.text()
+    finally:
+        if relay.alive():
+            relay.kill()
