@@ -134,6 +134,11 @@ def test_the_relay_serves_health_readiness_and_metrics(tmp_path: Path, env: dict
                 sum(p["end"] for p in json.loads(proc.stdout)["partitions"]) == 11
         wait_until(caught_up, 120, "the relay to commit every change", on_timeout=relay.text)
         wait_until(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 60, "relay ready")
+        status = keel("status", str(folder), "--json", env=env)      # `keel status` shows the relay's position
+        cdc = json.loads(status.stdout)["cdc"]
+        assert cdc["group"] == f"keel-cdc-{name}" and cdc["lag"] == 0
+        assert sum(p["end"] for p in cdc["partitions"]) == 11
+        assert f"cdc relay keel-cdc-{name}: lag 0 change(s)" in keel("status", str(folder), env=env).stdout
         got = samples(get(f"http://127.0.0.1:{port}/metrics")[1])
         assert got[("keel_cdc_changes_total", (("cartridge", name),))] == 11
         assert got[("keel_cdc_events_relayed_total", (("cartridge", name),))] == 11

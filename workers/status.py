@@ -170,6 +170,9 @@ def gather_status(cartridge: Cartridge, settings: Settings, *, tenant: str | Non
                        now=time.time(), stalled_after=stalled_after, redis=redis)
     doc["kafka"] = settings.kafka_address            # what was read: the addresses (a Redis URL's password hidden)
     doc["redis"] = redacted(settings.redis_url) if settings.redis_url else None
+    if cartridge.spec.sources:                       # change data capture: where `keel cdc relay` is (docs/ingress.md)
+        from keel.ingress.cdc_status import status_part
+        doc["cdc"] = status_part(name, settings.kafka_bootstrap, KAFKA_TIMEOUT_S)
     return doc
 
 
@@ -366,6 +369,9 @@ def render_status(doc: dict[str, Any]) -> str:
     elif doc["dead_letters_counted_by_workers"] is not None:
         lines.append(f"dead letters counted by workers (Redis; relay/webhook letters not included): "
                      f"{sum(doc['dead_letters_counted_by_workers'].values())}")
+    if doc.get("cdc"):
+        from keel.ingress.cdc_status import render_position
+        lines += render_position(doc["cdc"])
     for problem in doc["problems"]:
         lines.append(f"PROBLEM: {problem}")
     return "\n".join(lines)

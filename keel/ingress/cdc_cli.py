@@ -69,10 +69,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_log_arguments(p)
     add_probe_arguments(p)
     p.set_defaults(run=cmd_relay)
-    p = verbs.add_parser("status", parents=[where, kafka], help="the relay's position and lag on the change topics",
-                         description="The relay's committed offset on every partition of the change topics of "
-                                     "the tables the cartridge maps, the topic's end, and the lag between them "
-                                     "(exit 3 when Kafka cannot be read).")
+    status = argparse.ArgumentParser(add_help=False)
+    status.add_argument("cartridge", help="cartridge folder (its `sources:` maps the captured tables)")
+    status.add_argument("--prefix", help="Debezium's topic.prefix: also list the mapped tables' change topics the "
+                                         "relay has no position on yet (default: the partitions it committed)")
+    status.add_argument("--name", help="the relay's name (default: the cartridge name)")
+    p = verbs.add_parser("status", parents=[status, kafka], help="the relay's position and lag on the change topics",
+                         description="The relay's committed offset on every change topic partition it relays, the "
+                                     "partition's end, and the lag between them (exit 3 when Kafka cannot be "
+                                     "read). `keel status` shows the same for a cartridge with `sources:`.")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=cmd_status)
     cdc.set_defaults(run=lambda args: _usage(cdc))
@@ -134,24 +139,14 @@ def cmd_relay(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .cdc import change_topics, relay_position
+    from .cdc import change_topics
+    from .cdc_status import position_doc, relay_group, relay_position, render_position
     cartridge = load_cartridge(args.cartridge)
-    topics = change_topics(cartridge, args.prefix)
-    if not topics:
+    topics = change_topics(cartridge, args.prefix) if args.prefix else None
+    if not cartridge.spec.sources:
         raise DomainError(f"{args.cartridge}: the cartridge has no `sources:`")
     settings = resolve(vars(args))
-    group = f"keel-cdc-{args.name or cartridge.name}"
-    rows = asyncio.run(relay_position(settings.kafka_bootstrap, topics, group))
-    total = sum(r.lag for r in rows)
-    if args.json:
-        print(json.dumps({"group": group, "lag": total, "partitions": [
-            {"topic": r.topic, "partition": r.partition, "committed": r.committed, "end": r.end, "lag": r.lag}
-            for r in rows], "missing_topics": sorted(set(topics) - {r.topic for r in rows})}, sort_keys=True))
-        return 0
-    print(f"cdc relay {group}: lag {total} change(s) behind {len(topics)} change topic(s)")
-    for r in rows:
-        committed = "none" if r.committed is None else str(r.committed)
-        print(f"  {r.topic}[{r.partition}]: committed {committed}, end {r.end}, lag {r.lag}")
-    for t in sorted(set(topics) - {r.topic for r in rows}):
-        print(f"  {t}: no such topic yet (Debezium creates it at the table's first change)")
+    group = relay_group(args.name or cartridge.name)
+    doc = position_doc(group, asyncio.run(relay_position(settings.kafka_bootstrap, topics, group)), topics)
+    print(json.dumps(doc, sort_keys=True) if args.json else "\n".join(render_position(doc)))
     return 0
