@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis", metavar="URL", help="read the Redis graph")
     p.add_argument("--keys", metavar="FILE", help="key file of a sealed events file (docs/privacy.md)")
     add_clear_argument(p)
+    p.add_argument("--search-model", action="store_true",
+                   help="also print `search-model <identity>`: the model behind search's semantic ranking "
+                        "(equal graphs and equal models, equal rankings); not part of the digest")
     p.set_defaults(run=cmd_digest)
 
     p = sub.add_parser("demo", help="the finance story end to end, embedded (no servers)",
@@ -379,9 +382,8 @@ def cmd_digest(args: argparse.Namespace) -> int:
             if not graph.store.has_tenant(tenant):
                 raise UnknownTenant(tenant)
             print(digest(graph.store, tenant))
-    model = search_model(cartridges)
-    if model:
-        print(model, file=sys.stderr)          # beside the digest, not in it (docs/semantics.md, "Digest")
+    if args.search_model:                      # beside the digest, not in it (docs/semantics.md, "Search")
+        print(search_model(cartridges))
     return 0
 
 

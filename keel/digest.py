@@ -1,5 +1,5 @@
-"""`keel digest`: a hash of one tenant's graph over a canonical serialization, equal across stores; beside it
-(on stderr, not part of the hash) the identity of the model that gives search its semantic signal."""
+"""`keel digest`: a hash of one tenant's graph over a canonical serialization, equal across stores; with
+`--search-model`, beside it (not part of the hash), the identity of the model behind search's semantic signal."""
 from __future__ import annotations
 
 import hashlib
@@ -47,11 +47,11 @@ def set_digest(stores: dict[str, Store], tenant: str) -> str:
     return "\n".join([*lines, f"all sha256:{whole}"])
 
 
-def search_model(cartridges: list[Cartridge]) -> str | None:
-    """`search model: <identity>` when one of the cartridges ranks search by meaning too (keel.semantic): equal
-    graphs give equal rankings under equal models, so a changed model shows here (the graph's digest, which
-    does not depend on it, stays the same)."""
+def search_model(cartridges: list[Cartridge]) -> str:
+    """`search-model <identity>` (keel.semantic), or `search-model none` when no cartridge ranks search by
+    meaning: `keel digest --search-model` prints it after the digest, so that equal outputs mean equal graphs
+    under an equal model, hence equal search rankings (the graph's digest does not depend on the model)."""
     if not any(c.spec.search.semantic for c in cartridges):
-        return None
+        return "search-model none"
     from .semantic import identity
-    return f"search model: {identity()}"
+    return f"search-model {identity()}"

@@ -46,7 +46,7 @@ def _model() -> Any:
         # One BLAS thread in this process: a query's product (rows x 256 by 256) is too small to share, and
         # idle BLAS threads spin between queries, burning CPU that the readers beside them need.
         threadpool_limits(limits=1, user_api="blas")
-        import wordllama             # a dependency of keel (pyproject.toml): imported only when search needs it
+        import wordllama  # a dependency of keel (pyproject.toml): imported only when search needs it
         try:
             return wordllama.WordLlama.load(config=CONFIG, dim=DIM, cache_dir=Path(wordllama.__file__).parent,
                                             disable_download=True)
@@ -65,7 +65,7 @@ def _files() -> list[Path]:
 @lru_cache(maxsize=1)
 def identity() -> str:
     """`wordllama <version> l2_supercat-256 sha256:<hex>` (the hash of its weights and tokenizer files): what
-    `keel digest` prints beside the graph's digest (on stderr), so a changed model is visible."""
+    `keel digest --search-model` prints after the graph's digest, so a changed model is visible."""
     try:
         version = metadata.version(MODEL)
         h = hashlib.sha256()

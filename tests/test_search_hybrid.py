@@ -149,19 +149,28 @@ def test_search_loads_its_model_with_the_network_namespace_closed(tmp_path: Path
     assert [(r["entity"], r["found_by"]) for r in results][:1] == [("appointment:dentist-1", "semantic")]
 
 
+def digest(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KEEL, "digest", *args], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          check=False)
+
+
 def test_keel_digest_names_the_model_beside_a_digest_that_does_not_depend_on_it(tmp_path: Path) -> None:
     from keel.semantic import identity
-    out = subprocess.run([*KEEL, "digest", str(FINANCE), str(FINANCE / "events.jsonl")], capture_output=True,
-                         text=True, timeout=120, cwd=ROOT, check=False)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().startswith("sha256:") and len(out.stdout.splitlines()) == 1
-    assert f"search model: {identity()}" in out.stderr
     assert identity().startswith("wordllama 0.4.0.post1 l2_supercat-256 sha256:")
-    off = with_search(tmp_path, FINANCE, {"semantic": False})
-    quiet = subprocess.run([*KEEL, "digest", str(off), str(FINANCE / "events.jsonl")], capture_output=True,
-                           text=True, timeout=120, cwd=ROOT, check=False)
-    assert quiet.returncode == 0 and quiet.stdout == out.stdout        # the graph's digest: the same
-    assert "search model" not in quiet.stderr                          # no model in use, none named
+    events = str(FINANCE / "events.jsonl")
+    plain = digest(str(FINANCE), events)
+    assert plain.returncode == 0 and plain.stdout.startswith("sha256:") and len(plain.stdout.splitlines()) == 1
+    assert "search" not in plain.stderr                                # the default output is the digest alone
+    named = digest(str(FINANCE), events, "--search-model")
+    assert named.returncode == 0, named.stderr
+    assert named.stdout.splitlines() == [plain.stdout.strip(), f"search-model {identity()}"]
+    off = digest(str(with_search(tmp_path, FINANCE, {"semantic": False})), events, "--search-model")
+    assert off.returncode == 0 and off.stdout.splitlines() == [plain.stdout.strip(), "search-model none"]
+    several = digest(f"{FINANCE},{APPOINTMENTS}", f"{events},{APPOINTMENTS / 'events.jsonl'}", "--tenant",
+                     "hogar-demo", "--search-model")
+    assert several.returncode == 0, several.stderr
+    lines = several.stdout.splitlines()
+    assert lines[-2].startswith("all sha256:") and lines[-1] == f"search-model {identity()}"
 
 
 def test_search_hits_carry_found_by_through_several_cartridges() -> None:
