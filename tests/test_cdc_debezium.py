@@ -126,6 +126,40 @@ def test_ordinary_sql_drives_keel_answers_through_debezium(tmp_path: Path, kafka
         connect.stop()
 
 
+def test_embedded_schemas_and_a_dropped_column(tmp_path: Path, kafka: str, database) -> None:
+    """The JSON converter with schemas.enable=true ({schema, payload}) maps alike; a mapped column dropped by the
+    product makes its table's next changes dead letters naming the column, and the relay goes on."""
+    folder = unique_cartridge(tmp_path, HOUSEHOLD, prefix="cdc")
+    name = cartridge_name(folder)
+    env = {"KEEL_KAFKA_BOOTSTRAP": kafka}
+    connect = Connect(tmp_path / "connect", kafka, database.port, schemas=True)
+    connect.start()
+    try:
+        wait_until(lambda: topic_count(kafka, connect.heartbeat_topic) > 0, 120, "Debezium to stream",
+                   interval=1.0, on_timeout=connect.tail)
+        with psycopg.connect(database.dsn, autocommit=True) as conn:
+            conn.execute((HOUSEHOLD / "sample.sql").read_text())
+            conn.execute("ALTER TABLE movements DROP COLUMN description")
+            conn.execute("INSERT INTO movements VALUES ('mov-after-drop', 'hogar-demo', 'nomina', '2026-10-02', -1)")
+            conn.execute("INSERT INTO debts (household_id, creditor_id, debt_key, product, month, balance_cop, "
+                         "rate_ea_pct, installment_cop) VALUES ('hogar-demo', 'banco-andino', 'visa', 'Visa', "
+                         "'2026-11-01', 3500000, 29.22, 380000)")
+        assert settled(kafka, connect, database.dsn) == 13
+        first = read_all(kafka, f"{connect.prefix}.public.debts")[0]
+        assert set(json.loads(first.value)) == {"schema", "payload"}
+        proc = keel("cdc", "relay", str(folder), "--prefix", connect.prefix, "--once", env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "13 change(s): relayed 12 event(s), 1 dead letter(s), 0 mapped to nothing" in proc.stderr
+        [letter] = read_all(kafka, f"keel.{name}.dlq")
+        reason = dict(letter.headers)["keel.reason"].decode()
+        assert reason == "sources.movements: column description is missing from the after row (a schema change?)"
+        events, _ = events_file(kafka, f"keel.{name}.events", tmp_path / "events.jsonl")
+        assert balance_at(folder, events, "debt:visa", "2026-09-15", env) == 4200000
+        assert balance_at(folder, events, "debt:visa", "2026-11-15", env) == 3500000     # after the dead letter
+    finally:
+        connect.stop()
+
+
 def test_faults_end_with_every_tenant_equal_to_the_sql_truth(tmp_path: Path, kafka: str, database) -> None:
     folder = unique_cartridge(tmp_path, HOUSEHOLD, prefix="cdc")
     name = cartridge_name(folder)

@@ -294,3 +294,21 @@ def test_personal_fields_are_sealed_at_the_relay_and_never_in_a_dead_letter(tmp_
         data = (record.value or b"") + b"".join(v for _, v in record.headers)
         for form in plaintext_forms(name):
             assert form not in data
+
+
+def test_a_delete_maps_to_the_event_type_the_cartridge_names(tmp_path: Path) -> None:
+    doc = yaml.safe_load((HOUSEHOLD / "cartridge.yaml").read_text())
+    doc["events"]["debt.snapshot_removed"] = {
+        "subject": "debt", "owner": "debts", "payload": {"month": "string"},
+        "project": [{"close": {"facts": ["balance_cop", "rate_ea_pct", "installment_cop"]}}]}
+    doc["sources"]["debts"]["changes"].append({
+        "ops": ["delete"], "type": "debt.snapshot_removed", "subject": "debt:{debt_key}", "occurred_at": "{month}",
+        "payload": {"month": "{before.month:date}"}})
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "cartridge.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    encoder = ChangeEncoder(load_cartridge(folder), None)
+    [event] = envelopes(encoder, change("debts", "d", debt(), None, lsn=8800))
+    assert event["type"] == "debt.snapshot_removed" and event["subject"] == "debt:visa"
+    assert event["occurred_at"] == "2026-09-01T00:00:00Z" and event["payload"] == {"month": "2026-09-01"}
+    assert event["id"] != envelopes(encoder, change("debts", "d", debt(), None, lsn=9900))[0]["id"]

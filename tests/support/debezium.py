@@ -52,7 +52,9 @@ def product_database(dsn: str) -> None:
 class Connect:
     """Kafka Connect standalone running the Debezium connector for one database and topic prefix."""
 
-    def __init__(self, folder: Path, bootstrap: str, pg_port: int, prefix: str | None = None) -> None:
+    def __init__(self, folder: Path, bootstrap: str, pg_port: int, prefix: str | None = None, *,
+                 schemas: bool = False) -> None:
+        self.schemas = schemas            # the JSON converter embeds each record's schema ({schema, payload})
         self.folder = folder
         self.bootstrap = bootstrap
         self.pg_port = pg_port
@@ -71,8 +73,8 @@ class Connect:
             f"bootstrap.servers={self.bootstrap}",
             "key.converter=org.apache.kafka.connect.json.JsonConverter",
             "value.converter=org.apache.kafka.connect.json.JsonConverter",
-            "key.converter.schemas.enable=false",
-            "value.converter.schemas.enable=false",
+            f"key.converter.schemas.enable={str(self.schemas).lower()}",
+            f"value.converter.schemas.enable={str(self.schemas).lower()}",
             f"offset.storage.file.filename={self.offsets}",
             "offset.flush.interval.ms=500",
             f"listeners=http://127.0.0.1:{self.rest_port}",
