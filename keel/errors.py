@@ -132,12 +132,17 @@ class StoreUnavailable(ServiceUnavailable):
 
 
 class StoreRefusingWrites(StoreUnavailable):
-    """Redis answers but refuses writes for lack of memory (maxmemory reached, policy noeviction). Named as
-    such, not as the command that met it: Redis refuses even the reads queued in a MULTI, so the raw error
-    ("Command # 1 (GET ...) of pipeline caused error") reads as if reads failed. Retried like any outage; a
-    worker's readiness turns 503 at once with this cause (the store's own message starts with REFUSING)."""
+    """Redis answers but refuses writes: out of memory (maxmemory reached, policy noeviction), fewer replicas in
+    sync than min-replicas-to-write (NOREPLICAS), a read-only replica, failing snapshots (MISCONF). Named as
+    such (`refusal`, which the message starts with), not as the command that met it: Redis refuses even the
+    reads queued in a MULTI, so the raw error ("Command # 1 (GET ...) of pipeline caused error") reads as if
+    reads failed. Retried like any outage; a worker's readiness turns 503 at once, saying `refusal`."""
 
     REFUSING = "Redis out of memory: refusing writes"
+
+    def __init__(self, what: str, *, refusal: str, tenant: str | None = None) -> None:
+        super().__init__(what, tenant=tenant)
+        self.refusal = refusal
 
 
 class StateBehind(StoreUnavailable):

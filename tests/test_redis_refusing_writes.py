@@ -153,3 +153,18 @@ def test_the_retry_resumes_on_its_next_try_and_counts_each_dead_letter_once(node
         release(node)
         store.close()
         writer.close()
+
+
+def test_a_primary_without_its_replicas_is_named_too(node: RedisNode) -> None:
+    """min-replicas-to-write 1 and no replica: Redis answers NOREPLICAS; said as a refusal, not as a command."""
+    store = RedisStore.from_url(node.url, namespace="noreplicas")
+    try:
+        node.client().config_set("min-replicas-to-write", "1")
+        with pytest.raises(StoreRefusingWrites) as e:
+            store.register_tenant("t1")
+        assert e.value.refusal == ("Redis refusing writes: fewer replicas in sync than min-replicas-to-write "
+                                   "(NOREPLICAS)")
+        assert str(e.value).startswith(e.value.refusal) and "Command #" not in str(e.value)
+    finally:
+        node.client().config_set("min-replicas-to-write", "0")
+        store.close()

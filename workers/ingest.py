@@ -331,7 +331,7 @@ class CartridgeIngest(Service):
         service = error.service if isinstance(error, ServiceUnavailable) else "Kafka"   # Redis, the key store's
         if service in ("Redis", "Kafka"):                                               # PostgreSQL, Kafka
             (self.metrics.redis_errors if service == "Redis" else self.metrics.kafka_errors).inc()
-        refusing = StoreRefusingWrites.REFUSING if isinstance(error, StoreRefusingWrites) else None
+        refusing = error.refusal if isinstance(error, StoreRefusingWrites) else None
         self.progress.outage(f"{service}: {error}", refusing=refusing)
         self.health.beat(self.beat_name)
 

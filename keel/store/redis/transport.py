@@ -34,6 +34,27 @@ def is_oom(error: BaseException) -> bool:
     return "OOM" in text or "used memory > 'maxmemory'" in text
 
 
+# Redis's answers that refuse a write although it is up: (what Keel says, what to do about it)
+_REFUSALS = {
+    "NOREPLICAS": ("Redis refusing writes: fewer replicas in sync than min-replicas-to-write (NOREPLICAS)",
+                   "a replica must catch up or rejoin; writes resume by themselves"),
+    "READONLY": ("Redis refusing writes: a read-only replica (READONLY)",
+                 "point Keel at the primary, or use a redis+sentinel:// URL"),
+    "MISCONF": ("Redis refusing writes: it cannot save its snapshots (MISCONF)", "fix the disk Redis saves to"),
+}
+
+
+def refusal(error: BaseException) -> tuple[str, str] | None:
+    """(cause, remedy) when Redis refused a write although it answers; None for any other error."""
+    if is_oom(error):
+        return ("Redis out of memory: refusing writes", "raise maxmemory or free memory; writes resume by themselves")
+    text = str(error)
+    for code, said in _REFUSALS.items():
+        if text.startswith(code) or f"error: {code} " in text:
+            return said
+    return None
+
+
 @contextmanager
 def guard(namespace: str, what: str, tenant: str | None = None) -> Iterator[None]:
     """Translate redis errors into StoreUnavailable (naming namespace and tenant) at the boundary."""
@@ -41,9 +62,10 @@ def guard(namespace: str, what: str, tenant: str | None = None) -> Iterator[None
         yield
     except RedisError as e:
         where = f"namespace {namespace!r}" + (f", tenant {tenant!r}" if tenant else "")
-        if is_oom(e):       # the cause, not the queued command that met it (issue 44)
-            raise StoreRefusingWrites(f"{StoreRefusingWrites.REFUSING} ({what}, {where}): raise maxmemory or "
-                                      f"free memory; writes resume by themselves", tenant=tenant) from e
+        refused = refusal(e)
+        if refused is not None:     # the cause, not the queued command that met it (issue 44)
+            raise StoreRefusingWrites(f"{refused[0]} ({what}, {where}): {refused[1]}", refusal=refused[0],
+                                      tenant=tenant) from e
         raise StoreUnavailable(f"Redis {what} failed ({where}): {type(e).__name__}: {e}", tenant=tenant) from e
 
 
