@@ -35,7 +35,7 @@ test: install  ## the whole suite; starts local Kafka, Redis and PostgreSQL unle
 	$(PYCACHE) scripts/with-services scripts/with-engine $(BIN)/python -m pytest $(PARALLEL) --durations=30  # the slowest tests, for the suite-time goal
 
 # the slow tiers' pytest markers (tests/conftest.py TIERS); `make test-fast` leaves them out
-SLOW_TIERS := faults or deploy or rebalance or rolling_segments or cdc
+SLOW_TIERS := faults or deploy or rebalance or chaos or rolling_segments or cdc
 test-fast: install  ## the suite without its slow tiers (SLOW_TIERS): the loop while working; `make test` runs them all
 	scripts/ensure-promtool
 	scripts/ensure-chromium
@@ -66,8 +66,11 @@ bench-peers: install  ## the worker, a quix-streams app and a bare faust agent o
 	$(BIN)/python bench/peers/compare.py
 
 SOAK ?= --minutes 30
-soak: install  ## opt-in: the rebalance scenarios many times, big backlogs, random moments (SOAK="--runs 20 --events 300000")
+CHAOS_MINUTES ?= 60
+CHAOS_SEED ?= 44
+soak: install  ## opt-in, before a release: the rebalance scenarios many times (SOAK="--runs 20 --events 300000"), then an hour of the chaos tier's faults (CHAOS_MINUTES, CHAOS_SEED)
 	scripts/with-services $(BIN)/python scripts/soak.py $(SOAK)
+	KEEL_CHAOS_MINUTES=$(CHAOS_MINUTES) KEEL_CHAOS_SEED=$(CHAOS_SEED) KEEL_CHAOS_TIMEOUT=$$(( $(CHAOS_MINUTES) * 60 + 1800 )) $(BIN)/python -m pytest -s tests/chaos
 
 services-up:
 	deploy/local/services up

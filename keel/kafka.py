@@ -118,14 +118,14 @@ async def admin_client(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
 async def ensure_topics(bootstrap: str, topics: Sequence[str], spec: TopicSpec) -> dict[str, int]:
     """Create the topics that are missing (LogAppendTime); returns every topic's partition count."""
     async with admin_client(bootstrap) as admin:
-        async with kafka_guard("list topics", bootstrap):
-            existing = set(await admin.list_topics())    # a metadata request naming a topic may auto-create it
+        async with kafka_guard("list topics", bootstrap):      # (each request retried while one broker of several
+            existing = set(await retrying(admin.list_topics))  # is down: its node is "not ready", issue 44)
         missing = [t for t in topics if t not in existing]
         if missing:
             async with kafka_guard("create topics", bootstrap):
-                response = await admin.create_topics(
+                response = await retrying(lambda: admin.create_topics(
                     [NewTopic(t, spec.partitions, spec.replication_factor, topic_configs=dict(TOPIC_CONFIG))
-                     for t in missing])
+                     for t in missing]))
             for err in response.to_object().get("topic_errors", []):
                 if err["error_code"] not in (0, _ALREADY_EXISTS):
                     raise KafkaUnavailable(f"cannot create topic {err['topic']}: error {err['error_code']} "
@@ -134,9 +134,11 @@ async def ensure_topics(bootstrap: str, topics: Sequence[str], spec: TopicSpec) 
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, bootstrap: str, topics: Sequence[str]) -> dict[str, int]:
-    for _ in range(50):                                   # a new topic's metadata takes a moment to spread
+    # a new topic's metadata takes a moment to spread, and a broker that just died leads its partitions until the
+    # controller notices (broker.session.timeout.ms, 9 s by default): wait up to 30 s for every leader
+    for _ in range(300):
         async with kafka_guard("describe topics", bootstrap):
-            described = await admin.describe_topics(topics)
+            described = await retrying(lambda: admin.describe_topics(topics))
         counts = {d["topic"]: len(d["partitions"]) for d in described if d["error_code"] == 0 and d["partitions"]
                   and all(p["leader"] >= 0 for p in d["partitions"])}
         if len(counts) == len(topics):

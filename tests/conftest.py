@@ -20,6 +20,8 @@ TIERS = {
     "faults": ("tests/faults/",),
     "deploy": ("tests/deploy/",),
     "rebalance": ("tests/test_workers_rebalance.py",),
+    # three Kafka brokers, Redis under three Sentinels, three workers; kills, pauses, failovers, out of memory
+    "chaos": ("tests/chaos/",),
     # PostgreSQL with wal_level=logical, Kafka Connect and the Debezium connector, the relay killed and restarted
     "cdc": ("tests/test_cdc_debezium.py",),
     # the Redis store closing a segment after every step, its random writes against the memory store: minutes each
@@ -38,7 +40,7 @@ def tiers_of(nodeid: str) -> list[str]:
 # - each serial tier, one of its tests after the other: they stop and restart their private services, run groups of
 #   worker processes through rebalances, or run the stack in containers (two tiers may run at once, on two workers:
 #   each has its own services, containers or topics);
-SERIAL_TIERS = ("faults", "deploy", "rebalance", "cdc")
+SERIAL_TIERS = ("faults", "deploy", "rebalance", "chaos", "cdc")
 # - the modules whose module-scoped fixture starts something costly (Keycloak, a browser, a served graph), so that it
 #   starts once rather than once per worker. (tests/test_redis_cluster.py's session Cluster starts on each worker
 #   that runs one of its tests, on that worker's own ports: a few seconds, paid back by spreading its tests.)
