@@ -5,8 +5,9 @@ cartridge's events topic, whose envelopes build the graph embedded.
 
 The fault scenario writes like the product (tests/support/cdc_load.py) while the relay and Kafka Connect are
 killed with SIGKILL, PostgreSQL is restarted and the connector re-snapshots; after each, with the writes done,
-every tenant's answers equal the ground truth computed by SQL from the product's tables, and a second copy of
-every envelope (the re-deliveries) leaves the digest unchanged: nothing lost, nothing counted twice."""
+every tenant's answers equal the ground truth computed by SQL from the product's tables, a second copy of every
+envelope (the re-deliveries) leaves the digest unchanged, and `keel worker` applying the relay's envelopes to
+Redis gives every tenant the digest of their embedded build: nothing lost, nothing counted twice."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ from support.cdc import balance_at, keel
 from support.cdc_load import HOUSEHOLDS, ProductLoad, truth_problems
 from support.debezium import HOUSEHOLD, Connect, logical_postgres, product_database
 from support.services import service_env
-from support.workers import KeelProcess, read_until, unique_cartridge, wait_until
+from support.workers import KeelProcess, WorkerProcess, read_until, unique_cartridge, wait_applied, wait_until
 
 pytestmark = pytest.mark.services
 
@@ -160,6 +161,7 @@ def test_embedded_schemas_and_a_dropped_column(tmp_path: Path, kafka: str, datab
         connect.stop()
 
 
+@pytest.mark.timeout(900)          # five faults, each waited out, on a shared machine
 def test_faults_end_with_every_tenant_equal_to_the_sql_truth(tmp_path: Path, kafka: str, database) -> None:
     folder = unique_cartridge(tmp_path, HOUSEHOLD, prefix="cdc")
     name = cartridge_name(folder)
@@ -243,6 +245,21 @@ def test_faults_end_with_every_tenant_equal_to_the_sql_truth(tmp_path: Path, kaf
             assert one.returncode == 0 and one.stdout == two.stdout, one.stderr + two.stderr
         dead = topic_count(kafka, f"keel.{name}.dlq")
         assert dead == 0, f"{dead} change(s) dead-lettered: {logs.read_text()[-2000:]}"
+
+        # the workers apply the relay's envelopes to Redis: every tenant's digest equals the embedded build's
+        stream = {**env, "KEEL_REDIS_URL": service_env("KEEL_REDIS_URL")}
+        worker = WorkerProcess([folder], stream, tmp_path / "worker.log")
+        try:
+            events, count = events_file(kafka, f"keel.{name}.events", tmp_path / "final.jsonl")
+            wait_applied(folder, stream, count, worker)
+            for tenant in HOUSEHOLDS:
+                from_redis = keel("digest", str(folder), "--tenant", tenant, "--redis", stream["KEEL_REDIS_URL"],
+                                  env=stream)
+                embedded = keel("digest", str(folder), "--tenant", tenant, "--events", str(events), env=stream)
+                assert from_redis.returncode == 0 and from_redis.stdout == embedded.stdout, \
+                    from_redis.stderr + embedded.stderr
+        finally:
+            worker.terminate()
     finally:
         if relay is not None:
             relay.terminate()
