@@ -242,8 +242,9 @@ def _holds(entry: _Entry, rows: _Rows, index: int) -> bool:
     try:
         result = entry.program.execute(variables)
     except Exception as e:  # noqa: BLE001 - a failed evaluation is the change's reason, never a crash
-        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise Unmappable(f"changes[{index}].when could not be evaluated: {text[:200]}") from None
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise Unmappable(f"changes[{index}].when could not be evaluated ({type(e).__name__})",
+                         text[:200] or None) from None
     if not isinstance(result, bool):
         raise Unmappable(f"changes[{index}].when gave {type(result).__name__}, not true or false")
     return result

@@ -95,9 +95,10 @@ class SourceSpec(_Strict):
 class Unmappable(Exception):
     """A change that cannot map: a mapped column missing or of the wrong type (the relay dead-letters it)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, detail: str | None = None) -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason = reason            # names columns and entries, never a value: dead letters and logs get it
+        self.detail = detail            # a library's own words, which may quote values: `keel cdc explain` only
 
 
 @dataclass(frozen=True)

@@ -312,3 +312,25 @@ def test_a_delete_maps_to_the_event_type_the_cartridge_names(tmp_path: Path) -> 
     assert event["type"] == "debt.snapshot_removed" and event["subject"] == "debt:visa"
     assert event["occurred_at"] == "2026-09-01T00:00:00Z" and event["payload"] == {"month": "2026-09-01"}
     assert event["id"] != envelopes(encoder, change("debts", "d", debt(), None, lsn=9900))[0]["id"]
+
+
+def test_a_dead_letters_reason_quotes_no_value(tmp_path: Path) -> None:
+    doc = yaml.safe_load((HOUSEHOLD / "cartridge.yaml").read_text())
+    doc["sources"]["debts"]["changes"][0]["when"] = "after.product > 3"     # a string compared with a number
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "cartridge.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    encoder = ChangeEncoder(load_cartridge(folder), None)
+    value = change("debts", "c", None, debt(product="Secret Product"))
+    [letter] = encoder.encode([ChangeRecord("t", 0, 5, value)]).records
+    reason = dict(letter.headers)["keel.reason"].decode()
+    assert reason.startswith("sources.debts: changes[0].when could not be evaluated (")
+    assert "Secret" not in reason
+    bad_subject = debt(debt_key="Ana Ruiz")            # not an id: the catalog refuses the subject, quoting it
+    encoder = ChangeEncoder(load_cartridge(HOUSEHOLD), None)
+    [letter] = encoder.encode([ChangeRecord("t", 0, 6, change("debts", "c", None, bad_subject))]).records
+    reason = dict(letter.headers)["keel.reason"].decode()
+    assert reason.startswith("sources.debts: the envelope is refused: subject: '…' is not allowed")
+    assert "Ana" not in reason
+    _, explained = encoder.explain(change("debts", "c", None, bad_subject))
+    assert "Ana Ruiz" in explained                    # the author's own tool shows the whole reason

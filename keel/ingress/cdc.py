@@ -129,7 +129,7 @@ class ChangeEncoder:
         try:
             mapped = map_change(source, change)
         except Unmappable as e:
-            return [], f"cannot map: sources.{source.name}: {e.reason}"
+            return [], f"cannot map: sources.{source.name}: {e.reason}" + (f": {e.detail}" if e.detail else "")
         if not mapped.envelopes:
             return [], f"maps to nothing: sources.{source.name}: {mapped.reason}"
         out = []
@@ -178,12 +178,23 @@ class ChangeEncoder:
 
     def _dead(self, record: ChangeRecord, reason: str, event_id: str | None, tenant: str | None) -> OutRecord:
         """A dead letter: the reason and the change's position; the change itself stays on its topic (it holds
-        the row's values in clear, which a dead-letter topic never keeps)."""
+        the row's values in clear, which a dead-letter topic never keeps). The reason is redacted: a catalog's
+        or CEL's words may quote a value (`got 'x'`); `keel cdc explain` of the change shows them whole."""
+        reason = redacted(reason)
         where = {"": "cdc", "topic": record.topic, "partition": str(record.partition), "offset": str(record.offset),
                  **{k if k != "txId" else "tx_id": v for k, v in position_of(record.value).items()}}
         key_tenant = tenant if isinstance(tenant, str) and TENANT.match(tenant) else None
         return dead_letter(self.dlq, self.cartridge, b"", reason, event_id=event_id, tenant=key_tenant,
                            source=where)
+
+
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+_GOT = re.compile(r"\bgot [^;,)]*")
+
+
+def redacted(reason: str) -> str:
+    """A reason without the values it may quote (a column may hold personal data; reasons go to headers and logs)."""
+    return _GOT.sub("got a value of another type", _QUOTED.sub("'…'", reason))
 
 
 @dataclass
