@@ -91,7 +91,7 @@ class SearchHit(TypedDict):
     type: str
     labels: dict[str, Any]
     score: float
-    found_by: Literal["lexical", "semantic", "both"]     # which signal of search found it
+    found_by: str           # "lexical", "semantic" or "both": which signal of search found it
 
 
 class ContextResult(Known):
