@@ -86,7 +86,8 @@ BROKER_UNREACHABLE = ("Unable connect to", "Unable to request metadata", "Unable
                       "Group Coordinator Request failed", "Marking the coordinator dead", "Cannot send",
                       "Could not send", "FindCoordinator Request failed", "Heartbeat failed for group",
                       "Got error produce response", "Heartbeat session expired", "Coordinator dead",
-                      "OffsetCommit failed before join")
+                      "OffsetCommit failed before join", "Error sending %s to node",
+                      "Attempt to fetch offsets for partition")     # a leader moving off a broker that left
 
 
 def library_record(record: logging.LogRecord, outage: OutageLog = KAFKA) -> bool:

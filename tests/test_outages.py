@@ -69,6 +69,8 @@ def test_the_kafka_clients_broker_lines_are_taken_not_emitted(lines) -> None:
     taken = [library_record(rec("aiokafka.client", "Unable connect to node with id %s: %s", 1, "refused"), outage)
              for _ in range(100)]
     assert all(taken)
+    assert library_record(rec("aiokafka.consumer.group_coordinator", "Error sending %s to node %s [%s] -- marking "
+                              "coordinator dead", "HeartbeatRequest", 2, "NodeNotReadyError"), outage)   # the chaos tier's
     assert not library_record(rec("aiokafka.cluster", "Topic %s not found in cluster metadata", "t"), outage)
     assert not library_record(rec("keel.worker", "Unable connect to node with id %s: %s", 1, "x"), outage)
     assert not library_record(rec("aiokafka.client", "Unable connect to node with id %s: %s", 1, "x",
