@@ -133,7 +133,7 @@ def test_readiness_and_status_tell_redis_out_of_memory_and_kafka_down(tmp_path: 
         def refused_for_memory() -> bool:
             code, body = ready()
             failing = " ".join(body.get("failing", {}).values())
-            return code == 503 and ("OOM" in failing or "maxmemory" in failing)
+            return code == 503 and "Redis out of memory: refusing writes" in failing     # the cause (issue 44)
         wait_until(refused_for_memory, 60, "not ready, naming Redis out of memory, while Redis refuses writes",
                    on_timeout=lambda: f"{ready()}\n{worker.text()}")
         doc = status(cartridge, env)                           # plain reads: they work out of memory
