@@ -88,6 +88,11 @@ class RedisHA:
             time.sleep(0.2)
         raise AssertionError("the Sentinels did not discover the replica and each other in 30 s")
 
+    def set_all(self, option: str, value: str) -> None:
+        """SENTINEL SET on every Sentinel (each keeps its own copy of a monitored primary's settings)."""
+        for s in self.sentinels:
+            redis.Redis(port=s.port, socket_timeout=5).execute_command("SENTINEL", "SET", SERVICE, option, value)
+
     def primary_ports(self) -> list[int | None]:
         return [s.primary_port() for s in self.sentinels]
 
