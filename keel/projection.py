@@ -33,19 +33,18 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
-from string import Formatter
 from typing import Any
 
 from .cartridge_spec import CartridgeSpec, EventSpec
 from .errors import BadTime
 from .store.writes import REF_LABEL, Write, checked_label_writes
+from .templates import DAY, template_pieces
 from .timeline import Assertion
 from .times import format_time, parse_time
 
 EVENT_ATTRIBUTES = ("id", "tenant", "type", "subject", "subject_type", "subject_id", "source", "by",
                     "occurred_at", "recorded_at")
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-DAY = "date"        # the one placeholder format: `{occurred_at:date}` is the UTC calendar day YYYY-MM-DD
 TIMES = ("occurred_at", "recorded_at")      # the event attributes that hold a time (an Instant)
 OPTIONAL_ATTRIBUTES = ("by",)               # event attributes that may be None: left out like an absent field
 NO_TIME = ("number", "boolean", "object", "array")     # payload types no step time can be read from
@@ -97,21 +96,18 @@ def parse_value(raw: object, at: str, event: EventSpec, problems: _Problems) -> 
         if raw is not None and not isinstance(raw, bool | int | float):
             problems.add(at, f"expected a JSON scalar, got a YAML {type(raw).__name__} (quote it to keep it as text)")
         return raw
-    try:
-        pieces = list(Formatter().parse(raw))
-    except ValueError as e:
-        problems.add(at, f"bad template {raw!r}: {e}")
+    pieces, bad = template_pieces(raw)
+    for text in bad:
+        problems.add(at, text)
+    if pieces is None:
         return raw
     parts: list[str | Ref] = []
-    for literal, field, spec, conversion in pieces:
-        if literal:
-            parts.append(literal)
-        if field is None:
+    for piece in pieces:
+        if isinstance(piece, str):
+            parts.append(piece)
             continue
-        if conversion or spec not in ("", DAY):
-            problems.add(at, f"{raw!r}: a placeholder takes no conversion, and no format but :{DAY} "
-                             "(the UTC calendar day of a time)")
-        ref = Ref(field, spec == DAY)
+        field = piece.name
+        ref = Ref(field, piece.day)
         attribute = ref.attribute
         if attribute is not None:
             if attribute not in EVENT_ATTRIBUTES:

@@ -45,12 +45,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from string import Formatter
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .cartridge_spec import CartridgeSpec
+from .templates import DAY, template_pieces
 from .times import Micros
 
 OPS = ("read", "insert", "update", "delete")
@@ -58,7 +58,6 @@ COLUMN_TYPES = ("string", "integer", "number", "boolean", "date", "datetime", "j
 CHANGE_ATTRIBUTES = ("op", "table", "committed_at", "lsn", "tx_id")
 CEL_VARIABLES = ("op", "before", "after", "change")
 RETRACTED = "keel.retracted"
-DAY = "date"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
@@ -169,25 +168,22 @@ def _parse(raw: object, where: str, columns: Mapping[str, str], problems: list[s
         if raw is not None and not isinstance(raw, bool | int | float):
             problems.append(f"{where}: expected a JSON scalar, got a YAML {type(raw).__name__}")
         return raw
-    try:
-        pieces = list(Formatter().parse(raw))
-    except ValueError as e:
-        problems.append(f"{where}: bad template {raw!r}: {e}")
+    pieces, bad = template_pieces(raw)
+    problems.extend(f"{where}: {text}" for text in bad)
+    if pieces is None:
         return raw
     parts: list[str | Ref] = []
-    for literal, name, spec, conversion in pieces:
-        if literal:
-            parts.append(literal)
-        if name is None:
+    for piece in pieces:
+        if isinstance(piece, str):
+            parts.append(piece)
             continue
-        if conversion or spec not in ("", DAY):
-            problems.append(f"{where}: {raw!r}: a placeholder takes no conversion, and no format but :{DAY}")
+        name = piece.name
         side, _, column = name.rpartition(".")
         if side not in ("", "before", "after", "change"):
             problems.append(f"{where}: {{{name}}}: use {{column}}, {{before.column}}, {{after.column}} or "
                             f"{{change.X}}")
             continue
-        ref = Ref(side or None, column, spec == DAY)
+        ref = Ref(side or None, column, piece.day)
         if side == "change":
             if column not in CHANGE_ATTRIBUTES:
                 problems.append(f"{where}: {{{name}}}: the change has no attribute {column!r}; use one of "
