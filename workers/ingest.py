@@ -473,6 +473,8 @@ class CartridgeIngest(Service):
         if pending is not None:
             await self.pipeline.discard(pending.plan)
         await self.pipeline.forget(None)
+        for store in self.stores:          # its caches of Redis's state may name what Redis lost
+            store.forget_cached_state()
         self.pipeline.applier.watermarks.clear()
         self._positions().rewind()
 

@@ -138,6 +138,18 @@ class RedisBase(ChangeLogReads, GenerationAdmin, TenantWalks, TenantStarts, Even
             info = self._client.info("memory") | self._client.info("replication")
         return redis_condition(info)
 
+    def forget_cached_state(self) -> None:
+        """Drop what this store remembers of Redis's state (tenants registered, generation guesses, event-id bucket
+        counts): after Redis lost acknowledged writes (a failover to a replica that lagged) they may name state the
+        new primary never had. Each is read again from Redis when next needed."""
+        self._gens.clear()
+        self._registered.clear()
+        self._id_guesses.clear()
+        subjects = getattr(self, "_subjects", None)
+        if isinstance(subjects, dict):
+            subjects.clear()
+            self._subjects_held = 0
+
     def close(self) -> None:
         if self._owns_client:
             self._client.close()
