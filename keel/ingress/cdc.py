@@ -37,6 +37,7 @@ from keel.times import format_time
 from keel.wire import canonical_bytes
 
 from .cdc_decode import Skipped, Undecodable, decode_change, position_of
+from .encode import Encoded
 from .metrics import Probes
 from .producer import KafkaSink
 from .records import OutRecord, dead_letter, event_record
@@ -68,10 +69,8 @@ def change_topics(cartridge: Cartridge, prefix: str) -> list[str]:
 
 
 @dataclass
-class CdcEncoded:
-    records: list[OutRecord] = field(default_factory=list)
-    relayed: int = 0
-    dead: int = 0
+class CdcEncoded(Encoded):
+    """A step's records, as the outbox relay counts them, and the changes the cartridge maps to nothing."""
     unmapped: int = 0
 
 
@@ -105,11 +104,7 @@ class ChangeEncoder:
                 out.unmapped += 1
                 continue
             for r in produced:
-                out.records.append(r)
-                if r.topic == self.topic:
-                    out.relayed += 1
-                else:
-                    out.dead += 1
+                out.add(r, self.topic)
         return out
 
     def explain(self, value: bytes | str | dict[str, Any] | None) -> tuple[list[dict[str, Any]], str | None]:

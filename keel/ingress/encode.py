@@ -29,6 +29,14 @@ class Encoded:
     relayed: int = 0
     dead: int = 0
 
+    def add(self, record: OutRecord, events_topic: str) -> None:
+        """Append a record, counted as an event when it goes to the events topic, else as a dead letter."""
+        self.records.append(record)
+        if record.topic == events_topic:
+            self.relayed += 1
+        else:
+            self.dead += 1
+
 
 class RowEncoder:
     """Outbox rows → records: canonical envelopes for valid rows, dead letters for the rest."""
@@ -46,12 +54,7 @@ class RowEncoder:
     def encode(self, rows: list[OutboxRow]) -> Encoded:
         out = Encoded()
         for row in rows:
-            record = self._one(row)
-            out.records.append(record)
-            if record.topic == self.topic:
-                out.relayed += 1
-            else:
-                out.dead += 1
+            out.add(self._one(row), self.topic)
         return out
 
     def _one(self, row: OutboxRow) -> OutRecord:
