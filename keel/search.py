@@ -29,7 +29,6 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-import numpy as np
 import regex
 
 from .store.base import REF_LABEL, Key
@@ -242,6 +241,10 @@ class SearchIndex:
         self.matrix: Any = None
         if not rows:
             return
+        # numpy, like the model, is loaded by the first search by meaning: a process that never makes one (a worker,
+        # `keel --help`) does not pay its import (~55 ms)
+        import numpy as np
+
         from . import semantic
         descriptions = {k: d for k, d in self.options.descriptions if d}
         texts = list(dict.fromkeys([t for _, t in rows] + list(descriptions.values())))
@@ -263,6 +266,7 @@ class SearchIndex:
     def _cosines(self, q: Any) -> Any:
         """Each row's cosine with the unit query vector `q`, rounded to 6 places (ties compare equal whatever
         the BLAS kernel)."""
+        import numpy as np
         per_text = self.matrix @ q
         description = np.where(self.row_description >= 0, per_text[self.row_description], 0)
         return np.round((per_text[self.row_text] + DESCRIPTION_WEIGHT * description) * self.row_scale, 6)
@@ -377,6 +381,8 @@ class SearchIndex:
         whose words miss, or hit only a common word, still finds what it means)."""
         if self.matrix is None:
             return []
+        import numpy as np
+
         from . import semantic
         q = semantic.embed(meaning_text(query))
         if not q.any():
